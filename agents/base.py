@@ -1,0 +1,55 @@
+"""What an agent is: an object with an async ``act`` that turns an observation into a message.
+
+Sellers return a :class:`~negotiate.protocol.Message`, a
+:class:`~negotiate.protocol.ParseFailure`, a :class:`~negotiate.protocol.Generated`
+(model-backed agents: the parse result plus raw text and backend details), or None
+to wait for the next reply. Buyers answer every seller message they receive.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Protocol, runtime_checkable
+
+from negotiate.protocol import Generated, Message, ParseFailure
+from negotiate.regulator import BuyerObservation, SellerObservation
+
+__all__ = ["SellerAgent", "BuyerAgent", "Decision", "ScriptedAgent"]
+
+Decision = Message | ParseFailure | Generated | None
+
+
+@runtime_checkable
+class SellerAgent(Protocol):
+    async def act(self, obs: SellerObservation) -> Decision: ...
+
+    def describe(self) -> dict: ...
+
+
+@runtime_checkable
+class BuyerAgent(Protocol):
+    async def act(self, obs: BuyerObservation) -> Decision: ...
+
+    def describe(self) -> dict: ...
+
+
+class ScriptedAgent:
+    """Base of the scripted strategies: a synchronous ``decide`` wrapped as ``act``.
+
+    ``instant`` tells the bus that ``act`` never waits, so it needs no deadline.
+    """
+
+    instant: ClassVar[bool] = True
+    name: ClassVar[str] = "scripted"
+
+    def __init__(self, spec: str, params: dict | None = None):
+        self.spec = spec
+        self.params = params or {}
+
+    def decide(self, obs):  # pragma: no cover - every subclass overrides it
+        raise NotImplementedError
+
+    async def act(self, obs) -> Decision:
+        return self.decide(obs)
+
+    def describe(self) -> dict:
+        return {"kind": "scripted", "name": self.name, "spec": self.spec, "params": self.params}

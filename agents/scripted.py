@@ -1,0 +1,437 @@
+"""Scripted strategies: the sellers of the ladder and the buyers they face.
+
+Sellers: ``oracle`` (sees every valuation), ``greedy`` (matches buyers to products
+by expected profit under what it has learned, then descends), ``concession``
+(time-dependent, Boulware or Conceder, per buyer), ``posted`` (one
+take-it-or-leave-it price per product), ``dutch`` (a descending clock over all
+products) and ``random``. Buyers: ``threshold`` (accepts any offer at or below its
+value), ``concession`` (bids low and concedes toward its value), ``stubborn`` (one
+anchor price, never moves) and ``random`` (anything, including rule breaking).
+Every agent gets its own seeded numpy ``Generator``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from negotiate.market import Market
+from negotiate.protocol import SELLER, Action, Message
+from negotiate.regulator import ACTIVE, BuyerObservation, SellerObservation
+
+from negotiate.agents.base import ScriptedAgent
+
+__all__ = ["SELLERS", "BUYERS"]
+
+
+def _offer(to: str, product: str, price: int, talk: str = "", thought: str = "") -> Message:
+    return Message(SELLER, to, talk or f"I can let you have {product} for ${price}.", Action("offer", product, price), thought)
+
+
+def _accept_bid(to: str, product: str, price: int) -> Message:
+    return Message(SELLER, to, f"Deal: {product} at ${price}.", Action("accept", product, price))
+
+
+def _end() -> Message:
+    return Message(SELLER, "", "That is all for today.", Action("end"))
+
+
+def _tries_value(low: float, high: float, cost: float, tries: int) -> tuple[float, int]:
+    """Expected margin and first price of a descending ladder of ``tries`` offers.
+
+    The buyer's value is uniform on [low, high] and it accepts any price at or below
+    it. With the cost at or below ``low``'s floor, the optimal first price of a k-offer
+    ladder is ``floor + (high - floor) * k / (k + 1)`` and the expected margin
+    ``k / (2 (k + 1)) * (high - floor)^2 / (high - low)``, where ``floor = max(low, cost)``
+    (worked out by backward induction: W_k(u) = max_p (u - p) p + W_{k-1}(p)).
+    """
+    if high <= cost:
+        return 0.0, int(cost)
+    tries = max(1, tries)
+    frac = tries / (tries + 1)
+    if low >= cost:
+        price = low + (high - low) * frac
+        return (low - cost) + frac / 2 * (high - low), int(round(price))
+    price = cost + (high - cost) * frac
+    return frac / 2 * (high - cost) ** 2 / (high - low), int(round(price))
+
+
+class _Learner(ScriptedAgent):
+    """A seller that keeps, for every buyer-product pair, bounds on the buyer's value."""
+
+    def _setup(self, obs: SellerObservation) -> None:
+        n, m = len(obs.buyers), len(obs.products)
+        self.low = np.full((n, m), float(obs.price_low))
+        self.high = np.full((n, m), float(obs.price_high))
+        self.last: dict[int, tuple[int, int]] = {}
+        self.offers = np.zeros((n, m), dtype=int)
+
+    def _learn(self, obs: SellerObservation) -> None:
+        if not hasattr(self, "low"):
+            self._setup(obs)
+        for item in obs.new:
+            if not isinstance(item, Message):
+                continue
+            i = int(item.sender[1:]) - 1
+            last = self.last.pop(i, None)
+            action = item.action
+            if last is not None and action.kind in ("reject", "bid"):
+                j, price = last
+                self.high[i, j] = min(self.high[i, j], price - 1)
+            if action.kind == "bid" and action.product is not None:
+                j = int(action.product[1:]) - 1
+                if 0 <= j < self.low.shape[1]:
+                    self.low[i, j] = max(self.low[i, j], float(action.price))
+                    self.high[i, j] = max(self.high[i, j], self.low[i, j])
+
+    def _record(self, message: Message) -> Message:
+        if message.action.kind == "offer":
+            i, j = int(message.to[1:]) - 1, int(message.action.product[1:]) - 1
+            self.last[i] = (j, message.action.price)
+            self.offers[i, j] += 1
+        return message
+
+    @staticmethod
+    def _available(obs: SellerObservation) -> list[int]:
+        """Units per product not already promised in an unanswered offer."""
+        free = [p.stock for p in obs.products]
+        for b in obs.buyers:
+            if b.awaiting and b.offer is not None:
+                free[int(b.offer[0][1:]) - 1] -= 1
+        return free
+
+
+class GreedySeller(_Learner):
+    """Match free buyers to products by expected profit, then descend on each pair.
+
+    For every pair it keeps [low, high] bounds on the buyer's value (a rejection of
+    price p: value < p; a bid q: value >= q). Each decision spreads the remaining
+    budget over the active buyers (k offers each), values every pair by the optimal
+    k-offer descending ladder, solves the assignment of free buyers to unpromised
+    units, and sends the best pair's next message: accept a standing bid when the
+    ladder would gain little over it, else offer the ladder's price.
+    """
+
+    name = "greedy"
+
+    def decide(self, obs: SellerObservation) -> Message | None:
+        self._learn(obs)
+        free = [i for i, b in enumerate(obs.buyers) if b.status == ACTIVE and not b.awaiting]
+        if not free:
+            return None
+        units = self._available(obs)
+        cols = [j for j, u in enumerate(units) if u > 0]
+        active = sum(1 for b in obs.buyers if b.status == ACTIVE)
+        tries = max(1, obs.budget_left // max(1, active))
+        if not cols:
+            return None if any(b.awaiting for b in obs.buyers) else _end()
+        value = np.zeros((len(free), len(cols)))
+        plan: dict[tuple[int, int], Message] = {}
+        for r, i in enumerate(free):
+            buyer = obs.buyers[i]
+            for c, j in enumerate(cols):
+                product = obs.products[j]
+                cost = product.cost
+                worth, price = _tries_value(self.low[i, j], self.high[i, j], cost, tries)
+                bid = buyer.bid
+                if bid is not None and bid[0] == product.id and bid[1] >= cost:
+                    sure = bid[1] - cost
+                    # A standing bid is a sure thing; keep pushing only while the ladder is clearly better.
+                    if tries <= 1 or sure >= 0.8 * worth or price - bid[1] <= 0.03 * (obs.price_high - obs.price_low):
+                        value[r, c] = sure + 1e-6
+                        plan[r, c] = _accept_bid(buyer.id, product.id, bid[1])
+                        continue
+                if worth <= 0:
+                    continue
+                value[r, c] = worth
+                plan[r, c] = _offer(buyer.id, product.id, max(price, cost))
+        # Units are scarce: assign buyers to products jointly (a product with k units appears k times).
+        expanded = [c for c, j in enumerate(cols) for _ in range(min(units[j], len(free)))]
+        rows, picks = linear_sum_assignment(value[:, expanded], maximize=True)
+        best = None
+        for r, k in zip(rows, picks):
+            c = expanded[k]
+            if value[r, c] > 0 and (best is None or value[r, c] > value[best]):
+                best = (r, c)
+        if best is None:
+            return None if any(b.awaiting for b in obs.buyers) else _end()
+        return self._record(plan[best])
+
+
+class PostedSeller(_Learner):
+    """One take-it-or-leave-it price per product: the single-offer optimum for a uniform prior.
+
+    Each free buyer is offered, in order of expected margin, the products it has not
+    yet refused at the posted price; a bid at or above the posted price is accepted.
+    """
+
+    name = "posted"
+
+    def decide(self, obs: SellerObservation) -> Message | None:
+        self._learn(obs)
+        lo, hi = obs.price_low, obs.price_high
+        prices = [int(round(max(lo, (hi + p.cost) / 2))) for p in obs.products]
+        units = self._available(obs)
+        for i, buyer in enumerate(obs.buyers):
+            if buyer.status != ACTIVE or buyer.awaiting:
+                continue
+            if buyer.bid is not None:
+                j = int(buyer.bid[0][1:]) - 1
+                if 0 <= j < len(prices) and units[j] > 0 and buyer.bid[1] >= prices[j]:
+                    return _accept_bid(buyer.id, buyer.bid[0], buyer.bid[1])
+            order = sorted(range(len(prices)), key=lambda j: -(hi - prices[j]) * (prices[j] - obs.products[j].cost))
+            for j in order:
+                if units[j] > 0 and self.offers[i, j] == 0 and prices[j] >= obs.products[j].cost:
+                    return self._record(_offer(buyer.id, obs.products[j].id, prices[j], f"{obs.products[j].name}: ${prices[j]}, take it or leave it."))
+        return None if any(b.awaiting for b in obs.buyers) else _end()
+
+
+class ConcessionSeller(_Learner):
+    """Time-dependent concession per buyer: price falls from the top of the range to cost.
+
+    ``p(t) = cost + (high - cost) * (1 - (t / T) ** (1 / beta))`` with t the offers made
+    to that buyer and T its share of the budget. ``beta < 1`` is Boulware (holds firm,
+    concedes late; the default 0.5), ``beta > 1`` is Conceder. A bid at or above the
+    next price is accepted.
+    """
+
+    name = "concession"
+
+    def decide(self, obs: SellerObservation) -> Message | None:
+        self._learn(obs)
+        beta = float(self.params.get("beta", 0.5))
+        share = max(1, obs.budget // max(1, len(obs.buyers)))
+        units = self._available(obs)
+        hi = obs.price_high
+        for i, buyer in enumerate(obs.buyers):
+            if buyer.status != ACTIVE or buyer.awaiting:
+                continue
+            choices = [j for j, u in enumerate(units) if u > 0 and obs.products[j].cost < hi]
+            if not choices:
+                break
+            # Stay on the product the buyer last bid on, else the one with the widest margin.
+            j = next((int(buyer.bid[0][1:]) - 1 for _ in [0] if buyer.bid and int(buyer.bid[0][1:]) - 1 in choices), None)
+            if j is None:
+                j = min(choices, key=lambda j: obs.products[j].cost)
+            product = obs.products[j]
+            t = min(int(self.offers[i].sum()), share)
+            price = int(round(product.cost + (hi - product.cost) * (1 - (t / share) ** (1 / beta))))
+            if buyer.bid is not None and buyer.bid[0] == product.id and buyer.bid[1] >= max(price, product.cost):
+                return _accept_bid(buyer.id, product.id, buyer.bid[1])
+            return self._record(_offer(buyer.id, product.id, max(price, product.cost)))
+        return None if any(b.awaiting for b in obs.buyers) else _end()
+
+
+class DutchSeller(_Learner):
+    """A descending clock over all products: each tick, every active buyer hears the clock price.
+
+    The clock falls from the top of the range to cost in as many ticks as the budget
+    allows for all active buyers; buyer i is offered product ``(i + tick) mod m`` among
+    those in stock, so every buyer hears every product as the clock falls.
+    """
+
+    name = "dutch"
+
+    def decide(self, obs: SellerObservation) -> Message | None:
+        self._learn(obs)
+        n = len(obs.buyers)
+        ticks = max(1, obs.budget // max(1, n))
+        units = self._available(obs)
+        hi = obs.price_high
+        for i, buyer in enumerate(obs.buyers):
+            if buyer.status != ACTIVE or buyer.awaiting:
+                continue
+            tick = int(self.offers[i].sum())
+            in_stock = [j for j, u in enumerate(units) if u > 0]
+            if not in_stock:
+                break
+            j = in_stock[(i + tick) % len(in_stock)]
+            product = obs.products[j]
+            if buyer.bid is not None and buyer.bid[0] == product.id and buyer.bid[1] >= product.cost:
+                return _accept_bid(buyer.id, product.id, buyer.bid[1])
+            clock = 1 - min(tick, ticks - 1) / max(1, ticks - 1) if ticks > 1 else 0.5
+            price = int(round(product.cost + (hi - product.cost) * clock))
+            return self._record(_offer(buyer.id, product.id, max(price, product.cost)))
+        return None if any(b.awaiting for b in obs.buyers) else _end()
+
+
+class OracleSeller(ScriptedAgent):
+    """The full-information reference: it is given the market, valuations included.
+
+    It re-solves the optimal assignment of active buyers to units in stock at each
+    decision and offers every matched buyer its full valuation. A buyer that counters
+    is held to that price while turns allow; when the budget left no longer covers
+    the unsettled buyers, it accepts their bids.
+    """
+
+    name = "oracle"
+
+    def __init__(self, spec: str, params: dict | None, market: Market):
+        super().__init__(spec, params)
+        self.market = market
+
+    def decide(self, obs: SellerObservation) -> Message | None:
+        market = self.market
+        active = [i for i, b in enumerate(obs.buyers) if b.status == ACTIVE]
+        units = [p.stock for p in obs.products]
+        for b in obs.buyers:
+            if b.awaiting and b.offer is not None:
+                units[int(b.offer[0][1:]) - 1] -= 1
+        free = [i for i in active if not obs.buyers[i].awaiting]
+        if not free:
+            return None
+        cols = [j for j, u in enumerate(units) for _ in range(min(max(u, 0), len(free)))]
+        if not cols:
+            return None if len(free) < len(active) else _end()
+        margin = np.array([[market.buyers[i].values[j] - market.products[j].cost for j in cols] for i in free], dtype=float)
+        rows, picks = linear_sum_assignment(np.maximum(margin, 0), maximize=True)
+        matched = [(free[r], cols[k]) for r, k in zip(rows, picks) if margin[r, k] > 0]
+        if not matched:
+            return None if len(free) < len(active) else _end()
+        i, j = max(matched, key=lambda pair: margin[free.index(pair[0]), cols.index(pair[1])])
+        buyer, product = obs.buyers[i], obs.products[j]
+        value = market.buyers[i].values[j]
+        if buyer.bid is not None and buyer.bid[1] >= product.cost and obs.budget_left <= len(active):
+            k = int(buyer.bid[0][1:]) - 1
+            if 0 <= k < len(units) and units[k] > 0:
+                return _accept_bid(buyer.id, buyer.bid[0], buyer.bid[1])
+        return _offer(buyer.id, product.id, value, thought=f"{buyer.id} values {product.id} at {value}")
+
+
+class RandomSeller(ScriptedAgent):
+    """Uniformly random messages, rule breaking included (prices from 0, any product id)."""
+
+    name = "random"
+
+    def __init__(self, spec: str, params: dict | None, rng: np.random.Generator):
+        super().__init__(spec, params)
+        self.rng = rng
+
+    def decide(self, obs: SellerObservation) -> Message | None:
+        rng = self.rng
+        if rng.random() < 0.01:
+            return _end()
+        buyer = obs.buyers[int(rng.integers(len(obs.buyers)))]
+        roll = rng.random()
+        if roll < 0.1 and buyer.bid is not None:
+            return _accept_bid(buyer.id, *buyer.bid)
+        if roll < 0.2:
+            return Message(SELLER, buyer.id, "No.", Action("reject"))
+        product = f"p{int(rng.integers(1, len(obs.products) + 2))}"
+        return _offer(buyer.id, product, int(rng.integers(0, obs.price_high + 1)))
+
+
+# -- buyers ---------------------------------------------------------------------
+
+
+def _reply(obs: BuyerObservation, kind: str, product: str | None = None, price: int | None = None, talk: str = "") -> Message:
+    return Message(obs.buyer, SELLER, talk, Action(kind, product, price))
+
+
+class ThresholdBuyer(ScriptedAgent):
+    """Accepts any offer at or below its valuation of the offered product; rejects the rest."""
+
+    name = "threshold"
+
+    def decide(self, obs: BuyerObservation) -> Message:
+        offer = obs.offer
+        if offer is not None:
+            j = int(offer[0][1:]) - 1
+            if 0 <= j < len(obs.values) and offer[1] <= obs.values[j]:
+                return _reply(obs, "accept", offer[0], offer[1], "Deal.")
+        return _reply(obs, "reject", talk="Too expensive for me.")
+
+
+class ConcessionBuyer(ScriptedAgent):
+    """Bids low and concedes toward its value over ``patience`` rounds.
+
+    Its target for product j after r seller messages is
+    ``v_j * (start + (1 - start) * min(1, (r - 1) / (patience - 1)))``. It accepts an
+    offer at or below the target, else bids the target for the offered product (or
+    for its favourite, when it values the offered one much less).
+    """
+
+    name = "concession"
+
+    def __init__(self, spec: str, params: dict | None, rng: np.random.Generator):
+        super().__init__(spec, params)
+        self.start = float(self.params.get("start", rng.uniform(0.4, 0.6)))
+        self.patience = int(self.params.get("patience", rng.integers(3, 7)))
+
+    def _target(self, value: int, rounds: int) -> int:
+        progress = min(1.0, (rounds - 1) / max(1, self.patience - 1))
+        return int(value * (self.start + (1 - self.start) * progress))
+
+    def decide(self, obs: BuyerObservation) -> Message:
+        values = obs.values
+        in_stock = [j for j, p in enumerate(obs.products) if p.stock > 0] or list(range(len(values)))
+        favourite = max(in_stock, key=lambda j: values[j])
+        offer = obs.offer
+        j = favourite
+        if offer is not None:
+            k = int(offer[0][1:]) - 1
+            if 0 <= k < len(values):
+                target = self._target(values[k], obs.rounds)
+                if offer[1] <= target:
+                    return _reply(obs, "accept", offer[0], offer[1], "You have a deal.")
+                if values[k] >= 0.9 * values[favourite]:
+                    j = k
+        price = self._target(values[j], obs.rounds)
+        return _reply(obs, "bid", f"p{j + 1}", price, f"I could do ${price} for p{j + 1}.")
+
+
+class StubbornBuyer(ScriptedAgent):
+    """One anchor price per product, a fixed share of its value; it never moves."""
+
+    name = "stubborn"
+
+    def __init__(self, spec: str, params: dict | None, rng: np.random.Generator):
+        super().__init__(spec, params)
+        self.share = float(self.params.get("share", rng.uniform(0.7, 0.9)))
+
+    def decide(self, obs: BuyerObservation) -> Message:
+        anchors = [int(v * self.share) for v in obs.values]
+        offer = obs.offer
+        if offer is not None:
+            j = int(offer[0][1:]) - 1
+            if 0 <= j < len(anchors) and offer[1] <= anchors[j]:
+                return _reply(obs, "accept", offer[0], offer[1], "Fine.")
+        in_stock = [j for j, p in enumerate(obs.products) if p.stock > 0] or list(range(len(anchors)))
+        j = max(in_stock, key=lambda j: anchors[j])
+        return _reply(obs, "bid", f"p{j + 1}", anchors[j], f"${anchors[j]} for p{j + 1}, not a cent more.")
+
+
+class RandomBuyer(ScriptedAgent):
+    """Anything at all: random actions, unknown products, prices above its value."""
+
+    name = "random"
+
+    def __init__(self, spec: str, params: dict | None, rng: np.random.Generator):
+        super().__init__(spec, params)
+        self.rng = rng
+
+    def decide(self, obs: BuyerObservation) -> Message:
+        rng = self.rng
+        roll = rng.random()
+        top = max(obs.values) * 3 // 2 + 1
+        if roll < 0.05:
+            return _reply(obs, "quit", talk="Bye.")
+        if roll < 0.35 and obs.offer is not None:
+            return _reply(obs, "accept", *obs.offer)
+        if roll < 0.5:
+            return _reply(obs, "accept", f"p{int(rng.integers(1, len(obs.values) + 2))}", int(rng.integers(0, top)))
+        if roll < 0.7:
+            return _reply(obs, "reject")
+        return _reply(obs, "bid", f"p{int(rng.integers(1, len(obs.values) + 2))}", int(rng.integers(0, top)))
+
+
+SELLERS = {
+    "oracle": OracleSeller,
+    "greedy": GreedySeller,
+    "concession": ConcessionSeller,
+    "posted": PostedSeller,
+    "dutch": DutchSeller,
+    "random": RandomSeller,
+}
+"""Scripted sellers, best first (the oracle is the full-information reference)."""
+BUYERS = {"threshold": ThresholdBuyer, "concession": ConcessionBuyer, "stubborn": StubbornBuyer, "random": RandomBuyer}

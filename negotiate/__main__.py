@@ -1,0 +1,5 @@
+import sys
+
+from negotiate.cli import main
+
+sys.exit(main())

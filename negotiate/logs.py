@@ -1,0 +1,46 @@
+"""Operational logs: JSON lines to a file, short readable lines on the console (structlog)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import structlog
+
+__all__ = ["configure"]
+
+
+def configure(log_file: Path | None = None, *, console_level: int = logging.INFO) -> None:
+    """Send structlog events through stdlib logging: JSON to ``log_file``, one short line to stderr."""
+    root = logging.getLogger("negotiate")
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(logging.DEBUG)
+    root.propagate = False
+    pre_chain = [structlog.stdlib.add_log_level, structlog.processors.TimeStamper(fmt="iso")]
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(console_level)
+    console.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), pad_event_to=0)],
+        foreign_pre_chain=pre_chain,
+    ))
+    root.addHandler(console)
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        to_file = logging.FileHandler(log_file)
+        to_file.setLevel(logging.DEBUG)
+        to_file.setFormatter(structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, structlog.processors.JSONRenderer()],
+            foreign_pre_chain=pre_chain,
+        ))
+        root.addHandler(to_file)
+    structlog.configure(
+        processors=[structlog.stdlib.filter_by_level, structlog.stdlib.add_logger_name, *pre_chain,
+                    structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )

@@ -1,0 +1,255 @@
+"""Markets: the immutable spec, the generated instance, and the named splits.
+
+A :class:`MarketSpec` is a distribution over markets; :func:`generate` draws one
+:class:`Market` from it with a seed, bit for bit reproducibly (one numpy
+``Generator`` passed down, no global randomness). Private information (valuations,
+costs) lives in the :class:`Market`; agents only ever see it through
+``negotiate.regulator.observe``.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from scipy.special import ndtr
+
+from negotiate.errors import UserError
+
+__all__ = ["MarketSpec", "Market", "Product", "Buyer", "SPLITS", "generate", "load_spec", "resolve_spec"]
+
+Range = tuple[int, int]
+
+
+class MarketSpec(BaseModel):
+    """How to draw a market. Counts may be a fixed int or an inclusive ``[lo, hi]`` range."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field("custom", description="Label carried into traces and report tables.")
+    buyers: int | Range = Field((2, 4), description="Number of buyers, or an inclusive range drawn per market.")
+    products: int | Range = Field((2, 4), description="Number of products, or an inclusive range drawn per market.")
+    stock: int = Field(1, ge=1, le=1000, description="Units in stock of every product.")
+    valuation: Literal["uniform", "correlated"] = Field(
+        "uniform", description="Independent uniform values, or values correlated through product and buyer factors."
+    )
+    correlation: float = Field(
+        0.7, ge=0.0, le=1.0, description="Share of value variance from common factors (correlated model only)."
+    )
+    price_low: float = Field(100.0, ge=0.0, description="Lowest valuation before scaling.")
+    price_high: float = Field(1000.0, gt=0.0, description="Highest valuation before scaling.")
+    price_scale: float = Field(1.0, gt=0.0, description="Multiplies the price range (prices-x10 uses 10).")
+    cost_low: float = Field(0.0, ge=0.0, le=1.0, description="Lowest cost, as a fraction of the range above price_low.")
+    cost_high: float = Field(0.5, ge=0.0, le=1.0, description="Highest cost, as a fraction of the range above price_low.")
+    budget: int | None = Field(None, ge=1, description="Absolute turn budget; overrides budget_per_pair.")
+    budget_per_pair: float = Field(1.5, gt=0.0, description="Turn budget per buyer-product pair, rounded up.")
+    personas: tuple[str, ...] = Field(("neutral",), min_length=1, description="Personas drawn for LLM buyers.")
+
+    @model_validator(mode="after")
+    def _check(self) -> MarketSpec:
+        for field in ("buyers", "products"):
+            value = getattr(self, field)
+            lo, hi = (value, value) if isinstance(value, int) else value
+            if not 1 <= lo <= hi <= 1000:
+                raise ValueError(f"{field} must be a count or a [lo, hi] range within 1..1000, got {value!r}")
+        if self.price_low >= self.price_high:
+            raise ValueError(f"price_low ({self.price_low}) must be below price_high ({self.price_high})")
+        if self.cost_low > self.cost_high:
+            raise ValueError(f"cost_low ({self.cost_low}) must not exceed cost_high ({self.cost_high})")
+        return self
+
+
+SPLITS: dict[str, MarketSpec] = {
+    "train": MarketSpec(name="train"),
+    "shapes": MarketSpec(name="shapes", buyers=(5, 7), products=(3, 6)),
+    "correlated": MarketSpec(name="correlated", valuation="correlated", correlation=0.7),
+    "prices-x10": MarketSpec(name="prices-x10", price_scale=10.0),
+}
+"""Named splits: ``train`` is the training distribution, the rest are held out."""
+
+
+@dataclass(frozen=True, slots=True)
+class Product:
+    id: str
+    """Public id, ``p1``.. ``pN``."""
+    name: str
+    """Display name."""
+    cost: int
+    """Seller's unit cost: it never sells below it. Private to the seller."""
+    stock: int
+    """Units at the start."""
+
+
+@dataclass(frozen=True, slots=True)
+class Buyer:
+    id: str
+    """Public id, ``b1``.. ``bN``."""
+    values: tuple[int, ...]
+    """Private valuation of each product, in catalog order."""
+    persona: str = "neutral"
+    """Persona for LLM buyers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Market:
+    """One drawn market: everything an omniscient observer knows."""
+
+    spec: MarketSpec
+    seed: int
+    products: tuple[Product, ...]
+    buyers: tuple[Buyer, ...]
+    budget: int
+    """Global turn budget: seller messages allowed in the episode."""
+    price_low: int
+    price_high: int
+    """Public price range (after scaling) from which valuations are drawn."""
+
+    @property
+    def shape(self) -> str:
+        return f"{len(self.buyers)}x{len(self.products)}"
+
+    @property
+    def tier(self) -> str:
+        return f"{self.price_low}-{self.price_high}"
+
+    def product_index(self, product_id: str) -> int | None:
+        """Catalog index of ``product_id``, or None if there is no such product."""
+        if product_id[:1] == "p" and product_id[1:].isdigit():
+            index = int(product_id[1:]) - 1
+            if 0 <= index < len(self.products):
+                return index
+        return None
+
+    def buyer_index(self, buyer_id: str) -> int | None:
+        if buyer_id[:1] == "b" and buyer_id[1:].isdigit():
+            index = int(buyer_id[1:]) - 1
+            if 0 <= index < len(self.buyers):
+                return index
+        return None
+
+    def to_dict(self) -> dict:
+        """Full private information, as written into the trace's episode_start event."""
+        return {
+            "seed": self.seed,
+            "budget": self.budget,
+            "price_low": self.price_low,
+            "price_high": self.price_high,
+            "products": [{"id": p.id, "name": p.name, "cost": p.cost, "stock": p.stock} for p in self.products],
+            "buyers": [{"id": b.id, "values": list(b.values), "persona": b.persona} for b in self.buyers],
+        }
+
+    @classmethod
+    def from_dict(cls, spec: MarketSpec, data: dict) -> Market:
+        return cls(
+            spec=spec,
+            seed=int(data["seed"]),
+            products=tuple(Product(p["id"], p["name"], int(p["cost"]), int(p["stock"])) for p in data["products"]),
+            buyers=tuple(Buyer(b["id"], tuple(int(v) for v in b["values"]), b.get("persona", "neutral")) for b in data["buyers"]),
+            budget=int(data["budget"]),
+            price_low=int(data["price_low"]),
+            price_high=int(data["price_high"]),
+        )
+
+
+_CATEGORIES = ("laptop", "e-bike", "espresso machine", "camera", "sofa", "headphones", "tent", "monitor")
+_TIERS = ("Lite", "Basic", "Air", "Standard", "Plus", "Sport", "Pro", "Max", "Ultra", "Studio", "Elite", "Prime")
+
+
+def _draw_count(rng: np.random.Generator, value: int | Range) -> int:
+    if isinstance(value, int):
+        return value
+    return int(rng.integers(value[0], value[1] + 1))
+
+
+def generate(spec: MarketSpec, seed: int) -> Market:
+    """Draw one market from ``spec``; the same spec and seed give the same market."""
+    rng = np.random.default_rng(seed)
+    n_buyers = _draw_count(rng, spec.buyers)
+    n_products = _draw_count(rng, spec.products)
+    lo = round(spec.price_low * spec.price_scale)
+    hi = round(spec.price_high * spec.price_scale)
+    span = hi - lo
+    if spec.valuation == "uniform":
+        values = rng.uniform(lo, hi, size=(n_buyers, n_products))
+        cost_frac = rng.uniform(spec.cost_low, spec.cost_high, size=n_products)
+    else:
+        rho = spec.correlation
+        quality = rng.standard_normal(n_products)
+        taste = rng.standard_normal(n_buyers)
+        noise = rng.standard_normal((n_buyers, n_products))
+        z = math.sqrt(rho / 2) * (quality[None, :] + taste[:, None]) + math.sqrt(1 - rho) * noise
+        values = lo + span * ndtr(z)
+        cost_frac = spec.cost_low + (spec.cost_high - spec.cost_low) * ndtr(quality)
+    costs = np.rint(lo + span * cost_frac).astype(int)
+    values = np.rint(values).astype(int)
+    category = _CATEGORIES[int(rng.integers(len(_CATEGORIES)))]
+    tier_names = rng.permutation(len(_TIERS))
+    products = tuple(
+        Product(
+            id=f"p{j + 1}",
+            name=f"{_TIERS[tier_names[j % len(_TIERS)]]} {category}" + (f" {j // len(_TIERS) + 1}" if j >= len(_TIERS) else ""),
+            cost=int(costs[j]),
+            stock=spec.stock,
+        )
+        for j in range(n_products)
+    )
+    persona_idx = rng.integers(len(spec.personas), size=n_buyers)
+    buyers = tuple(
+        Buyer(id=f"b{i + 1}", values=tuple(int(v) for v in values[i]), persona=spec.personas[int(persona_idx[i])])
+        for i in range(n_buyers)
+    )
+    budget = spec.budget if spec.budget is not None else math.ceil(spec.budget_per_pair * n_buyers * n_products)
+    return Market(spec=spec, seed=seed, products=products, buyers=buyers, budget=budget, price_low=lo, price_high=hi)
+
+
+def _describe_validation_error(source: str, error: ValidationError) -> UserError:
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "(spec)"
+    more = len(error.errors()) - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    value = first.get("input")
+    message = first["msg"].removeprefix("Value error, ") + suffix
+    if not first["loc"]:
+        return UserError(message, source=source, field=field)
+    return UserError(message, source=source, field=field, value=value)
+
+
+def spec_from_dict(data: dict, source: str) -> MarketSpec:
+    """Validate a spec mapping; errors name ``source``, the field and the value."""
+    try:
+        return MarketSpec.model_validate(data)
+    except ValidationError as error:
+        raise _describe_validation_error(source, error) from None
+
+
+def load_spec(path: str | Path) -> MarketSpec:
+    """Read a TOML spec file. A ``split = "NAME"`` key starts from a named split."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError("no such spec file", source=str(path)) from None
+    except tomllib.TOMLDecodeError as error:
+        raise UserError(f"not valid TOML ({error})", source=str(path)) from None
+    data = data.get("market", data)
+    base = data.pop("split", None)
+    if base is not None:
+        if base not in SPLITS:
+            raise UserError(f"unknown split; choose from {', '.join(SPLITS)}", source=str(path), field="split", value=base)
+        data = SPLITS[base].model_dump() | {"name": path.stem} | data
+    data.setdefault("name", path.stem)
+    return spec_from_dict(data, str(path))
+
+
+def resolve_spec(name_or_path: str) -> MarketSpec:
+    """A split name (``train``, ``shapes``, ...) or a path to a TOML spec file."""
+    if name_or_path in SPLITS:
+        return SPLITS[name_or_path]
+    if name_or_path.endswith(".toml") or Path(name_or_path).exists():
+        return load_spec(name_or_path)
+    raise UserError(f"unknown split; choose from {', '.join(SPLITS)} or give a .toml spec file", field="split", value=name_or_path)

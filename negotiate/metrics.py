@@ -1,0 +1,205 @@
+"""Verifiable metrics: pure functions of a market and what happened in it.
+
+OPT is the max-weight matching of buyers to units on ``max(0, v_ij - c_j)``: the
+ceiling for seller profit and for welfare alike. :func:`episode_metrics` computes
+the three families of DESIGN.md (constraint adherence, surplus extraction,
+allocation quality) for one episode; :func:`metrics_from_events` computes the same
+from a trace alone; :func:`aggregate` gives means with 95% confidence intervals
+over groups of episodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+from scipy.optimize import linear_sum_assignment
+
+from negotiate.market import Market, MarketSpec
+from negotiate.protocol import SELLER
+from negotiate.regulator import Deal
+
+__all__ = ["opt", "episode_metrics", "metrics_from_events", "aggregate", "mean_ci", "RATIO_METRICS", "Summary"]
+
+
+def opt(market: Market) -> tuple[int, frozenset[tuple[str, str]]]:
+    """OPT and the buyer-product pairs of one optimal matching (pairs with positive margin).
+
+    >>> from negotiate.market import Buyer, Market, MarketSpec, Product
+    >>> m = Market(MarketSpec(), 0, (Product("p1", "A", 100, 1), Product("p2", "B", 50, 1)),
+    ...            (Buyer("b1", (300, 200)), Buyer("b2", (250, 90))), 4, 0, 400)
+    >>> opt(m)[0]   # b1-p2 (150) + b2-p1 (150) beats b1-p1 (200) + b2-p2 (40)
+    300
+    """
+    n = len(market.buyers)
+    cols = [j for j, p in enumerate(market.products) for _ in range(min(p.stock, n))]
+    if not cols or not n:
+        return 0, frozenset()
+    values = np.array([b.values for b in market.buyers], dtype=np.int64)
+    costs = np.array([p.cost for p in market.products], dtype=np.int64)
+    margin = np.maximum(values - costs[None, :], 0)[:, cols]
+    rows, picks = linear_sum_assignment(margin, maximize=True)
+    total = int(margin[rows, picks].sum())
+    pairs = frozenset(
+        (market.buyers[r].id, market.products[cols[k]].id) for r, k in zip(rows, picks) if margin[r, k] > 0
+    )
+    return total, pairs
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
+
+
+def episode_metrics(
+    market: Market,
+    deals: Sequence[Deal],
+    *,
+    turns_used: int,
+    seller_messages: int,
+    seller_invalid: int,
+    buyer_messages: int,
+    buyer_invalid: int,
+    violations: dict[str, Counter],
+    opt_value: tuple[int, frozenset] | None = None,
+) -> dict:
+    """The per-episode metrics. ``violations`` maps ``seller``/``buyer`` to counts by kind."""
+    best, pairs = opt_value if opt_value is not None else opt(market)
+    profit = sum(d.price - d.cost for d in deals)
+    welfare = sum(d.value - d.cost for d in deals)
+    captures = [(d.price - d.cost) / (d.value - d.cost) for d in deals if d.value > d.cost]
+    realized = sum(1 for d in deals if (d.buyer, d.product) in pairs)
+    return {
+        # constraint adherence
+        "seller_messages": seller_messages,
+        "seller_invalid": seller_invalid,
+        "valid_rate": _ratio(seller_messages - seller_invalid, seller_messages),
+        "buyer_messages": buyer_messages,
+        "buyer_invalid": buyer_invalid,
+        "violations": dict(violations.get(SELLER, {})),
+        "buyer_violations": dict(violations.get("buyer", {})),
+        "budget_overrun": max(0, turns_used - market.budget),
+        # surplus extraction
+        "opt": best,
+        "profit": profit,
+        "profit_ratio": _ratio(profit, best),
+        "capture": sum(captures) / len(captures) if captures else None,
+        "deals": len(deals),
+        "deal_rate": len(deals) / len(market.buyers),
+        "buyer_surplus": sum(d.value - d.price for d in deals),
+        # allocation quality
+        "welfare": welfare,
+        "welfare_ratio": _ratio(welfare, best),
+        "opt_pairs": len(pairs),
+        "opt_pairs_share": _ratio(realized, len(pairs)),
+        "regret": best - welfare,
+        "turns_used": turns_used,
+        "budget": market.budget,
+        "turns_per_deal": turns_used / len(deals) if deals else None,
+    }
+
+
+def metrics_from_events(events: Iterable[dict]) -> dict:
+    """Recompute an episode's metrics from its trace events alone."""
+    market = None
+    deals: list[Deal] = []
+    turns = 0
+    counts = Counter()
+    violations: dict[str, Counter] = {SELLER: Counter(), "buyer": Counter()}
+    for event in events:
+        kind = event["type"]
+        if kind == "episode_start":
+            market = Market.from_dict(MarketSpec.model_validate(event["spec"]), event["market"])
+        elif kind == "message":
+            role = SELLER if event["sender"] == SELLER else "buyer"
+            counts[role] += 1
+            if not event["valid"]:
+                counts[role + "_invalid"] += 1
+            if event.get("turn"):
+                turns = max(turns, event["turn"])
+        elif kind == "deal":
+            deals.append(Deal(event["buyer"], event["product"], event["price"], event["cost"], event["value"], event["turn"], event["by"]))
+        elif kind == "violation":
+            violations[SELLER if event["who"] == SELLER else "buyer"][event["kind"]] += 1
+    if market is None:
+        raise ValueError("no episode_start event")
+    return episode_metrics(
+        market, deals, turns_used=turns,
+        seller_messages=counts[SELLER], seller_invalid=counts[SELLER + "_invalid"],
+        buyer_messages=counts["buyer"], buyer_invalid=counts["buyer_invalid"],
+        violations=violations,
+    )
+
+
+# -- aggregation ---------------------------------------------------------------
+
+RATIO_METRICS = (
+    ("valid_rate", "valid"),
+    ("violations_per_episode", "viol/ep"),
+    ("profit_ratio", "profit/OPT"),
+    ("capture", "capture"),
+    ("deal_rate", "deal rate"),
+    ("welfare_ratio", "welfare/OPT"),
+    ("opt_pairs_share", "OPT pairs"),
+    ("regret", "regret"),
+    ("turns_per_deal", "turns/deal"),
+)
+"""Metrics shown in report tables, with their column titles."""
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Mean and half-width of the Student-t confidence interval (0 with fewer than two values).
+
+    >>> mean_ci([1.0, 2.0, 3.0])  # sd 1, t(0.975, 2) = 4.303: 4.303 / sqrt(3) = 2.484
+    (2.0, 2.484...)
+    """
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = float(np.mean(values))
+    if n < 2:
+        return mean, 0.0
+    sd = float(np.std(values, ddof=1))
+    return mean, float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Aggregated metrics of one group of episodes."""
+
+    key: tuple[str, ...]
+    episodes: int
+    failed: int
+    stats: dict[str, tuple[float, float, int]]
+    """metric -> (mean, 95% CI half-width, episodes counted)."""
+    violations: dict[str, int]
+    """Seller violations by kind, summed."""
+    budget_overruns: int
+
+
+def aggregate(rows: Iterable[dict], by: Sequence[str]) -> list[Summary]:
+    """Group episode rows (``metrics`` plus labels such as seller, split, shape, tier) and summarize."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[tuple(str(row.get(k)) for k in by)].append(row)
+    out = []
+    for key in sorted(groups):
+        members = groups[key]
+        ok = [r for r in members if r.get("metrics")]
+        summary_stats = {}
+        for name, _title in RATIO_METRICS:
+            if name == "violations_per_episode":
+                values = [float(sum(r["metrics"]["violations"].values())) for r in ok]
+            else:
+                values = [float(r["metrics"][name]) for r in ok if r["metrics"].get(name) is not None]
+            mean, half = mean_ci(values)
+            summary_stats[name] = (mean, half, len(values))
+        violations: Counter = Counter()
+        for r in ok:
+            violations.update(r["metrics"]["violations"])
+        out.append(Summary(key, len(members), len(members) - len(ok), summary_stats, dict(violations),
+                           sum(r["metrics"]["budget_overrun"] for r in ok)))
+    return out

@@ -1,0 +1,269 @@
+"""The four-part message (thought, to, talk, action) and its two wire forms.
+
+Messages are typed, frozen records. Model text becomes a record in exactly one
+place, :func:`parse`, which never raises on model text: what does not parse comes
+back as a :class:`ParseFailure` with the reason, and the runtime records it as an
+``invalid`` message.
+
+Tagged text form::
+
+    Thought: b2 values the Pro model most; start high.
+    To: b2
+    Talk: The Pro is yours for $450.
+    Action: [OFFER] p2 $450
+
+JSON form (schema from :func:`json_schema`)::
+
+    {"thought": "...", "to": "b2", "talk": "...", "action": {"kind": "offer", "product": "p2", "price": 450}}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import orjson
+from pydantic import Field, TypeAdapter
+
+__all__ = [
+    "Action",
+    "Message",
+    "ParseFailure",
+    "SELLER_ACTIONS",
+    "BUYER_ACTIONS",
+    "TALK_MAX",
+    "SELLER",
+    "parse",
+    "parse_tagged",
+    "parse_json",
+    "render_tagged",
+    "json_schema",
+    "Generated",
+    "Notice",
+]
+
+SELLER = "seller"
+"""The seller's address."""
+SELLER_ACTIONS = ("offer", "accept", "reject", "end")
+BUYER_ACTIONS = ("bid", "accept", "reject", "quit")
+PRICED = frozenset({"offer", "accept", "bid"})
+"""Action kinds that carry a product and a price."""
+TALK_MAX = 600
+"""Longest public talk, in characters."""
+THOUGHT_MAX = 4000
+
+Kind = Literal["offer", "accept", "reject", "end", "bid", "quit"]
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """The binding part of a message: the only part that changes the market."""
+
+    kind: Kind
+    """offer / accept / reject / end (seller); bid / accept / reject / quit (buyer)."""
+    product: Annotated[str | None, Field(pattern=r"^p[0-9]+$")] = None
+    """Product id for offer, accept and bid; None otherwise."""
+    price: Annotated[int | None, Field(ge=0)] = None
+    """Whole currency units for offer, accept and bid; None otherwise."""
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "product": self.product, "price": self.price}
+
+    def __str__(self) -> str:
+        if self.kind in PRICED:
+            return f"[{self.kind.upper()}] {self.product} ${self.price}"
+        return f"[{self.kind.upper()}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A four-part message, seller's or buyer's."""
+
+    sender: str
+    """``seller`` or a buyer id; set by the runtime, never taken from model text."""
+    to: str
+    """Addressee: a buyer id for the seller, ``seller`` for a buyer."""
+    talk: Annotated[str, Field(max_length=TALK_MAX)]
+    """Public natural-language text, delivered to the addressee."""
+    action: Action
+    """The binding decision."""
+    thought: str = ""
+    """Private reasoning, kept in the trace, never delivered."""
+
+    def to_dict(self) -> dict:
+        return {"sender": self.sender, "to": self.to, "thought": self.thought, "talk": self.talk, "action": self.action.to_dict()}
+
+
+@dataclass(frozen=True, slots=True)
+class ParseFailure:
+    """Model text that is not a valid message, with the reason."""
+
+    reason: str
+    raw: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """What a model-backed agent returns: the parsed result plus what the trace keeps."""
+
+    result: Message | ParseFailure | None
+    """The parsed message, the parse failure, or None (a seller that waits)."""
+    raw: str = ""
+    """The model's text, verbatim."""
+    extra: dict | None = None
+    """Backend details for the trace: prompt, token ids, log-probs, latency, re-asks."""
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A runtime notice to one party: not a message, costs nothing, needs no reply."""
+
+    to: str
+    """``seller`` or a buyer id."""
+    kind: str
+    """``deal``, ``sold_out``, ``violation``, ``timeout``, ``ended``."""
+    text: str
+    """Human-readable line, shown to LLMs and people."""
+
+    def to_dict(self) -> dict:
+        return {"to": self.to, "kind": self.kind, "text": self.text}
+
+
+_TAG = re.compile(r"^\s*\**\s*(thought|to|talk|action)\s*\**\s*:\s*", re.IGNORECASE | re.MULTILINE)
+_ACTION = re.compile(
+    r"^\[?\s*(?P<kind>[a-z]+)\s*\]?\s*(?:(?P<product>p\d+)\s*(?:(?:at|for|@)\s*)?\$?\s*(?P<price>-?[\d,]*\.?\d+))?\s*\.?\s*$",
+    re.IGNORECASE,
+)
+
+
+def _allowed(role: str) -> tuple[str, ...]:
+    return SELLER_ACTIONS if role == SELLER else BUYER_ACTIONS
+
+
+def _build(role: str, sender: str, to: str | None, talk: str, thought: str, kind: str, product, price, raw: str):
+    kind = kind.lower()
+    allowed = _allowed(role)
+    if kind not in allowed:
+        return ParseFailure(f"action {kind!r} is not one of {', '.join(allowed)}", raw)
+    if kind in PRICED:
+        if not product or price is None:
+            return ParseFailure(f"action {kind} needs a product and a price", raw)
+        if not isinstance(product, str) or not re.fullmatch(r"p\d+", product.lower()):
+            return ParseFailure(f"product {product!r} is not a product id like p1", raw)
+        product = product.lower()
+        if isinstance(price, str):
+            try:
+                price = float(price.replace(",", ""))
+            except ValueError:
+                return ParseFailure(f"price {price!r} is not a number", raw)
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or price != price or abs(price) > 1e12:
+            return ParseFailure(f"price {price!r} is not a number", raw)
+        if price < 0:
+            return ParseFailure(f"price {price} is negative", raw)
+        price = int(round(price))
+    else:
+        product, price = None, None
+    if role == SELLER:
+        if kind == "end":
+            to = to or ""
+        elif not to:
+            return ParseFailure("no addressee: the seller's message needs To: a buyer id", raw)
+        to = to.strip().lower()
+    else:
+        to = SELLER
+    if len(talk) > TALK_MAX:
+        return ParseFailure(f"talk is {len(talk)} characters, more than {TALK_MAX}", raw)
+    return Message(sender=sender, to=to, talk=talk, action=Action(kind, product, price), thought=thought[:THOUGHT_MAX])
+
+
+def parse_tagged(text: str, role: str, sender: str | None = None) -> Message | ParseFailure:
+    """Parse the tagged-text form. ``role`` is ``seller`` or ``buyer``."""
+    sender = sender or (SELLER if role == SELLER else "buyer")
+    parts: dict[str, str] = {}
+    matches = list(_TAG.finditer(text))
+    for k, match in enumerate(matches):
+        end = matches[k + 1].start() if k + 1 < len(matches) else len(text)
+        parts.setdefault(match.group(1).lower(), text[match.end() : end].strip())
+    if "action" not in parts:
+        return ParseFailure("no 'Action:' line", text)
+    action_text = parts["action"].splitlines()[0].strip() if parts["action"] else ""
+    found = _ACTION.match(action_text)
+    if not found:
+        return ParseFailure(f"action {action_text!r} is not like [OFFER] p1 $100", text)
+    return _build(
+        role, sender, parts.get("to"), parts.get("talk", ""), parts.get("thought", ""),
+        found["kind"], found["product"], found["price"], text,
+    )
+
+
+def parse_json(text: str, role: str, sender: str | None = None) -> Message | ParseFailure:
+    """Parse the JSON form (an object, possibly inside a ```json fence)."""
+    sender = sender or (SELLER if role == SELLER else "buyer")
+    body = text.strip()
+    if body.startswith("```"):
+        body = body.strip("`").removeprefix("json").strip()
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        return ParseFailure(f"not valid JSON ({error})", text)
+    if not isinstance(data, dict):
+        return ParseFailure("JSON is not an object", text)
+    action = data.get("action")
+    if not isinstance(action, dict):
+        return ParseFailure("no 'action' object", text)
+    for key in ("thought", "talk", "to"):
+        if key in data and data[key] is not None and not isinstance(data[key], str):
+            return ParseFailure(f"'{key}' is not a string", text)
+    kind = action.get("kind", action.get("type"))
+    if not isinstance(kind, str):
+        return ParseFailure("action has no 'kind'", text)
+    return _build(
+        role, sender, data.get("to"), data.get("talk") or "", data.get("thought") or "",
+        kind, action.get("product"), action.get("price"), text,
+    )
+
+
+def parse(text: str, role: str, sender: str | None = None) -> Message | ParseFailure:
+    """Parse either form: JSON if the text starts with ``{`` or a code fence, else tagged text."""
+    head = text.lstrip()[:1]
+    if head in ("{", "`"):
+        return parse_json(text, role, sender)
+    return parse_tagged(text, role, sender)
+
+
+def render_tagged(message: Message) -> str:
+    """The tagged-text form of a message, as an LLM would write it."""
+    lines = [f"Thought: {message.thought}"] if message.thought else []
+    lines += [f"To: {message.to}", f"Talk: {message.talk}", f"Action: {message.action}"]
+    return "\n".join(lines)
+
+
+_MESSAGE_ADAPTER = TypeAdapter(Message)
+
+
+def json_schema(role: str) -> dict:
+    """JSON Schema of the four-part message for ``role`` (structured outputs)."""
+    schema = _MESSAGE_ADAPTER.json_schema()
+    defs = schema.get("$defs", {})
+    defs["Action"]["properties"]["kind"]["enum"] = list(_allowed(role))
+    schema["properties"].pop("sender", None)
+    schema["required"] = [name for name in ("thought", "to", "talk", "action")]
+    if role != SELLER:
+        schema["properties"]["to"]["enum"] = [SELLER]
+    schema["title"] = f"{role.capitalize()}Message"
+    return schema
+
+
+def message_from_dict(data: dict) -> Message:
+    """Rebuild a message from its trace form (trusted input)."""
+    action = data["action"]
+    return Message(
+        sender=data["sender"], to=data["to"], talk=data.get("talk", ""),
+        action=Action(action["kind"], action.get("product"), action.get("price")),
+        thought=data.get("thought", ""),
+    )
+

@@ -1,0 +1,455 @@
+"""Episode state and the regulator: every rule of the market, enforced in one place.
+
+:class:`EpisodeState` is the mutable state of one episode. Its two entry points,
+:meth:`EpisodeState.seller_send` and :meth:`EpisodeState.buyer_reply`, check a
+message against the rules, record it (and any violation, deal or notice) as trace
+events, and apply its effect. A message that breaks a rule is a typed, counted
+:class:`Violation` and changes nothing. :func:`observe` is the only way private
+information reaches an agent. Nothing here awaits: the async bus and a plain
+synchronous loop drive the same state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from negotiate.market import Market
+from negotiate.protocol import SELLER, Action, Message, Notice, ParseFailure
+
+__all__ = [
+    "EpisodeState",
+    "Violation",
+    "Deal",
+    "SellerObservation",
+    "BuyerObservation",
+    "ProductView",
+    "BuyerView",
+    "observe",
+    "VIOLATIONS",
+    "BudgetExceeded",
+]
+
+# Violation kinds. Each is counted by type in the metrics.
+MALFORMED = "malformed"
+TIMEOUT = "timeout"
+UNKNOWN_BUYER = "unknown_buyer"
+BUYER_SERVED = "buyer_served"
+BUYER_GONE = "buyer_gone"
+AWAITING_REPLY = "awaiting_reply"
+UNKNOWN_PRODUCT = "unknown_product"
+SOLD_OUT = "sold_out"
+BELOW_COST = "below_cost"
+NO_STANDING = "no_standing"
+OVERPAY = "overpay"
+VIOLATIONS = (
+    MALFORMED, TIMEOUT, UNKNOWN_BUYER, BUYER_SERVED, BUYER_GONE, AWAITING_REPLY,
+    UNKNOWN_PRODUCT, SOLD_OUT, BELOW_COST, NO_STANDING, OVERPAY,
+)
+"""Every violation kind, seller's and buyer's."""
+
+ACTIVE, SERVED, GONE = "active", "served", "gone"
+
+
+class BudgetExceeded(RuntimeError):
+    """A seller message was sent with no turn left: a runtime bug, never a user error."""
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    who: str
+    """``seller`` or a buyer id."""
+    kind: str
+    """One of :data:`VIOLATIONS`."""
+    detail: str
+    turn: int
+    """Seller turns used when it happened."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deal:
+    buyer: str
+    product: str
+    price: int
+    cost: int
+    value: int
+    """The buyer's valuation of the product (private; for metrics)."""
+    turn: int
+    by: str
+    """Who accepted: ``seller`` (accepted a bid) or the buyer (accepted an offer)."""
+
+
+@dataclass(slots=True)
+class _BuyerState:
+    id: str
+    index: int
+    status: str = ACTIVE
+    awaiting: bool = False
+    offer: tuple[str, int] | None = None
+    """The seller's standing offer to this buyer."""
+    bid: tuple[str, int] | None = None
+    """This buyer's standing bid."""
+    thread: list = field(default_factory=list)
+    """Messages and notices this buyer can see (seller thoughts removed)."""
+    messages_received: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProductView:
+    id: str
+    name: str
+    cost: int | None
+    """Unit cost: seller's view only (None in a buyer's view)."""
+    stock: int
+    """Units left."""
+
+
+@dataclass(frozen=True, slots=True)
+class BuyerView:
+    id: str
+    status: str
+    """active, served or gone."""
+    awaiting: bool
+    """True while this buyer owes the seller a reply."""
+    offer: tuple[str, int] | None
+    bid: tuple[str, int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class SellerObservation:
+    """Everything the seller may know, and nothing more."""
+
+    turns_used: int
+    budget: int
+    price_low: int
+    price_high: int
+    """Public range from which valuations are drawn."""
+    products: tuple[ProductView, ...]
+    buyers: tuple[BuyerView, ...]
+    new: tuple[Message | Notice, ...]
+    """Replies and notices since the seller last acted."""
+    history: tuple[Message | Notice, ...]
+    """Every message and notice the seller has seen (buyers' thoughts removed)."""
+
+    @property
+    def budget_left(self) -> int:
+        return self.budget - self.turns_used
+
+
+@dataclass(frozen=True, slots=True)
+class BuyerObservation:
+    """Everything one buyer may know: its own values, never costs or others' values."""
+
+    buyer: str
+    persona: str
+    values: tuple[int, ...]
+    """Own valuation of each product, in catalog order."""
+    products: tuple[ProductView, ...]
+    offer: tuple[str, int] | None
+    """The seller's standing offer to this buyer."""
+    bid: tuple[str, int] | None
+    """This buyer's own standing bid."""
+    message: Message | None
+    """The seller message this buyer must answer (None for a notice-only view)."""
+    rounds: int
+    """Seller messages this buyer has received, this one included."""
+    thread: tuple[Message | Notice, ...]
+
+
+def _public(message: Message) -> Message:
+    if not message.thought:
+        return message
+    return Message(message.sender, message.to, message.talk, message.action, "")
+
+
+class EpisodeState:
+    """Mutable state of one episode, with the regulator's rules."""
+
+    def __init__(self, market: Market, clock=time.perf_counter):
+        self.market = market
+        self.stock = [p.stock for p in market.products]
+        self.units_left = sum(self.stock)
+        self.buyers = [_BuyerState(b.id, i) for i, b in enumerate(market.buyers)]
+        self._buyer_by_id = {b.id: b for b in self.buyers}
+        self.turns_used = 0
+        self.deals: list[Deal] = []
+        self.violations: list[Violation] = []
+        self.violation_counts: Counter[str] = Counter()
+        self.invalid_by: Counter[str] = Counter()
+        """Invalid messages per sender role (``seller``, ``buyer``)."""
+        self.messages_by: Counter[str] = Counter()
+        self.outcome: str | None = None
+        """None while running; then ``terminated``, ``truncated`` or ``failed``."""
+        self.reason: str | None = None
+        self.events: list[dict] = []
+        """The episode's trace events, in order."""
+        self._clock = clock
+        self._t0 = clock()
+        self._seller_new: list[Message | Notice] = []
+        self._seller_history: list[Message | Notice] = []
+
+    # -- bookkeeping -------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    @property
+    def budget_left(self) -> int:
+        return self.market.budget - self.turns_used
+
+    @property
+    def pending(self) -> int:
+        """Buyers that owe the seller a reply."""
+        return sum(1 for b in self.buyers if b.awaiting)
+
+    def free_buyers(self) -> list[str]:
+        """Active buyers the seller may message now."""
+        return [b.id for b in self.buyers if b.status == ACTIVE and not b.awaiting]
+
+    def _ts(self) -> float:
+        return round(self._clock() - self._t0, 6)
+
+    def _violate(self, who: str, kind: str, detail: str) -> None:
+        violation = Violation(who, kind, detail, self.turns_used)
+        self.violations.append(violation)
+        self.violation_counts[kind] += 1
+        self.events.append({"type": "violation", "ts": self._ts(), "turn": self.turns_used, "who": who, "kind": kind, "detail": detail})
+        self._notify(who, "violation", f"{kind}: {detail}")
+
+    def _notify(self, to: str, kind: str, text: str) -> None:
+        notice = Notice(to, kind, text)
+        self.events.append({"type": "notice", "ts": self._ts(), "to": to, "kind": kind, "text": text})
+        if to == SELLER:
+            self._seller_new.append(notice)
+            self._seller_history.append(notice)
+        else:
+            self._buyer_by_id[to].thread.append(notice)
+
+    def _record_message(self, sender: str, result, raw: str | None, extra: dict | None, turn: int | None) -> None:
+        event = {"type": "message", "ts": self._ts(), "turn": turn, "sender": sender}
+        if isinstance(result, Message):
+            event.update(to=result.to, thought=result.thought, talk=result.talk, action=result.action.to_dict(), valid=True)
+        else:
+            event.update(to=None, thought="", talk="", action=None, valid=False, error=result.reason)
+            raw = result.raw if raw is None else raw
+        if raw is not None:
+            event["raw"] = raw
+        if extra:
+            event["extra"] = extra
+        self.events.append(event)
+        self.messages_by[SELLER if sender == SELLER else "buyer"] += 1
+        return event
+
+    def finish(self, outcome: str, reason: str) -> None:
+        if self.outcome is None:
+            self.outcome, self.reason = outcome, reason
+
+    def _check_terminal(self) -> None:
+        if self.units_left == 0:
+            self.finish("terminated", "sold_out")
+        elif all(b.status != ACTIVE for b in self.buyers):
+            self.finish("terminated", "no_buyers")
+
+    def _deal(self, buyer: _BuyerState, j: int, price: int, by: str) -> None:
+        product = self.market.products[j]
+        value = self.market.buyers[buyer.index].values[j]
+        self.stock[j] -= 1
+        self.units_left -= 1
+        buyer.status = SERVED
+        buyer.offer = buyer.bid = None
+        deal = Deal(buyer.id, product.id, price, product.cost, value, self.turns_used, by)
+        self.deals.append(deal)
+        self.events.append(
+            {"type": "deal", "ts": self._ts(), "turn": self.turns_used, "buyer": buyer.id, "product": product.id,
+             "price": price, "cost": product.cost, "value": value, "by": by}
+        )
+        text = f"deal: {buyer.id} buys {product.id} at ${price}"
+        self._notify(buyer.id, "deal", text)
+        self._notify(SELLER, "deal", text)
+        if self.stock[j] == 0:
+            self._notify(SELLER, "sold_out", f"{product.id} is sold out")
+        self._check_terminal()
+
+    # -- the seller --------------------------------------------------------------
+
+    def seller_send(self, result: Message | ParseFailure, raw: str | None = None, extra: dict | None = None) -> str | None:
+        """Spend one turn on a seller message. Returns the buyer id that now owes a reply, if any."""
+        if self.done:
+            raise RuntimeError("seller_send after the episode ended")
+        if self.turns_used >= self.market.budget:
+            raise BudgetExceeded(f"turn {self.turns_used + 1} exceeds the budget of {self.market.budget}")
+        self.turns_used += 1
+        self._record_message(SELLER, result, raw, extra, self.turns_used)
+        if isinstance(result, ParseFailure):
+            self.invalid_by[SELLER] += 1
+            self._violate(SELLER, MALFORMED, result.reason)
+            return None
+        self._seller_history.append(result)
+        action = result.action
+        if action.kind == "end":
+            self.finish("terminated", "seller_end")
+            return None
+        kind, detail = self._check_seller(result)
+        if kind is not None:
+            self.invalid_by[SELLER] += 1
+            self._violate(SELLER, kind, detail)
+            return None
+        buyer = self._buyer_by_id[result.to]
+        public = _public(result)
+        buyer.thread.append(public)
+        if action.kind == "accept":
+            self._deal(buyer, self.market.product_index(action.product), action.price, SELLER)
+            return None
+        if action.kind == "offer":
+            buyer.offer = (action.product, action.price)
+        else:  # reject: the buyer's standing bid is refused
+            buyer.bid = None
+        buyer.awaiting = True
+        buyer.messages_received += 1
+        return buyer.id
+
+    def _check_seller(self, message: Message) -> tuple[str | None, str]:
+        buyer = self._buyer_by_id.get(message.to)
+        if buyer is None:
+            return UNKNOWN_BUYER, f"no buyer {message.to!r}"
+        if buyer.status == SERVED:
+            return BUYER_SERVED, f"{buyer.id} has already bought"
+        if buyer.status == GONE:
+            return BUYER_GONE, f"{buyer.id} has left"
+        if buyer.awaiting:
+            return AWAITING_REPLY, f"{buyer.id} has not answered the last message yet"
+        action = message.action
+        if action.kind in ("offer", "accept"):
+            j = self.market.product_index(action.product)
+            if j is None:
+                return UNKNOWN_PRODUCT, f"no product {action.product!r}"
+            if self.stock[j] == 0:
+                return SOLD_OUT, f"{action.product} is sold out"
+            cost = self.market.products[j].cost
+            if action.price < cost:
+                return BELOW_COST, f"{action.kind} of {action.product} at ${action.price} is below its cost ${cost}"
+            if action.kind == "accept" and buyer.bid != (action.product, action.price):
+                standing = f"{buyer.bid[0]} ${buyer.bid[1]}" if buyer.bid else "none"
+                return NO_STANDING, f"accept {action.product} ${action.price} matches no standing bid of {buyer.id} (standing: {standing})"
+        return None, ""
+
+    def seller_timeout(self, seconds: float) -> None:
+        """The seller said nothing in time: the turn is spent, a violation counted."""
+        self.turns_used += 1
+        self.invalid_by[SELLER] += 1
+        self.messages_by[SELLER] += 1
+        self.events.append({"type": "message", "ts": self._ts(), "turn": self.turns_used, "sender": SELLER, "to": None,
+                            "thought": "", "talk": "", "action": None, "valid": False, "error": f"timeout after {seconds}s"})
+        self._violate(SELLER, TIMEOUT, f"no message within {seconds}s")
+
+    # -- the buyers --------------------------------------------------------------
+
+    def buyer_reply(self, buyer_id: str, result: Message | ParseFailure, raw: str | None = None, extra: dict | None = None) -> None:
+        """Apply a buyer's reply to the seller's last message. Invalid replies count as a reject."""
+        buyer = self._buyer_by_id[buyer_id]
+        if not buyer.awaiting:
+            raise RuntimeError(f"{buyer_id} replied without a message to answer")
+        buyer.awaiting = False
+        self._record_message(buyer_id, result, raw, extra, None)
+        if isinstance(result, ParseFailure):
+            self.invalid_by["buyer"] += 1
+            self._violate(buyer_id, MALFORMED, result.reason)
+            self._seller_sees(Message(buyer_id, SELLER, "", Action("reject")))
+            return
+        buyer.thread.append(result)
+        action = result.action
+        if self.done:
+            return
+        if action.kind == "quit":
+            buyer.status = GONE
+            buyer.offer = buyer.bid = None
+            self._seller_sees(result)
+            self._check_terminal()
+            return
+        if action.kind == "reject":
+            buyer.offer = None
+            self._seller_sees(result)
+            return
+        j = self.market.product_index(action.product)
+        problem = None
+        if j is None:
+            problem = (UNKNOWN_PRODUCT, f"no product {action.product!r}")
+        elif action.price > self.market.buyers[buyer.index].values[j]:
+            problem = (OVERPAY, f"{action.kind} of {action.product} at ${action.price} is above the buyer's valuation")
+        elif action.kind == "accept" and buyer.offer != (action.product, action.price):
+            standing = f"{buyer.offer[0]} ${buyer.offer[1]}" if buyer.offer else "none"
+            problem = (NO_STANDING, f"accept {action.product} ${action.price} matches no standing offer (standing: {standing})")
+        if problem is not None:
+            self.invalid_by["buyer"] += 1
+            self.events[-1]["valid"] = False
+            self._violate(buyer_id, *problem)
+            self._seller_sees(Message(buyer_id, SELLER, result.talk, Action("reject")))
+            return
+        if self.stock[j] == 0:
+            # The race for the last unit: not this buyer's fault, a notice, and its reply counts as a reject.
+            buyer.offer = None
+            self._notify(buyer_id, "sold_out", f"{action.product} is sold out")
+            self._seller_sees(Message(buyer_id, SELLER, result.talk, Action("reject")))
+            return
+        if action.kind == "accept":
+            self._seller_sees(result)
+            self._deal(buyer, j, action.price, buyer_id)
+        else:
+            buyer.bid = (action.product, action.price)
+            self._seller_sees(result)
+
+    def _seller_sees(self, message: Message) -> None:
+        public = _public(message)
+        self._seller_new.append(public)
+        self._seller_history.append(public)
+
+    def buyer_timeout(self, buyer_id: str, seconds: float) -> None:
+        buyer = self._buyer_by_id[buyer_id]
+        buyer.awaiting = False
+        self.invalid_by["buyer"] += 1
+        self.messages_by["buyer"] += 1
+        self.events.append({"type": "message", "ts": self._ts(), "turn": None, "sender": buyer_id, "to": SELLER,
+                            "thought": "", "talk": "", "action": None, "valid": False, "error": f"timeout after {seconds}s"})
+        self._violate(buyer_id, TIMEOUT, f"no reply within {seconds}s (taken as a reject)")
+        self._seller_sees(Message(buyer_id, SELLER, "", Action("reject")))
+
+    # -- observation ---------------------------------------------------------------
+
+    def seller_observation(self) -> SellerObservation:
+        market = self.market
+        new = tuple(self._seller_new)
+        self._seller_new.clear()
+        return SellerObservation(
+            turns_used=self.turns_used,
+            budget=market.budget,
+            price_low=market.price_low,
+            price_high=market.price_high,
+            products=tuple(ProductView(p.id, p.name, p.cost, self.stock[j]) for j, p in enumerate(market.products)),
+            buyers=tuple(BuyerView(b.id, b.status, b.awaiting, b.offer, b.bid) for b in self.buyers),
+            new=new,
+            history=tuple(self._seller_history),
+        )
+
+    def buyer_observation(self, buyer_id: str, message: Message | None) -> BuyerObservation:
+        buyer = self._buyer_by_id[buyer_id]
+        info = self.market.buyers[buyer.index]
+        return BuyerObservation(
+            buyer=buyer_id,
+            persona=info.persona,
+            values=info.values,
+            products=tuple(ProductView(p.id, p.name, None, self.stock[j]) for j, p in enumerate(self.market.products)),
+            offer=buyer.offer,
+            bid=buyer.bid,
+            message=_public(message) if message is not None else None,
+            rounds=buyer.messages_received,
+            thread=tuple(buyer.thread),
+        )
+
+
+def observe(state: EpisodeState, role: str, message: Message | None = None):
+    """The one way private information reaches an agent: ``role`` is ``seller`` or a buyer id."""
+    if role == SELLER:
+        return state.seller_observation()
+    return state.buyer_observation(role, message)

@@ -1,0 +1,217 @@
+"""Batches: many episodes concurrently, traced, resumable, shardable.
+
+A run is a set of jobs (seller, episode index). Episode ``index`` of a run with
+seed ``s`` is played on the market drawn with seed ``market_seed(s, index)`` by
+every seller of the run, with identically seeded buyers: a paired comparison.
+``--shard K/N`` keeps the indices ``i`` with ``i % N == K - 1``. A pool of workers
+(the concurrency limit) pulls jobs; each finished episode is written at once, so
+an interrupted run keeps every completed episode and ``resume`` runs only the rest.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import anyio
+import numpy as np
+import orjson
+import structlog
+
+from negotiate.agents.registry import AgentSpec, parse_agent
+from negotiate.episode import Episode, run_episode
+from negotiate.errors import UserError
+from negotiate.market import MarketSpec, generate, resolve_spec
+from negotiate.metrics import opt
+from negotiate.trace import TraceWriter, scan
+
+__all__ = ["RunConfig", "market_seed", "plan_jobs", "run_batch", "slug", "play"]
+
+log = structlog.get_logger("negotiate.runner")
+
+
+def market_seed(run_seed: int, index: int) -> int:
+    """The market seed of episode ``index`` in a run seeded ``run_seed``."""
+    return int(np.random.SeedSequence([run_seed, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of an agent spec: ``concession?beta=2`` -> ``concession-beta-2``."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "agent"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run; saved as ``run.json`` so ``--resume`` can finish it."""
+
+    sellers: tuple[str, ...]
+    buyers: str = "threshold"
+    split: str = "train"
+    """A split name or a TOML spec path."""
+    episodes: int = 200
+    """Episodes per seller (before sharding)."""
+    seed: int = 0
+    shard: tuple[int, int] = (1, 1)
+    """(K, N): this run plays the K-th of N disjoint slices."""
+    seller_timeout: float = 120.0
+    reply_timeout: float = 120.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict, source: str) -> RunConfig:
+        try:
+            data = dict(data)
+            data["sellers"] = tuple(data["sellers"])
+            data["shard"] = tuple(data["shard"])
+            return cls(**data)
+        except (KeyError, TypeError) as error:
+            raise UserError(f"not a run config ({error})", source=source) from None
+
+    def trace_name(self, seller: str) -> str:
+        k, n = self.shard
+        return f"{slug(seller)}.jsonl" if n == 1 else f"{slug(seller)}.shard-{k}-of-{n}.jsonl"
+
+    def indices(self) -> range:
+        k, n = self.shard
+        return range(k - 1, self.episodes, n)
+
+
+@dataclass
+class Job:
+    seller: AgentSpec
+    index: int
+
+
+@dataclass
+class Prepared:
+    """A run's parsed agents and spec, checked before anything runs."""
+
+    config: RunConfig
+    spec: MarketSpec
+    sellers: list[AgentSpec]
+    buyers: AgentSpec
+    jobs: list[Job] = field(default_factory=list)
+    done: int = 0
+    """Episodes already complete in the traces (resume)."""
+
+
+def prepare(config: RunConfig, out: Path, *, resume: bool) -> Prepared:
+    """Parse specs and agents, and list the jobs still to run (dropping a half-written tail on resume)."""
+    spec = resolve_spec(config.split)
+    sellers = [parse_agent(text, "seller") for text in config.sellers]
+    if len({slug(s.text) for s in sellers}) != len(sellers):
+        raise UserError("two sellers share a trace file name", field="--seller", value=",".join(config.sellers))
+    buyers = parse_agent(config.buyers, "buyer")
+    prepared = Prepared(config, spec, sellers, buyers)
+    for seller in sellers:
+        path = out / config.trace_name(seller.text)
+        finished: set[int] = set()
+        if resume and path.exists():
+            result = scan(path)
+            if result.good_bytes < path.stat().st_size:
+                with open(path, "r+b") as handle:
+                    handle.truncate(result.good_bytes)
+                log.info("dropped a half-written episode", file=str(path), episode=result.partial)
+            finished = {start["index"] for start in result.complete}
+        prepared.done += len(finished & set(config.indices()))
+        prepared.jobs.extend(Job(seller, i) for i in config.indices() if i not in finished)
+    # Interleave sellers so a partial run has comparable coverage of every seller.
+    prepared.jobs.sort(key=lambda job: (job.index, sellers.index(job.seller)))
+    return prepared
+
+
+def build_episode(spec: MarketSpec, seller: AgentSpec, buyers: AgentSpec, run_seed: int, index: int):
+    seed = market_seed(run_seed, index)
+    market = generate(spec, seed)
+    seller_agent = seller.build(market, np.random.default_rng([seed, 2]))
+    buyer_agents = {b.id: buyers.build(market, np.random.default_rng([seed, 1, k])) for k, b in enumerate(market.buyers)}
+    return market, seller_agent, buyer_agents
+
+
+async def play(prepared: Prepared, job: Job, *, opt_cache: dict | None = None) -> Episode:
+    """Play one job of a run."""
+    config = prepared.config
+    market, seller, buyers = build_episode(prepared.spec, job.seller, prepared.buyers, config.seed, job.index)
+    cells = len(market.buyers) * len(market.products)
+    opt_value = opt_cache.get(job.index) if opt_cache is not None else None
+    if opt_value is None:
+        # Large assignment problems are solved off the event loop.
+        opt_value = await anyio.to_thread.run_sync(opt, market) if cells >= 10_000 else opt(market)
+        if opt_cache is not None:
+            opt_cache[job.index] = opt_value
+    labels = {"run_seed": config.seed, "index": job.index, "seed": market.seed, "seller": job.seller.text, "buyers": prepared.buyers.text}
+    return await run_episode(
+        market, seller, buyers,
+        episode_id=f"{slug(job.seller.text)}-{job.index:06d}",
+        labels=labels,
+        seller_timeout=config.seller_timeout,
+        reply_timeout=config.reply_timeout,
+        opt_value=opt_value,
+    )
+
+
+async def run_batch(
+    prepared: Prepared,
+    out: Path,
+    *,
+    concurrency: int = 256,
+    on_episode: Callable[[Episode, str], None] | None = None,
+    fsync: bool = False,
+) -> list[dict]:
+    """Run every job of ``prepared``, ``concurrency`` at a time, writing traces under ``out``.
+
+    Returns one row per episode (labels plus metrics) for the report table.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    writers = {s.text: TraceWriter(out / prepared.config.trace_name(s.text), fsync=fsync) for s in prepared.sellers}
+    rows: list[dict] = []
+    jobs = iter(prepared.jobs)
+    opt_cache: dict = {}
+    old_threshold = gc.get_threshold()
+    gc.set_threshold(50_000, 20, 20)  # thousands of short-lived records per second: gen-0 GC was a third of the time
+
+    async def worker() -> None:
+        for job in jobs:
+            episode = await play(prepared, job, opt_cache=opt_cache)
+            writers[job.seller.text].write(episode.events)
+            start = episode.events[0]
+            rows.append({k: start[k] for k in ("seller", "split", "shape", "tier", "index")} | {"outcome": episode.outcome, "metrics": episode.metrics})
+            if episode.outcome == "failed":
+                log.warning("episode failed", episode=episode.id, reason=episode.reason)
+            if len(opt_cache) > 4 * concurrency:
+                opt_cache.pop(next(iter(opt_cache)))
+            if on_episode is not None:
+                on_episode(episode, job.seller.text)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(max(1, min(concurrency, len(prepared.jobs)))):
+                tg.start_soon(worker)
+    finally:
+        gc.set_threshold(*old_threshold)
+        for writer in writers.values():
+            writer.close()
+    return rows
+
+
+def save_config(config: RunConfig, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_bytes(orjson.dumps(config.to_json(), option=orjson.OPT_INDENT_2))
+
+
+def load_config(out: Path) -> RunConfig:
+    path = out / "run.json"
+    if not path.exists():
+        raise UserError("not a run folder (no run.json)", source=str(out))
+    try:
+        data = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as error:
+        raise UserError(f"not valid JSON ({error})", source=str(path)) from None
+    return RunConfig.from_json(data, str(path))
+
+

@@ -1,0 +1,169 @@
+"""Traces: JSON Lines files of episodes, written whole, read back with clear errors.
+
+An episode's events are written with one ``write`` and a flush when it ends, so a
+crash, SIGKILL or Ctrl-C loses at most the episodes still running. :func:`scan`
+finds the complete episodes of a file and where the last one ends, so a resumed
+run can drop a half-written tail and run only what is missing. The schema is in
+``traces/README.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from negotiate.episode import SCHEMA_VERSION
+from negotiate.errors import UserError
+
+__all__ = ["TraceWriter", "read_episodes", "scan", "trace_files", "ScanResult"]
+
+
+class TraceWriter:
+    """Appends whole episodes to a JSONL file."""
+
+    def __init__(self, path: str | Path, *, fsync: bool = False):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "ab")
+        self._fsync = fsync
+        self.episodes = 0
+
+    def write(self, events: Iterable[dict]) -> None:
+        dumps = orjson.dumps
+        self._file.write(b"".join([dumps(event) + b"\n" for event in events]))
+        self._file.flush()
+        if self._fsync:
+            os.fsync(self._file.fileno())
+        self.episodes += 1
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    complete: list[dict]
+    """The episode_start events of complete episodes, with ``metrics`` and ``outcome`` from their ends."""
+    good_bytes: int
+    """File offset just after the last complete episode."""
+    partial: str | None
+    """Id of a half-written trailing episode, if any."""
+
+
+def _check_start(event: dict, path: Path, line_no: int) -> None:
+    schema = event.get("schema")
+    if not isinstance(schema, int):
+        raise UserError("missing or not an integer", source=f"{path}:{line_no}", field="schema", value=schema)
+    if schema > SCHEMA_VERSION:
+        raise UserError(
+            f"trace schema is newer than this negotiate reads ({SCHEMA_VERSION}); upgrade negotiate",
+            source=f"{path}:{line_no}", field="schema", value=schema,
+        )
+
+
+def _lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, byte offset after the line, line) for each line."""
+    offset = 0
+    with open(path, "rb") as handle:
+        for line_no, line in enumerate(handle, 1):
+            offset += len(line)
+            yield line_no, offset, line
+
+
+def read_episodes(path: str | Path, *, allow_partial: bool = False) -> Iterator[list[dict]]:
+    """Yield each complete episode of a trace file as its list of events.
+
+    A malformed line, an event outside an episode or a schema newer than this
+    package raises :class:`UserError` naming the file, line, field and value. A
+    half-written trailing episode (a run killed mid-write) raises too, unless
+    ``allow_partial``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise UserError("no such trace file", source=str(path))
+    current: list[dict] | None = None
+    start_line = 0
+    for line_no, _offset, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            if allow_partial:
+                return
+            raise UserError(
+                "not a JSON line (a truncated trace? `negotiate serve --resume` repairs a killed run)",
+                source=f"{path}:{line_no}", field="line", value=line[:60].decode("utf-8", "replace"),
+            ) from None
+        kind = event.get("type") if isinstance(event, dict) else None
+        if kind == "episode_start":
+            _check_start(event, path, line_no)
+            if current is not None and not allow_partial:
+                raise UserError("episode has no episode_end (truncated)", source=f"{path}:{start_line}", field="episode", value=current[0].get("episode"))
+            current, start_line = [event], line_no
+        elif kind is None:
+            raise UserError("event has no 'type'", source=f"{path}:{line_no}", field="type", value=None)
+        elif current is None:
+            raise UserError("event before any episode_start", source=f"{path}:{line_no}", field="type", value=kind)
+        else:
+            current.append(event)
+            if kind == "episode_end":
+                yield current
+                current = None
+    if current is not None and not allow_partial:
+        raise UserError(
+            "episode has no episode_end (truncated; `negotiate serve --resume` repairs a killed run)",
+            source=f"{path}:{start_line}", field="episode", value=current[0].get("episode"),
+        )
+
+
+def scan(path: str | Path) -> ScanResult:
+    """Find the complete episodes of a (possibly half-written) trace file."""
+    path = Path(path)
+    complete: list[dict] = []
+    good = 0
+    start: dict | None = None
+    if not path.exists():
+        return ScanResult([], 0, None)
+    for line_no, offset, line in _lines(path):
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            if not line.endswith(b"\n"):
+                break  # the half-written last line of a killed run
+            raise UserError("not a JSON line", source=f"{path}:{line_no}", field="line", value=line[:60].decode("utf-8", "replace")) from None
+        kind = event.get("type")
+        if kind == "episode_start":
+            _check_start(event, path, line_no)
+            start = event
+        elif kind == "episode_end" and start is not None:
+            complete.append(start | {"outcome": event.get("outcome"), "metrics": event.get("metrics")})
+            start = None
+            good = offset
+    return ScanResult(complete, good, start.get("episode") if start else None)
+
+
+def trace_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand files and folders (searched recursively for ``*.jsonl``) into trace files."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found.extend(sorted(p for p in path.rglob("*.jsonl") if not p.name.endswith(".log.jsonl")))
+        elif path.exists():
+            found.append(path)
+        else:
+            raise UserError("no such trace file or folder", source=str(path))
+    if not found:
+        raise UserError("no *.jsonl trace files found", source=", ".join(str(p) for p in paths))
+    return found

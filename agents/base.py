@@ -45,6 +45,11 @@ class ScriptedAgent:
         self.spec = spec
         self.params = params or {}
 
+    @classmethod
+    def create(cls, spec: str, params: dict, *, market, seed):
+        """Build one for an episode; subclasses that need the market or a Generator override this."""
+        return cls(spec, params)
+
     def decide(self, obs):  # pragma: no cover - every subclass overrides it
         raise NotImplementedError
 

@@ -12,6 +12,7 @@ then :meth:`AgentSpec.build` makes a fresh agent per episode with its own seed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
@@ -42,15 +43,11 @@ class AgentSpec:
     name: str
     params: dict = field(default_factory=dict)
 
-    def build(self, market: Market, rng: np.random.Generator):
+    def build(self, market: Market, seed: np.random.Generator | Sequence[int] | int):
+        """A fresh agent for one episode. ``seed`` is a numpy Generator or what seeds one;
+        agents that draw random numbers make their Generator from it, the rest skip the cost."""
         table = SELLERS if self.role == "seller" else BUYERS
-        cls = table[self.name]
-        if cls.__name__ == "OracleSeller":
-            return cls(self.text, self.params, market)
-        try:
-            return cls(self.text, self.params, rng)
-        except TypeError:
-            return cls(self.text, self.params)
+        return table[self.name].create(self.text, self.params, market=market, seed=seed)
 
     @property
     def label(self) -> str:

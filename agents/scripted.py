@@ -24,6 +24,14 @@ from negotiate.agents.base import ScriptedAgent
 __all__ = ["SELLERS", "BUYERS"]
 
 
+class _Seeded(ScriptedAgent):
+    """A scripted agent that draws random numbers from its own Generator."""
+
+    @classmethod
+    def create(cls, spec, params, *, market, seed):
+        return cls(spec, params, np.random.default_rng(seed))
+
+
 def _offer(to: str, product: str, price: int, talk: str = "", thought: str = "") -> Message:
     return Message(SELLER, to, talk or f"I can let you have {product} for ${price}.", Action("offer", product, price), thought)
 
@@ -61,10 +69,13 @@ class _Learner(ScriptedAgent):
 
     def _setup(self, obs: SellerObservation) -> None:
         n, m = len(obs.buyers), len(obs.products)
-        self.low = np.full((n, m), float(obs.price_low))
-        self.high = np.full((n, m), float(obs.price_high))
+        # Plain lists: element-wise access to tiny numpy arrays costs more than it saves.
+        self.low = [[float(obs.price_low)] * m for _ in range(n)]
+        self.high = [[float(obs.price_high)] * m for _ in range(n)]
         self.last: dict[int, tuple[int, int]] = {}
-        self.offers = np.zeros((n, m), dtype=int)
+        self.offers = [[0] * m for _ in range(n)]
+        self.offered = [0] * n
+        """Offers made to each buyer."""
 
     def _learn(self, obs: SellerObservation) -> None:
         if not hasattr(self, "low"):
@@ -75,20 +86,22 @@ class _Learner(ScriptedAgent):
             i = int(item.sender[1:]) - 1
             last = self.last.pop(i, None)
             action = item.action
+            low, high = self.low[i], self.high[i]
             if last is not None and action.kind in ("reject", "bid"):
                 j, price = last
-                self.high[i, j] = min(self.high[i, j], price - 1)
+                high[j] = min(high[j], price - 1)
             if action.kind == "bid" and action.product is not None:
                 j = int(action.product[1:]) - 1
-                if 0 <= j < self.low.shape[1]:
-                    self.low[i, j] = max(self.low[i, j], float(action.price))
-                    self.high[i, j] = max(self.high[i, j], self.low[i, j])
+                if 0 <= j < len(low):
+                    low[j] = max(low[j], float(action.price))
+                    high[j] = max(high[j], low[j])
 
     def _record(self, message: Message) -> Message:
         if message.action.kind == "offer":
             i, j = int(message.to[1:]) - 1, int(message.action.product[1:]) - 1
             self.last[i] = (j, message.action.price)
-            self.offers[i, j] += 1
+            self.offers[i][j] += 1
+            self.offered[i] += 1
         return message
 
     @staticmethod
@@ -132,7 +145,7 @@ class GreedySeller(_Learner):
             for c, j in enumerate(cols):
                 product = obs.products[j]
                 cost = product.cost
-                worth, price = _tries_value(self.low[i, j], self.high[i, j], cost, tries)
+                worth, price = _tries_value(self.low[i][j], self.high[i][j], cost, tries)
                 bid = buyer.bid
                 if bid is not None and bid[0] == product.id and bid[1] >= cost:
                     sure = bid[1] - cost
@@ -181,7 +194,7 @@ class PostedSeller(_Learner):
                     return _accept_bid(buyer.id, buyer.bid[0], buyer.bid[1])
             order = sorted(range(len(prices)), key=lambda j: -(hi - prices[j]) * (prices[j] - obs.products[j].cost))
             for j in order:
-                if units[j] > 0 and self.offers[i, j] == 0 and prices[j] >= obs.products[j].cost:
+                if units[j] > 0 and self.offers[i][j] == 0 and prices[j] >= obs.products[j].cost:
                     return self._record(_offer(buyer.id, obs.products[j].id, prices[j], f"{obs.products[j].name}: ${prices[j]}, take it or leave it."))
         return None if any(b.awaiting for b in obs.buyers) else _end()
 
@@ -214,7 +227,7 @@ class ConcessionSeller(_Learner):
             if j is None:
                 j = min(choices, key=lambda j: obs.products[j].cost)
             product = obs.products[j]
-            t = min(int(self.offers[i].sum()), share)
+            t = min(self.offered[i], share)
             price = int(round(product.cost + (hi - product.cost) * (1 - (t / share) ** (1 / beta))))
             if buyer.bid is not None and buyer.bid[0] == product.id and buyer.bid[1] >= max(price, product.cost):
                 return _accept_bid(buyer.id, product.id, buyer.bid[1])
@@ -233,16 +246,17 @@ class DutchSeller(_Learner):
     name = "dutch"
 
     def decide(self, obs: SellerObservation) -> Message | None:
-        self._learn(obs)
+        if not hasattr(self, "offered"):
+            self._setup(obs)  # the clock needs no value bounds: no _learn
         n = len(obs.buyers)
         ticks = max(1, obs.budget // max(1, n))
         units = self._available(obs)
+        in_stock = [j for j, u in enumerate(units) if u > 0]
         hi = obs.price_high
         for i, buyer in enumerate(obs.buyers):
             if buyer.status != ACTIVE or buyer.awaiting:
                 continue
-            tick = int(self.offers[i].sum())
-            in_stock = [j for j, u in enumerate(units) if u > 0]
+            tick = self.offered[i]
             if not in_stock:
                 break
             j = in_stock[(i + tick) % len(in_stock)]
@@ -269,6 +283,10 @@ class OracleSeller(ScriptedAgent):
     def __init__(self, spec: str, params: dict | None, market: Market):
         super().__init__(spec, params)
         self.market = market
+
+    @classmethod
+    def create(cls, spec, params, *, market, seed):
+        return cls(spec, params, market)
 
     def decide(self, obs: SellerObservation) -> Message | None:
         market = self.market
@@ -298,7 +316,7 @@ class OracleSeller(ScriptedAgent):
         return _offer(buyer.id, product.id, value, thought=f"{buyer.id} values {product.id} at {value}")
 
 
-class RandomSeller(ScriptedAgent):
+class RandomSeller(_Seeded):
     """Uniformly random messages, rule breaking included (prices from 0, any product id)."""
 
     name = "random"
@@ -342,7 +360,7 @@ class ThresholdBuyer(ScriptedAgent):
         return _reply(obs, "reject", talk="Too expensive for me.")
 
 
-class ConcessionBuyer(ScriptedAgent):
+class ConcessionBuyer(_Seeded):
     """Bids low and concedes toward its value over ``patience`` rounds.
 
     Its target for product j after r seller messages is
@@ -380,7 +398,7 @@ class ConcessionBuyer(ScriptedAgent):
         return _reply(obs, "bid", f"p{j + 1}", price, f"I could do ${price} for p{j + 1}.")
 
 
-class StubbornBuyer(ScriptedAgent):
+class StubbornBuyer(_Seeded):
     """One anchor price per product, a fixed share of its value; it never moves."""
 
     name = "stubborn"
@@ -401,7 +419,7 @@ class StubbornBuyer(ScriptedAgent):
         return _reply(obs, "bid", f"p{j + 1}", anchors[j], f"${anchors[j]} for p{j + 1}, not a cent more.")
 
 
-class RandomBuyer(ScriptedAgent):
+class RandomBuyer(_Seeded):
     """Anything at all: random actions, unknown products, prices above its value."""
 
     name = "random"

@@ -38,6 +38,11 @@ class MailboxStatistics:
     closed: bool
 
 
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError("mailbox wait timed out"))
+
+
 class Mailbox:
     """A closable single-reader mailbox. ``put`` never blocks; ``get`` raises ``anyio.EndOfStream`` once closed and empty."""
 
@@ -60,15 +65,24 @@ class Mailbox:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def get(self):
+    async def get(self, timeout: float | None = None):
+        """The next item; ``TimeoutError`` after ``timeout`` seconds without one.
+
+        The deadline is a loop timer on the waiter (about a tenth of the cost of a
+        cancel scope, and this wait happens once per reply).
+        """
         while not self._items:
             if self._closed:
                 raise anyio.EndOfStream
-            self._waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(timeout, _expire, waiter) if timeout is not None else None
             try:
-                await self._waiter
+                await waiter
             finally:
                 self._waiter = None
+                if timer is not None:
+                    timer.cancel()
         self._received += 1
         return self._items.popleft()
 
@@ -109,12 +123,17 @@ class Bus:
         self.seller_timeout = seller_timeout
         self.reply_timeout = reply_timeout
         self.inbox = Mailbox("seller")
+        self._seller_instant = bool(getattr(seller, "instant", False))
+        self._instant = {buyer_id: bool(getattr(agent, "instant", False)) for buyer_id, agent in buyers.items()}
+        # With only instant buyers the seller's wait cannot hang: no timer needed on it.
+        self._wait_timeout = None if all(self._instant.values()) else reply_timeout * 2 + 5
         self.mailboxes = {buyer_id: Mailbox(buyer_id) for buyer_id in buyers}
 
-    async def _call(self, agent, obs, timeout: float):
-        """Ask an agent for its decision; None on timeout is told apart by raising TimeoutError."""
-        if getattr(agent, "instant", False):
-            return await agent.act(obs)
+    @staticmethod
+    async def _call(agent, instant: bool, obs, timeout: float):
+        """Ask an agent for its decision; raises TimeoutError past the deadline."""
+        if instant:  # a scripted agent's decision is a function call: no wait, no deadline needed
+            return agent.decide(obs)
         with anyio.fail_after(timeout):
             return await agent.act(obs)
 
@@ -122,9 +141,9 @@ class Bus:
         """The seller's loop; returns when the episode has ended or been truncated."""
         state = self.state
         while not state.done:
-            if state.budget_left > 0 and state.free_buyers():
+            if state.budget_left > 0 and state.any_free():
                 try:
-                    decision = await self._call(self.seller, state.seller_observation(), self.seller_timeout)
+                    decision = await self._call(self.seller, self._seller_instant, state.seller_observation(), self.seller_timeout)
                 except TimeoutError:
                     state.seller_timeout(self.seller_timeout)
                     continue
@@ -144,16 +163,18 @@ class Bus:
                     state.finish("terminated", "no_buyers")
                 break
             # Every buyer's own deadline bounds this wait; the margin only guards against a stuck bus.
-            with anyio.fail_after(self.reply_timeout * 2 + 5):
-                await self.inbox.get()
+            await self.inbox.get(timeout=self._wait_timeout)
 
     async def run_buyer(self, buyer_id: str) -> None:
         """One buyer's loop: answer each seller message, until the mailbox closes."""
         state = self.state
         agent = self.buyers[buyer_id]
+        instant = self._instant[buyer_id]
         async for message in self.mailboxes[buyer_id]:
+            if state.done:
+                break  # the episode ended while this message waited: no reply is owed
             try:
-                decision = await self._call(agent, state.buyer_observation(buyer_id, message), self.reply_timeout)
+                decision = await self._call(agent, instant, state.buyer_observation(buyer_id, message), self.reply_timeout)
             except TimeoutError:
                 if not state.done:
                     state.buyer_timeout(buyer_id, self.reply_timeout)

@@ -56,11 +56,11 @@ class MarketSpec(BaseModel):
             value = getattr(self, field)
             lo, hi = (value, value) if isinstance(value, int) else value
             if not 1 <= lo <= hi <= 1000:
-                raise ValueError(f"{field} must be a count or a [lo, hi] range within 1..1000, got {value!r}")
+                raise ValueError(f"{field}|{value!r}|must be a count or a [lo, hi] range within 1..1000")
         if self.price_low >= self.price_high:
-            raise ValueError(f"price_low ({self.price_low}) must be below price_high ({self.price_high})")
+            raise ValueError(f"price_low|{self.price_low}|must be below price_high ({self.price_high})")
         if self.cost_low > self.cost_high:
-            raise ValueError(f"cost_low ({self.cost_low}) must not exceed cost_high ({self.cost_high})")
+            raise ValueError(f"cost_low|{self.cost_low}|must not exceed cost_high ({self.cost_high})")
         return self
 
 
@@ -167,40 +167,52 @@ def _draw_count(rng: np.random.Generator, value: int | Range) -> int:
 
 
 def generate(spec: MarketSpec, seed: int) -> Market:
-    """Draw one market from ``spec``; the same spec and seed give the same market."""
+    """Draw one market from ``spec``; the same spec and seed give the same market.
+
+    All the draws of a market come from one ``Generator`` in a fixed order (counts,
+    then one block of uniforms, then normals for the correlated model): a few numpy
+    calls per market, since thousands of markets are drawn a second.
+    """
     rng = np.random.default_rng(seed)
     n_buyers = _draw_count(rng, spec.buyers)
     n_products = _draw_count(rng, spec.products)
     lo = round(spec.price_low * spec.price_scale)
     hi = round(spec.price_high * spec.price_scale)
     span = hi - lo
+    n_cells = n_buyers * n_products
+    u = rng.random(n_cells + n_products + 1 + len(_TIERS) + n_buyers)
     if spec.valuation == "uniform":
-        values = rng.uniform(lo, hi, size=(n_buyers, n_products))
-        cost_frac = rng.uniform(spec.cost_low, spec.cost_high, size=n_products)
+        values = lo + span * u[:n_cells]
+        cost_frac = spec.cost_low + (spec.cost_high - spec.cost_low) * u[n_cells : n_cells + n_products]
     else:
         rho = spec.correlation
-        quality = rng.standard_normal(n_products)
-        taste = rng.standard_normal(n_buyers)
-        noise = rng.standard_normal((n_buyers, n_products))
-        z = math.sqrt(rho / 2) * (quality[None, :] + taste[:, None]) + math.sqrt(1 - rho) * noise
-        values = lo + span * ndtr(z)
+        z = rng.standard_normal(n_products + n_buyers + n_cells)
+        quality, taste, noise = z[:n_products], z[n_products : n_products + n_buyers], z[n_products + n_buyers :]
+        mixed = math.sqrt(rho / 2) * (quality[None, :] + taste[:, None]) + math.sqrt(1 - rho) * noise.reshape(n_buyers, n_products)
+        values = lo + span * ndtr(mixed)
         cost_frac = spec.cost_low + (spec.cost_high - spec.cost_low) * ndtr(quality)
-    costs = np.rint(lo + span * cost_frac).astype(int)
-    values = np.rint(values).astype(int)
-    category = _CATEGORIES[int(rng.integers(len(_CATEGORIES)))]
-    tier_names = rng.permutation(len(_TIERS))
+    rest = u[n_cells + n_products :].tolist()
+    costs = np.rint(lo + span * cost_frac).astype(np.int64).tolist()
+    flat = np.rint(values).astype(np.int64).reshape(-1).tolist()
+    category = _CATEGORIES[min(int(rest[0] * len(_CATEGORIES)), len(_CATEGORIES) - 1)]
+    order = sorted(range(len(_TIERS)), key=rest[1 : 1 + len(_TIERS)].__getitem__)
+    personas = spec.personas
+    persona_draws = rest[1 + len(_TIERS) :]
     products = tuple(
         Product(
             id=f"p{j + 1}",
-            name=f"{_TIERS[tier_names[j % len(_TIERS)]]} {category}" + (f" {j // len(_TIERS) + 1}" if j >= len(_TIERS) else ""),
-            cost=int(costs[j]),
+            name=f"{_TIERS[order[j % len(_TIERS)]]} {category}" + (f" {j // len(_TIERS) + 1}" if j >= len(_TIERS) else ""),
+            cost=costs[j],
             stock=spec.stock,
         )
         for j in range(n_products)
     )
-    persona_idx = rng.integers(len(spec.personas), size=n_buyers)
     buyers = tuple(
-        Buyer(id=f"b{i + 1}", values=tuple(int(v) for v in values[i]), persona=spec.personas[int(persona_idx[i])])
+        Buyer(
+            id=f"b{i + 1}",
+            values=tuple(flat[i * n_products : (i + 1) * n_products]),
+            persona=personas[min(int(persona_draws[i] * len(personas)), len(personas) - 1)],
+        )
         for i in range(n_buyers)
     )
     budget = spec.budget if spec.budget is not None else math.ceil(spec.budget_per_pair * n_buyers * n_products)
@@ -209,14 +221,15 @@ def generate(spec: MarketSpec, seed: int) -> Market:
 
 def _describe_validation_error(source: str, error: ValidationError) -> UserError:
     first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "(spec)"
+    field = str(first["loc"][0]) if first["loc"] else "(spec)"  # union members (buyers.int) add noise
     more = len(error.errors()) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     value = first.get("input")
-    message = first["msg"].removeprefix("Value error, ") + suffix
-    if not first["loc"]:
-        return UserError(message, source=source, field=field)
-    return UserError(message, source=source, field=field, value=value)
+    message = first["msg"].removeprefix("Value error, ")
+    if not first["loc"] and message.count("|") >= 2:  # a cross-field check: "field|value|problem"
+        field, shown, message = message.split("|", 2)
+        return UserError(f"{shown}: {message}{suffix}", source=source, field=field)
+    return UserError(message + suffix, source=source, field=field, value=value)
 
 
 def spec_from_dict(data: dict, source: str) -> MarketSpec:

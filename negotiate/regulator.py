@@ -12,8 +12,8 @@ synchronous loop drive the same state.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from negotiate.market import Market
 from negotiate.protocol import SELLER, Action, Message, Notice, ParseFailure
@@ -95,8 +95,9 @@ class _BuyerState:
     messages_received: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class ProductView:
+class ProductView(NamedTuple):
+    """One catalog line as an agent sees it (a named tuple: built on every decision, so cheap)."""
+
     id: str
     name: str
     cost: int | None
@@ -105,15 +106,18 @@ class ProductView:
     """Units left."""
 
 
-@dataclass(frozen=True, slots=True)
-class BuyerView:
+class BuyerView(NamedTuple):
+    """One buyer as the seller sees it."""
+
     id: str
     status: str
     """active, served or gone."""
     awaiting: bool
     """True while this buyer owes the seller a reply."""
     offer: tuple[str, int] | None
+    """The seller's standing offer to this buyer."""
     bid: tuple[str, int] | None
+    """This buyer's standing bid."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +170,11 @@ def _public(message: Message) -> Message:
 class EpisodeState:
     """Mutable state of one episode, with the regulator's rules."""
 
-    def __init__(self, market: Market, clock=time.perf_counter):
+    def __init__(self, market: Market, clock=time.perf_counter, *, episode: str = ""):
         self.market = market
+        self.episode = episode
+        """Episode id stamped on every event."""
+        self._product_index = {p.id: j for j, p in enumerate(market.products)}
         self.stock = [p.stock for p in market.products]
         self.units_left = sum(self.stock)
         self.buyers = [_BuyerState(b.id, i) for i, b in enumerate(market.buyers)]
@@ -175,10 +182,11 @@ class EpisodeState:
         self.turns_used = 0
         self.deals: list[Deal] = []
         self.violations: list[Violation] = []
-        self.violation_counts: Counter[str] = Counter()
-        self.invalid_by: Counter[str] = Counter()
+        self.violation_counts: dict[str, int] = {}
+        """Violations by kind, both roles."""
+        self.invalid_by = {SELLER: 0, "buyer": 0}
         """Invalid messages per sender role (``seller``, ``buyer``)."""
-        self.messages_by: Counter[str] = Counter()
+        self.messages_by = {SELLER: 0, "buyer": 0}
         self.outcome: str | None = None
         """None while running; then ``terminated``, ``truncated`` or ``failed``."""
         self.reason: str | None = None
@@ -186,6 +194,10 @@ class EpisodeState:
         """The episode's trace events, in order."""
         self._clock = clock
         self._t0 = clock()
+        self._products_view: tuple[ProductView, ...] | None = None
+        """Seller's catalog view, rebuilt only when stock changes."""
+        self._products_public: tuple[ProductView, ...] | None = None
+        self._products_public_stale = False
         self._seller_new: list[Message | Notice] = []
         self._seller_history: list[Message | Notice] = []
 
@@ -208,43 +220,61 @@ class EpisodeState:
         """Active buyers the seller may message now."""
         return [b.id for b in self.buyers if b.status == ACTIVE and not b.awaiting]
 
+    def any_free(self) -> bool:
+        """Whether the seller may message some buyer now."""
+        for b in self.buyers:
+            if b.status == ACTIVE and not b.awaiting:
+                return True
+        return False
+
     def _ts(self) -> float:
-        return round(self._clock() - self._t0, 6)
+        return self._clock() - self._t0
 
     def _violate(self, who: str, kind: str, detail: str) -> None:
         violation = Violation(who, kind, detail, self.turns_used)
         self.violations.append(violation)
-        self.violation_counts[kind] += 1
-        self.events.append({"type": "violation", "ts": self._ts(), "turn": self.turns_used, "who": who, "kind": kind, "detail": detail})
+        self.violation_counts[kind] = self.violation_counts.get(kind, 0) + 1
+        self.events.append({"type": "violation", "episode": self.episode, "ts": self._ts(), "turn": self.turns_used, "who": who, "kind": kind, "detail": detail})
         self._notify(who, "violation", f"{kind}: {detail}")
 
     def _notify(self, to: str, kind: str, text: str) -> None:
         notice = Notice(to, kind, text)
-        self.events.append({"type": "notice", "ts": self._ts(), "to": to, "kind": kind, "text": text})
+        self.events.append({"type": "notice", "episode": self.episode, "ts": self._ts(), "to": to, "kind": kind, "text": text})
         if to == SELLER:
             self._seller_new.append(notice)
             self._seller_history.append(notice)
         else:
             self._buyer_by_id[to].thread.append(notice)
 
-    def _record_message(self, sender: str, result, raw: str | None, extra: dict | None, turn: int | None) -> None:
-        event = {"type": "message", "ts": self._ts(), "turn": turn, "sender": sender}
+    def _record_message(self, sender: str, result, raw: str | None, extra: dict | None, turn: int | None) -> dict:
         if isinstance(result, Message):
-            event.update(to=result.to, thought=result.thought, talk=result.talk, action=result.action.to_dict(), valid=True)
+            action = result.action
+            event = {"type": "message", "episode": self.episode, "ts": self._clock() - self._t0, "turn": turn,
+                     "sender": sender, "to": result.to, "thought": result.thought, "talk": result.talk,
+                     "action": {"kind": action.kind, "product": action.product, "price": action.price}, "valid": True}
         else:
-            event.update(to=None, thought="", talk="", action=None, valid=False, error=result.reason)
+            event = {"type": "message", "episode": self.episode, "ts": self._clock() - self._t0, "turn": turn,
+                     "sender": sender, "to": None, "thought": "", "talk": "", "action": None, "valid": False,
+                     "error": result.reason}
             raw = result.raw if raw is None else raw
         if raw is not None:
             event["raw"] = raw
         if extra:
             event["extra"] = extra
         self.events.append(event)
-        self.messages_by[SELLER if sender == SELLER else "buyer"] += 1
+        self.messages_by[SELLER if sender is SELLER or sender == SELLER else "buyer"] += 1
         return event
 
     def finish(self, outcome: str, reason: str) -> None:
+        """Record the outcome; the first one stands."""
         if self.outcome is None:
             self.outcome, self.reason = outcome, reason
+
+    def fail(self, reason: str) -> None:
+        """An error, even after the end: it overrides any outcome, so no error goes unrecorded."""
+        if self.outcome is not None and self.outcome != "failed":
+            reason = f"{reason} (after the episode had {self.outcome}: {self.reason})"
+        self.outcome, self.reason = "failed", reason
 
     def _check_terminal(self) -> None:
         if self.units_left == 0:
@@ -257,12 +287,14 @@ class EpisodeState:
         value = self.market.buyers[buyer.index].values[j]
         self.stock[j] -= 1
         self.units_left -= 1
+        self._products_view = None
+        self._products_public_stale = True
         buyer.status = SERVED
         buyer.offer = buyer.bid = None
         deal = Deal(buyer.id, product.id, price, product.cost, value, self.turns_used, by)
         self.deals.append(deal)
         self.events.append(
-            {"type": "deal", "ts": self._ts(), "turn": self.turns_used, "buyer": buyer.id, "product": product.id,
+            {"type": "deal", "episode": self.episode, "ts": self._ts(), "turn": self.turns_used, "buyer": buyer.id, "product": product.id,
              "price": price, "cost": product.cost, "value": value, "by": by}
         )
         text = f"deal: {buyer.id} buys {product.id} at ${price}"
@@ -281,7 +313,7 @@ class EpisodeState:
         if self.turns_used >= self.market.budget:
             raise BudgetExceeded(f"turn {self.turns_used + 1} exceeds the budget of {self.market.budget}")
         self.turns_used += 1
-        self._record_message(SELLER, result, raw, extra, self.turns_used)
+        event = self._record_message(SELLER, result, raw, extra, self.turns_used)
         if isinstance(result, ParseFailure):
             self.invalid_by[SELLER] += 1
             self._violate(SELLER, MALFORMED, result.reason)
@@ -293,6 +325,8 @@ class EpisodeState:
             return None
         kind, detail = self._check_seller(result)
         if kind is not None:
+            event["valid"] = False
+            event["error"] = f"{kind}: {detail}"
             self.invalid_by[SELLER] += 1
             self._violate(SELLER, kind, detail)
             return None
@@ -300,7 +334,7 @@ class EpisodeState:
         public = _public(result)
         buyer.thread.append(public)
         if action.kind == "accept":
-            self._deal(buyer, self.market.product_index(action.product), action.price, SELLER)
+            self._deal(buyer, self._product_index.get(action.product), action.price, SELLER)
             return None
         if action.kind == "offer":
             buyer.offer = (action.product, action.price)
@@ -322,7 +356,7 @@ class EpisodeState:
             return AWAITING_REPLY, f"{buyer.id} has not answered the last message yet"
         action = message.action
         if action.kind in ("offer", "accept"):
-            j = self.market.product_index(action.product)
+            j = self._product_index.get(action.product)
             if j is None:
                 return UNKNOWN_PRODUCT, f"no product {action.product!r}"
             if self.stock[j] == 0:
@@ -340,7 +374,7 @@ class EpisodeState:
         self.turns_used += 1
         self.invalid_by[SELLER] += 1
         self.messages_by[SELLER] += 1
-        self.events.append({"type": "message", "ts": self._ts(), "turn": self.turns_used, "sender": SELLER, "to": None,
+        self.events.append({"type": "message", "episode": self.episode, "ts": self._ts(), "turn": self.turns_used, "sender": SELLER, "to": None,
                             "thought": "", "talk": "", "action": None, "valid": False, "error": f"timeout after {seconds}s"})
         self._violate(SELLER, TIMEOUT, f"no message within {seconds}s")
 
@@ -352,7 +386,7 @@ class EpisodeState:
         if not buyer.awaiting:
             raise RuntimeError(f"{buyer_id} replied without a message to answer")
         buyer.awaiting = False
-        self._record_message(buyer_id, result, raw, extra, None)
+        event = self._record_message(buyer_id, result, raw, extra, None)
         if isinstance(result, ParseFailure):
             self.invalid_by["buyer"] += 1
             self._violate(buyer_id, MALFORMED, result.reason)
@@ -372,7 +406,7 @@ class EpisodeState:
             buyer.offer = None
             self._seller_sees(result)
             return
-        j = self.market.product_index(action.product)
+        j = self._product_index.get(action.product)
         problem = None
         if j is None:
             problem = (UNKNOWN_PRODUCT, f"no product {action.product!r}")
@@ -383,7 +417,8 @@ class EpisodeState:
             problem = (NO_STANDING, f"accept {action.product} ${action.price} matches no standing offer (standing: {standing})")
         if problem is not None:
             self.invalid_by["buyer"] += 1
-            self.events[-1]["valid"] = False
+            event["valid"] = False
+            event["error"] = f"{problem[0]}: {problem[1]}"
             self._violate(buyer_id, *problem)
             self._seller_sees(Message(buyer_id, SELLER, result.talk, Action("reject")))
             return
@@ -410,7 +445,7 @@ class EpisodeState:
         buyer.awaiting = False
         self.invalid_by["buyer"] += 1
         self.messages_by["buyer"] += 1
-        self.events.append({"type": "message", "ts": self._ts(), "turn": None, "sender": buyer_id, "to": SELLER,
+        self.events.append({"type": "message", "episode": self.episode, "ts": self._ts(), "turn": None, "sender": buyer_id, "to": SELLER,
                             "thought": "", "talk": "", "action": None, "valid": False, "error": f"timeout after {seconds}s"})
         self._violate(buyer_id, TIMEOUT, f"no reply within {seconds}s (taken as a reject)")
         self._seller_sees(Message(buyer_id, SELLER, "", Action("reject")))
@@ -426,11 +461,23 @@ class EpisodeState:
             budget=market.budget,
             price_low=market.price_low,
             price_high=market.price_high,
-            products=tuple(ProductView(p.id, p.name, p.cost, self.stock[j]) for j, p in enumerate(market.products)),
-            buyers=tuple(BuyerView(b.id, b.status, b.awaiting, b.offer, b.bid) for b in self.buyers),
+            products=self._seller_products(),
+            buyers=tuple([BuyerView(b.id, b.status, b.awaiting, b.offer, b.bid) for b in self.buyers]),
             new=new,
             history=tuple(self._seller_history),
         )
+
+    def _seller_products(self) -> tuple[ProductView, ...]:
+        if self._products_view is None:
+            stock = self.stock
+            self._products_view = tuple([ProductView(p.id, p.name, p.cost, stock[j]) for j, p in enumerate(self.market.products)])
+        return self._products_view
+
+    def _buyer_products(self) -> tuple[ProductView, ...]:
+        if self._products_public is None or self._products_public_stale:
+            self._products_public = tuple([ProductView(v.id, v.name, None, v.stock) for v in self._seller_products()])
+            self._products_public_stale = False
+        return self._products_public
 
     def buyer_observation(self, buyer_id: str, message: Message | None) -> BuyerObservation:
         buyer = self._buyer_by_id[buyer_id]
@@ -439,7 +486,7 @@ class EpisodeState:
             buyer=buyer_id,
             persona=info.persona,
             values=info.values,
-            products=tuple(ProductView(p.id, p.name, None, self.stock[j]) for j, p in enumerate(self.market.products)),
+            products=self._buyer_products(),
             offer=buyer.offer,
             bid=buyer.bid,
             message=_public(message) if message is not None else None,

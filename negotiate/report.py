@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from rich import box
 from rich.table import Table
 
 from negotiate.errors import UserError
@@ -61,12 +62,43 @@ def _values(summary: Summary) -> list[str]:
             str(summary.budget_overruns)]
 
 
-def summary_table(summaries: list[Summary], by: Sequence[str], title: str = "negotiate: metrics (mean ± 95% CI)") -> Table:
-    table = Table(title=title, title_justify="left")
-    for k, name in enumerate(_header(by)):
-        table.add_column(name, justify="left" if k < len(by) else "right", no_wrap=k < len(by))
-    for summary in summaries:
-        table.add_row(*_values(summary))
+_SHORT_TITLES = {
+    "valid_rate": "valid", "violations_per_episode": "viol\n/ep", "profit_ratio": "profit\n/OPT", "capture": "capt",
+    "deal_rate": "deal\nrate", "welfare_ratio": "welf\n/OPT", "opt_pairs_share": "OPT\npairs", "regret": "regret",
+    "turns_per_deal": "turns\n/deal",
+}
+_HEADLINE = ("profit_ratio", "welfare_ratio")
+"""Metrics shown with their confidence interval in the terminal table (all of them in Markdown and CSV)."""
+
+
+def _short(mean: float, half: float, name: str, with_ci: bool) -> str:
+    if math.isnan(mean):
+        return "-"
+    if name in ("regret",):
+        text, ci = f"{mean:.0f}", f"±{half:.0f}"
+    elif name in ("turns_per_deal", "violations_per_episode"):
+        text, ci = f"{mean:.1f}", f"±{half:.1f}"
+    else:
+        text, ci = f"{mean:.2f}", f"±{half:.2f}".replace("0.", ".", 1)
+    return f"{text}\n{ci}" if with_ci else text
+
+
+def summary_table(summaries: list[Summary], by: Sequence[str], title: str = "negotiate: metrics, mean (± 95% CI)") -> Table:
+    """A compact terminal table: every metric's mean, the headline ratios with their CI."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
+    for name in by:
+        table.add_column(name, no_wrap=True)
+    table.add_column("n", justify="right")
+    for name, title_text in RATIO_METRICS:
+        table.add_column(_SHORT_TITLES.get(name, title_text), justify="right", overflow="fold")
+    overruns = 0
+    for s in summaries:
+        failed = f"/{s.failed}✗" if s.failed else ""
+        table.add_row(*s.key, f"{s.episodes}{failed}",
+                      *(_short(*s.stats[name][:2], name, name in _HEADLINE) for name, _ in RATIO_METRICS))
+        overruns += s.budget_overruns
+    table.caption = f"budget overruns: {overruns}" + ("  ·  n/k✗: k episodes failed" if any(s.failed for s in summaries) else "")
+    table.caption_justify = "left"
     return table
 
 

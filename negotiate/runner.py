@@ -33,9 +33,23 @@ __all__ = ["RunConfig", "market_seed", "plan_jobs", "run_batch", "slug", "play"]
 log = structlog.get_logger("negotiate.runner")
 
 
+_MASK = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
 def market_seed(run_seed: int, index: int) -> int:
-    """The market seed of episode ``index`` in a run seeded ``run_seed``."""
-    return int(np.random.SeedSequence([run_seed, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    """The market seed of episode ``index`` in a run seeded ``run_seed`` (SplitMix64 of both; 63 bits).
+
+    >>> market_seed(0, 0) != market_seed(0, 1) != market_seed(1, 0)
+    True
+    """
+    return _splitmix64(_splitmix64(run_seed & _MASK) ^ (index & _MASK)) >> 1
 
 
 def slug(text: str) -> str:
@@ -128,8 +142,8 @@ def prepare(config: RunConfig, out: Path, *, resume: bool) -> Prepared:
 def build_episode(spec: MarketSpec, seller: AgentSpec, buyers: AgentSpec, run_seed: int, index: int):
     seed = market_seed(run_seed, index)
     market = generate(spec, seed)
-    seller_agent = seller.build(market, np.random.default_rng([seed, 2]))
-    buyer_agents = {b.id: buyers.build(market, np.random.default_rng([seed, 1, k])) for k, b in enumerate(market.buyers)}
+    seller_agent = seller.build(market, [seed, 2])
+    buyer_agents = {b.id: buyers.build(market, [seed, 1, k]) for k, b in enumerate(market.buyers)}
     return market, seller_agent, buyer_agents
 
 

@@ -33,8 +33,8 @@ class TraceWriter:
         self.episodes = 0
 
     def write(self, events: Iterable[dict]) -> None:
-        dumps = orjson.dumps
-        self._file.write(b"".join([dumps(event) + b"\n" for event in events]))
+        dumps, option = orjson.dumps, orjson.OPT_APPEND_NEWLINE
+        self._file.write(b"".join([dumps(event, option=option) for event in events]))
         self._file.flush()
         if self._fsync:
             os.fsync(self._file.fileno())

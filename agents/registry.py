@@ -26,8 +26,12 @@ from negotiate.agents.scripted import BUYERS, SELLERS
 __all__ = ["AgentSpec", "parse_agent"]
 
 
-_PARAMS = {("seller", "concession"): {"beta"}, ("buyer", "concession"): {"start", "patience"}, ("buyer", "stubborn"): {"share"}}
-"""Numeric parameters each scripted agent accepts."""
+_PARAMS = {
+    ("seller", "concession"): {"beta": (0.0, False, 100.0)},
+    ("buyer", "concession"): {"start": (0.0, False, 1.0), "patience": (1, True, 1000)},
+    ("buyer", "stubborn"): {"share": (0.0, False, 1.0)},
+}
+"""Numeric parameters each scripted agent accepts: name -> (low, low allowed, high)."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,13 @@ def parse_agent(text: str, role: str, *, field_name: str | None = None) -> Agent
         except ValueError:
             raise UserError(f"parameter {key}={value!r} is not a number", field=field_name, value=text) from None
     allowed = _PARAMS.get((role, name), set())
-    unknown = set(params) - allowed
+    unknown = set(params) - set(allowed)
     if unknown:
         hint = f"; it takes {', '.join(sorted(allowed))}" if allowed else "; it takes none"
         raise UserError(f"unknown parameter {sorted(unknown)[0]!r} for {name}{hint}", field=field_name, value=text)
+    for key, value in params.items():
+        low, inclusive, high = allowed[key]
+        if not ((value >= low) if inclusive else (value > low)) or value > high:
+            bound = "[" if inclusive else "("
+            raise UserError(f"parameter {key}={value} is outside {bound}{low}, {high}]", field=field_name, value=text)
     return AgentSpec(text=raw, role=role, backend="scripted", name=name, params=params)

@@ -132,8 +132,9 @@ class Bus:
     @staticmethod
     async def _call(agent, instant: bool, obs, timeout: float):
         """Ask an agent for its decision; raises TimeoutError past the deadline."""
-        if instant:  # a scripted agent's decision is a function call: no wait, no deadline needed
-            return agent.decide(obs)
+        if instant:  # never waits: no deadline needed, and a scripted decision is a plain call
+            decide = getattr(agent, "decide", None)
+            return decide(obs) if decide is not None else await agent.act(obs)
         with anyio.fail_after(timeout):
             return await agent.act(obs)
 
@@ -145,8 +146,11 @@ class Bus:
                 try:
                     decision = await self._call(self.seller, self._seller_instant, state.seller_observation(), self.seller_timeout)
                 except TimeoutError:
-                    state.seller_timeout(self.seller_timeout)
+                    if not state.done:
+                        state.seller_timeout(self.seller_timeout)
                     continue
+                if state.done:
+                    break  # the market closed while the seller was thinking (a buyer took the last unit)
                 result, raw, extra = _unpack(decision)
                 if result is not None:
                     to = state.seller_send(result, raw, extra)

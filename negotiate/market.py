@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 from scipy.special import ndtr
 
 from negotiate.errors import UserError
 
 __all__ = ["MarketSpec", "Market", "Product", "Buyer", "SPLITS", "generate", "load_spec", "resolve_spec"]
 
-Range = tuple[int, int]
+Range = tuple[StrictInt, StrictInt]
 
 
 class MarketSpec(BaseModel):
@@ -32,9 +32,9 @@ class MarketSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field("custom", description="Label carried into traces and report tables.")
-    buyers: int | Range = Field((2, 4), description="Number of buyers, or an inclusive range drawn per market.")
-    products: int | Range = Field((2, 4), description="Number of products, or an inclusive range drawn per market.")
-    stock: int = Field(1, ge=1, le=1000, description="Units in stock of every product.")
+    buyers: StrictInt | Range = Field((2, 4), description="Number of buyers, or an inclusive range drawn per market.")
+    products: StrictInt | Range = Field((2, 4), description="Number of products, or an inclusive range drawn per market.")
+    stock: StrictInt = Field(1, ge=1, le=1000, description="Units in stock of every product.")
     valuation: Literal["uniform", "correlated"] = Field(
         "uniform", description="Independent uniform values, or values correlated through product and buyer factors."
     )

@@ -135,7 +135,7 @@ class Notice:
         return {"to": self.to, "kind": self.kind, "text": self.text}
 
 
-_TAG = re.compile(r"^\s*\**\s*(thought|to|talk|action)\s*\**\s*:\s*", re.IGNORECASE | re.MULTILINE)
+_TAG = re.compile(r"^\s*\**\s*(thought|to|talk|action)\s*\**\s*:\s*\**\s*", re.IGNORECASE | re.MULTILINE)
 _ACTION = re.compile(
     r"^\[?\s*(?P<kind>[a-z]+)\s*\]?\s*(?:(?P<product>p\d+)\s*(?:(?:at|for|@)\s*)?\$?\s*(?P<price>-?[\d,]*\.?\d+))?\s*\.?\s*$",
     re.IGNORECASE,

@@ -303,6 +303,11 @@ class EpisodeState:
         if self.stock[j] == 0:
             self._notify(SELLER, "sold_out", f"{product.id} is sold out")
         self._check_terminal()
+        if self.done:
+            # The market closed on this deal: buyers still answering an offer for the unit learn it is gone.
+            for other in self.buyers:
+                if other.awaiting and other.offer is not None and other.offer[0] == product.id:
+                    self._notify(other.id, "sold_out", f"{product.id} is sold out")
 
     # -- the seller --------------------------------------------------------------
 
@@ -389,6 +394,7 @@ class EpisodeState:
         event = self._record_message(buyer_id, result, raw, extra, None)
         if isinstance(result, ParseFailure):
             self.invalid_by["buyer"] += 1
+            buyer.offer = None  # taken as a reject
             self._violate(buyer_id, MALFORMED, result.reason)
             self._seller_sees(Message(buyer_id, SELLER, "", Action("reject")))
             return
@@ -419,6 +425,7 @@ class EpisodeState:
             self.invalid_by["buyer"] += 1
             event["valid"] = False
             event["error"] = f"{problem[0]}: {problem[1]}"
+            buyer.offer = None  # taken as a reject
             self._violate(buyer_id, *problem)
             self._seller_sees(Message(buyer_id, SELLER, result.talk, Action("reject")))
             return
@@ -443,6 +450,7 @@ class EpisodeState:
     def buyer_timeout(self, buyer_id: str, seconds: float) -> None:
         buyer = self._buyer_by_id[buyer_id]
         buyer.awaiting = False
+        buyer.offer = None  # silence is a reject
         self.invalid_by["buyer"] += 1
         self.messages_by["buyer"] += 1
         self.events.append({"type": "message", "episode": self.episode, "ts": self._ts(), "turn": None, "sender": buyer_id, "to": SELLER,

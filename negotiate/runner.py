@@ -28,7 +28,7 @@ from negotiate.market import MarketSpec, generate, resolve_spec
 from negotiate.metrics import opt
 from negotiate.trace import TraceWriter, scan
 
-__all__ = ["RunConfig", "market_seed", "plan_jobs", "run_batch", "slug", "play"]
+__all__ = ["RunConfig", "market_seed", "prepare", "run_batch", "slug", "play", "build_episode", "save_config", "load_config"]
 
 log = structlog.get_logger("negotiate.runner")
 

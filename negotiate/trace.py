@@ -93,19 +93,25 @@ def read_episodes(path: str | Path, *, allow_partial: bool = False) -> Iterator[
         raise UserError("no such trace file", source=str(path))
     current: list[dict] | None = None
     start_line = 0
+    broken: UserError | None = None
     for line_no, _offset, line in _lines(path):
         if not line.strip():
             continue
+        if broken is not None:
+            raise broken  # a bad line with more after it is corruption, not a killed run's tail
         try:
             event = orjson.loads(line)
         except orjson.JSONDecodeError:
-            if allow_partial:
-                return
-            raise UserError(
+            broken = UserError(
                 "not a JSON line (a truncated trace? `negotiate serve --resume` repairs a killed run)",
                 source=f"{path}:{line_no}", field="line", value=line[:60].decode("utf-8", "replace"),
-            ) from None
-        kind = event.get("type") if isinstance(event, dict) else None
+            )
+            if allow_partial:
+                continue
+            raise broken from None
+        if not isinstance(event, dict):
+            raise UserError("not a JSON object", source=f"{path}:{line_no}", field="line", value=line[:60].decode("utf-8", "replace"))
+        kind = event.get("type")
         if kind == "episode_start":
             _check_start(event, path, line_no)
             if current is not None and not allow_partial:
@@ -136,12 +142,16 @@ def scan(path: str | Path) -> ScanResult:
     if not path.exists():
         return ScanResult([], 0, None)
     for line_no, offset, line in _lines(path):
+        if not line.endswith(b"\n"):
+            break  # the half-written last line of a killed run (even one that lost only its newline)
+        if not line.strip():
+            continue
         try:
             event = orjson.loads(line)
         except orjson.JSONDecodeError:
-            if not line.endswith(b"\n"):
-                break  # the half-written last line of a killed run
             raise UserError("not a JSON line", source=f"{path}:{line_no}", field="line", value=line[:60].decode("utf-8", "replace")) from None
+        if not isinstance(event, dict):
+            raise UserError("not a JSON object", source=f"{path}:{line_no}", field="line", value=line[:60].decode("utf-8", "replace"))
         kind = event.get("type")
         if kind == "episode_start":
             _check_start(event, path, line_no)

@@ -126,6 +126,17 @@ def test_correlation_zero_is_like_uniform():
     assert abs(_pooled_correlation(MarketSpec(buyers=5, products=2, valuation="correlated", correlation=0.0), seeds)) < 0.1
 
 
+def test_product_names_are_unique_and_personas_come_from_the_spec():
+    spec = MarketSpec(buyers=6, products=30, personas=("neutral", "begging", "insulting"))
+    seen = set()
+    for seed in range(20):
+        m = generate(spec, seed)
+        names = [p.name for p in m.products]
+        assert len(set(names)) == len(names)
+        seen.update(b.persona for b in m.buyers)
+    assert seen == {"neutral", "begging", "insulting"}
+
+
 def test_market_index_helpers_and_dict_round_trip():
     spec = MarketSpec()
     m = Market(spec, 3, (Product("p1", "A", 10, 1), Product("p2", "B", 20, 2)), (Buyer("b1", (50, 60)),), 4, 0, 100)
@@ -221,10 +232,21 @@ def test_invalid_toml_and_missing_file(tmp_path):
         load_spec(tmp_path / "missing.toml")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a TOML boolean is accepted as a count (buyers = true -> 1 buyer)")
 def test_boolean_count_is_rejected(tmp_path):
     with pytest.raises(UserError):
         load_spec(_write(tmp_path, "buyers = true\n"))
+
+
+def test_the_example_spec_in_the_repository_loads():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "specs" / "example.toml"
+    if not path.exists():
+        pytest.skip("no specs/example.toml")
+    spec = load_spec(path)
+    assert spec.name == "example"
+    m = generate(spec, 0)
+    assert m.budget >= 1 and m.buyers and m.products
 
 
 def test_resolve_spec(tmp_path):

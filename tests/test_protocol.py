@@ -200,7 +200,6 @@ def test_talk_longer_than_talk_max_fails_and_talk_max_itself_passes():
     assert isinstance(result, ParseFailure) and "more than" in result.reason
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: markdown-bold tags with the colon inside (`**Action:**`) do not parse")
 def test_markdown_bold_tags_parse():
     message = parse("**To:** b1\n**Talk:** hi\n**Action:** [OFFER] p2 $450", SELLER)
     assert isinstance(message, Message)

@@ -179,8 +179,6 @@ def test_a_cancelled_batch_resumes_to_exactly_the_episodes_asked_for(tmp_path):
     assert metrics_by_index(out / "greedy.jsonl") == metrics_by_index(tmp_path / "straight" / "greedy.jsonl")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a killed write that lost only the final newline is kept as complete, "
-                                       "and the resumed run appends its first event onto that same line")
 def test_resume_after_a_write_that_lost_only_its_final_newline(tmp_path):
     out = tmp_path / "run"
     run(RunConfig(sellers=("greedy",), episodes=2), out)

@@ -1,0 +1,23 @@
+"""The doctests of the metrics and the scripted agents run and pass."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+
+@pytest.mark.parametrize("name", ["negotiate.metrics", "negotiate.agents.scripted", "negotiate.runner"])
+def test_doctests_pass(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False, report=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} doctests failed in {name}"
+    if result.attempted == 0:
+        pytest.skip(f"{name} has no doctests")
+
+
+def test_metrics_has_doctests():
+    # STYLE.md item 7: every reward and metric function documents itself with a doctest.
+    module = importlib.import_module("negotiate.metrics")
+    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS, report=False).attempted >= 2

@@ -11,6 +11,13 @@ import structlog
 __all__ = ["configure"]
 
 
+def _short_line(_logger, _name, event: dict) -> dict:
+    """The console gets the event and its fields; the time and logger name stay in the file."""
+    event.pop("timestamp", None)
+    event.pop("logger", None)
+    return event
+
+
 def configure(log_file: Path | None = None, *, console_level: int = logging.INFO) -> None:
     """Send structlog events through stdlib logging: JSON to ``log_file``, one short line to stderr."""
     root = logging.getLogger("negotiate")
@@ -23,7 +30,7 @@ def configure(log_file: Path | None = None, *, console_level: int = logging.INFO
     console = logging.StreamHandler(sys.stderr)
     console.setLevel(console_level)
     console.setFormatter(structlog.stdlib.ProcessorFormatter(
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _short_line,
                     structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), pad_event_to=0)],
         foreign_pre_chain=pre_chain,
     ))

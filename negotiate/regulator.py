@@ -120,9 +120,8 @@ class BuyerView(NamedTuple):
     """This buyer's standing bid."""
 
 
-@dataclass(frozen=True, slots=True)
-class SellerObservation:
-    """Everything the seller may know, and nothing more."""
+class SellerObservation(NamedTuple):
+    """Everything the seller may know, and nothing more (a named tuple: one is built per decision)."""
 
     turns_used: int
     budget: int
@@ -141,8 +140,7 @@ class SellerObservation:
         return self.budget - self.turns_used
 
 
-@dataclass(frozen=True, slots=True)
-class BuyerObservation:
+class BuyerObservation(NamedTuple):
     """Everything one buyer may know: its own values, never costs or others' values."""
 
     buyer: str

@@ -77,6 +77,20 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--by", default="seller,split", help=f"breakdown, from {', '.join(GROUP_KEYS)} (default: seller,split)")
     report.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
     report.add_argument("--allow-partial", action="store_true", help="skip a half-written trailing episode instead of failing")
+    play = sub.add_parser("play", help="bargain yourself in the terminal UI, as a buyer or as the seller",
+                          description="Play one episode in the terminal UI against scripted (or any) agents; the episode is traced like any other.")
+    play.add_argument("--role", choices=("buyer", "seller"), default="buyer", help="the part you take (default: buyer)")
+    play.add_argument("--split", default="train", help=f"split ({', '.join(SPLITS)}) or a TOML market spec file (default: train)")
+    play.add_argument("--seed", type=int, default=None, help="market seed (default: a fresh one, printed)")
+    play.add_argument("--seller", default="greedy", help="the seller agent when you play a buyer (default: greedy)")
+    play.add_argument("--buyers", default="concession", help="the other buyers' agent (default: concession)")
+    play.add_argument("--out", type=Path, default=Path("traces") / "play", help="folder for your episodes' traces (default: traces/play)")
+
+    replay = sub.add_parser("replay", help="step through recorded episodes (terminal UI, or --text)",
+                            description="Replay episodes from a trace file: every message (thoughts included), deals, violations, metrics.")
+    replay.add_argument("trace", type=Path, help="a trace file (*.jsonl)")
+    replay.add_argument("--episode", help="episode id (default: the first; the UI lets you pick)")
+    replay.add_argument("--text", action="store_true", help="print a plain transcript instead of opening the UI")
     return parser
 
 
@@ -153,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args, console)
+        if args.command in ("play", "replay"):
+            from negotiate.tui import commands  # Textual loads only for the UI commands
+
+            return commands.play(args) if args.command == "play" else commands.replay(args)
         return _report(args, console)
     except UserError as error:
         print(f"negotiate {args.command}: error: {error}", file=sys.stderr)

@@ -8,6 +8,7 @@ overwritten.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,9 @@ from negotiate.errors import UserError
 from negotiate.logs import configure
 from negotiate.market import SPLITS
 from negotiate.report import GROUP_KEYS, rows_from_traces, summarize, summary_csv, summary_markdown, summary_table
-from negotiate.runner import RunConfig, load_config, prepare, run_batch, save_config
+from negotiate.plots import write_plots
+from negotiate.report import paired_csv, paired_differences, paired_markdown, paired_table
+from negotiate.runner import Prepared, RunConfig, load_config, prepare, run_batch, save_config, slug
 
 __all__ = ["main"]
 
@@ -77,6 +80,23 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--by", default="seller,split", help=f"breakdown, from {', '.join(GROUP_KEYS)} (default: seller,split)")
     report.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
     report.add_argument("--allow-partial", action="store_true", help="skip a half-written trailing episode instead of failing")
+    report.add_argument("--baseline", help="also print paired differences of every seller against this one (same markets)")
+    evaluate = sub.add_parser("eval", help="compare sellers side by side on the generalization splits (tables, CSV, plots)",
+                              description="Every seller plays the same markets with the same seeds on each split (a paired comparison); "
+                                          "writes traces, results.md, results.csv, paired.csv and PNG plots.")
+    evaluate.add_argument("--sellers", default=",".join(SELLERS), help=f"comma-separated seller specs (default: all of {', '.join(SELLERS)})")
+    evaluate.add_argument("--buyers", default="threshold", help="buyer spec (default: threshold)")
+    evaluate.add_argument("--splits", default=",".join(SPLITS), help=f"comma-separated splits or TOML spec files (default: {','.join(SPLITS)})")
+    evaluate.add_argument("--episodes", type=_positive, default=200, help="markets per split (default: 200)")
+    evaluate.add_argument("--baseline", help="seller the others are compared with, pair by pair (default: the first of --sellers)")
+    evaluate.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
+    evaluate.add_argument("--concurrency", type=_positive, default=256, help="episodes in flight at once (default: 256)")
+    evaluate.add_argument("--out", type=Path, help="output folder (default: traces/eval-DATE-TIME)")
+    evaluate.add_argument("--resume", type=Path, metavar="DIR", help="finish an interrupted evaluation in DIR")
+    evaluate.add_argument("--seller-timeout", type=float, default=120.0, help="seconds a seller may think before losing the turn")
+    evaluate.add_argument("--reply-timeout", type=float, default=120.0, help="seconds a buyer may think before its silence counts as a reject")
+    evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
+
     play = sub.add_parser("play", help="bargain yourself in the terminal UI, as a buyer or as the seller",
                           description="Play one episode in the terminal UI against scripted (or any) agents; the episode is traced like any other.")
     play.add_argument("--role", choices=("buyer", "seller"), default="buyer", help="the part you take (default: buyer)")
@@ -94,8 +114,45 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def _by(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
+    return list(_list(text))
+
+
+def split_dir(split: str) -> str:
+    """Folder of one split's run inside an evaluation (a spec file's path becomes its slug)."""
+    return slug(Path(split).stem if split.endswith(".toml") else split)
+
+
+def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, console: Console, label: str) -> tuple[int, float, bool]:
+    """Play every pending job of ``runs`` under one progress bar. Returns (episodes, seconds, interrupted)."""
+    total = sum(len(p.jobs) for p, _ in runs)
+    progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=args.quiet, transient=False)
+    began = time.perf_counter()
+    counter = {"n": 0}
+    with progress:
+        task = progress.add_task("episodes", total=total, rate="")
+
+        def tick(_episode, _seller) -> None:
+            counter["n"] += 1
+            if counter["n"] % 16 == 0 or counter["n"] == total:
+                rate = counter["n"] / max(1e-9, time.perf_counter() - began)
+                progress.update(task, completed=counter["n"], rate=f"{rate:,.0f} ep/s")
+
+        async def main() -> None:
+            for prepared, out in runs:
+                await run_batch(prepared, out, concurrency=args.concurrency, on_episode=tick, fsync=getattr(args, "fsync", False))
+
+        try:
+            anyio.run(main)
+        except KeyboardInterrupt:
+            progress.stop()
+            return counter["n"], time.perf_counter() - began, True
+    return counter["n"], time.perf_counter() - began, False
 
 
 def _serve(args: argparse.Namespace, console: Console) -> int:
@@ -104,9 +161,8 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
         config = load_config(out)
     else:
         config = RunConfig(
-            sellers=tuple(s.strip() for s in args.seller.split(",") if s.strip()),
-            buyers=args.buyers, split=args.split, episodes=args.episodes, seed=args.seed, shard=args.shard,
-            seller_timeout=args.seller_timeout, reply_timeout=args.reply_timeout,
+            sellers=_list(args.seller), buyers=args.buyers, split=args.split, episodes=args.episodes, seed=args.seed,
+            shard=args.shard, seller_timeout=args.seller_timeout, reply_timeout=args.reply_timeout,
         )
         out = args.out or Path("traces") / time.strftime("serve-%Y%m%d-%H%M%S")
         if (out / "run.json").exists():
@@ -118,31 +174,72 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     configure(out / "serve.log.jsonl")
     log.info("run", out=str(out), sellers=list(config.sellers), buyers=config.buyers, split=config.split,
              episodes=len(prepared.jobs), already_done=prepared.done, concurrency=args.concurrency, shard=f"{config.shard[0]}/{config.shard[1]}")
-    progress = Progress(TextColumn("[bold]serve"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                        TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=args.quiet, transient=False)
-    began = time.perf_counter()
-    counter = {"n": 0}
-    with progress:
-        task = progress.add_task("episodes", total=len(prepared.jobs), rate="")
-
-        def tick(_episode, _seller) -> None:
-            counter["n"] += 1
-            if counter["n"] % 16 == 0 or counter["n"] == len(prepared.jobs):
-                rate = counter["n"] / max(1e-9, time.perf_counter() - began)
-                progress.update(task, completed=counter["n"], rate=f"{rate:,.0f} ep/s")
-
-        try:
-            anyio.run(lambda: run_batch(prepared, out, concurrency=args.concurrency, on_episode=tick, fsync=args.fsync))
-        except KeyboardInterrupt:
-            progress.stop()
-            console.print(f"[yellow]interrupted:[/] {counter['n'] + prepared.done} episodes kept in {out}; "
-                          f"finish with: negotiate serve --resume {out}")
-            return 130
-    elapsed = time.perf_counter() - began
-    log.info("done", episodes=counter["n"], seconds=round(elapsed, 2), out=str(out))
+    done, elapsed, interrupted = _run_all([(prepared, out)], args, console, "serve")
+    if interrupted:
+        console.print(f"[yellow]interrupted:[/] {done + prepared.done} episodes kept in {out}; finish with: negotiate serve --resume {out}")
+        return 130
+    log.info("done", episodes=done, seconds=round(elapsed, 2), out=str(out))
     rows = rows_from_traces([out])
-    console.print(summary_table(summarize(rows, by), by))
-    console.print(f"traces: {out}  ·  {counter['n']} episodes in {elapsed:.1f}s  ·  report again: negotiate report {out}")
+    console.print(summary_table(summarize(rows, by, {"seller": config.sellers}), by))
+    console.print(f"traces: {out}  ·  {done} episodes in {elapsed:.1f}s  ·  report again: negotiate report {out}")
+    return 0
+
+
+def _eval(args: argparse.Namespace, console: Console) -> int:
+    if args.resume is not None:
+        out = args.resume
+        path = out / "eval.json"
+        if not path.exists():
+            raise UserError("not an eval folder (no eval.json)", source=str(out))
+        try:
+            settings = json.loads(path.read_text())
+            sellers, splits, baseline = settings["sellers"], settings["splits"], settings["baseline"]
+        except (ValueError, KeyError) as error:
+            raise UserError(f"not a valid eval.json ({error})", source=str(path)) from None
+        configs = [load_config(out / split_dir(split)) for split in splits]
+    else:
+        sellers, splits = list(_list(args.sellers)), list(_list(args.splits))
+        baseline = args.baseline or sellers[0]
+        if baseline not in sellers:
+            raise UserError(f"is not one of --sellers ({', '.join(sellers)})", field="--baseline", value=baseline)
+        if len(set(splits)) != len(splits):
+            raise UserError("a split is named twice", field="--splits", value=args.splits)
+        out = args.out or Path("traces") / time.strftime("eval-%Y%m%d-%H%M%S")
+        if (out / "eval.json").exists():
+            raise UserError("already holds an evaluation; pass --resume to finish it or choose another --out", source=str(out))
+        configs = [RunConfig(sellers=tuple(sellers), buyers=args.buyers, split=split, episodes=args.episodes, seed=args.seed,
+                             seller_timeout=args.seller_timeout, reply_timeout=args.reply_timeout) for split in splits]
+    runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None), out / split_dir(config.split))
+            for config in configs]  # every spec and agent is checked before anything runs
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps({"sellers": sellers, "splits": splits, "baseline": baseline}, indent=2))
+    for (prepared, run_out), config in zip(runs, configs):
+        save_config(config, run_out)
+    configure(out / "eval.log.jsonl")
+    log.info("eval", out=str(out), sellers=sellers, splits=splits, baseline=baseline,
+             episodes=sum(len(p.jobs) for p, _ in runs), already_done=sum(p.done for p, _ in runs))
+    done, elapsed, interrupted = _run_all(runs, args, console, "eval")
+    if interrupted:
+        console.print(f"[yellow]interrupted:[/] completed episodes kept in {out}; finish with: negotiate eval --resume {out}")
+        return 130
+    rows = rows_from_traces([out])
+    by = ["seller", "split"]
+    order = {"seller": sellers, "split": splits}
+    summaries = summarize(rows, by, order)
+    paired = paired_differences(rows, baseline, order)
+    console.print(summary_table(summaries, by, title="negotiate eval: metrics by seller and split, mean (± 95% CI)"))
+    console.print(paired_table(paired, baseline))
+    (out / "results.md").write_text(
+        f"# negotiate eval\n\nSellers {', '.join(sellers)} on {', '.join(splits)}; baseline {baseline}. "
+        f"Reproduce the numbers from the traces: `negotiate report {out} --by seller,split --format markdown --baseline {baseline}`.\n\n"
+        f"## Metrics (mean ± 95% CI)\n\n{summary_markdown(summaries, by)}\n"
+        f"## Paired differences against {baseline} (same markets)\n\n{paired_markdown(paired)}"
+    )
+    (out / "results.csv").write_text(summary_csv(summaries, by))
+    (out / "paired.csv").write_text(paired_csv(paired, baseline))
+    plots = write_plots(rows, out / "plots", sellers, splits)
+    console.print(f"results: {out}/results.md, results.csv, paired.csv; plots: {', '.join(p.name for p in plots)}  ·  "
+                  f"{done} episodes in {elapsed:.1f}s")
     return 0
 
 
@@ -151,12 +248,17 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     summarize([], by)
     rows = rows_from_traces(args.traces, allow_partial=args.allow_partial)
     summaries = summarize(rows, by)
+    paired = paired_differences(rows, args.baseline) if args.baseline else None
     if args.format == "markdown":
         sys.stdout.write(summary_markdown(summaries, by))
+        if paired is not None:
+            sys.stdout.write(f"\nPaired differences against {args.baseline} (same markets):\n\n" + paired_markdown(paired))
     elif args.format == "csv":
-        sys.stdout.write(summary_csv(summaries, by))
+        sys.stdout.write(summary_csv(summaries, by) if paired is None else paired_csv(paired, args.baseline))
     else:
         console.print(summary_table(summaries, by))
+        if paired is not None:
+            console.print(paired_table(paired, args.baseline))
     return 0
 
 
@@ -167,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args, console)
+        if args.command == "eval":
+            return _eval(args, console)
         if args.command in ("play", "replay"):
             from negotiate.tui import commands  # Textual loads only for the UI commands
 

@@ -180,13 +180,25 @@ class Summary:
     budget_overruns: int
 
 
-def aggregate(rows: Iterable[dict], by: Sequence[str]) -> list[Summary]:
-    """Group episode rows (``metrics`` plus labels such as seller, split, shape, tier) and summarize."""
+def sort_key(key: tuple, by: Sequence[str], order: dict[str, Sequence[str]]) -> tuple:
+    """Known values in the given order first, the rest alphabetically."""
+    parts = []
+    for name, value in zip(by, key):
+        known = list(order.get(name, ()))
+        parts.append((known.index(value), "") if value in known else (len(known), value))
+    return tuple(parts)
+
+
+def aggregate(rows: Iterable[dict], by: Sequence[str], order: dict[str, Sequence[str]] | None = None) -> list[Summary]:
+    """Group episode rows (``metrics`` plus labels such as seller, split, shape, tier) and summarize.
+
+    Groups come out sorted: values listed in ``order`` (per label) first, in that order, then the rest.
+    """
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
         groups[tuple(str(row.get(k)) for k in by)].append(row)
     out = []
-    for key in sorted(groups):
+    for key in sorted(groups, key=lambda k: sort_key(k, by, order or {})):
         members = groups[key]
         ok = [r for r in members if r.get("metrics")]
         summary_stats = {}

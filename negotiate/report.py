@@ -6,16 +6,20 @@ import csv
 import io
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich import box
 from rich.table import Table
 
 from negotiate.errors import UserError
-from negotiate.metrics import RATIO_METRICS, Summary, aggregate, metrics_from_events
+from negotiate.metrics import RATIO_METRICS, Summary, sort_key, aggregate, mean_ci, metrics_from_events
 from negotiate.trace import read_episodes, trace_files
 
-__all__ = ["rows_from_traces", "summary_table", "summary_markdown", "summary_csv", "GROUP_KEYS"]
+__all__ = [
+    "rows_from_traces", "summary_table", "summary_markdown", "summary_csv", "GROUP_KEYS",
+    "paired_differences", "paired_table", "paired_markdown", "paired_csv", "PAIRED_METRICS", "Paired",
+]
 
 GROUP_KEYS = ("seller", "buyers", "split", "shape", "tier")
 """Labels a report can be broken down by."""
@@ -36,7 +40,7 @@ def rows_from_traces(paths: Iterable[str | Path], *, allow_partial: bool = False
                 )
             seen[key] = path
             failed = end.get("outcome") == "failed"
-            rows.append({k: start.get(k) for k in GROUP_KEYS + ("index", "episode")} | {
+            rows.append({k: start.get(k) for k in GROUP_KEYS + ("index", "episode", "seed", "run_seed")} | {
                 "outcome": end.get("outcome"),
                 "reason": end.get("reason"),
                 "metrics": None if failed else metrics_from_events(events),
@@ -119,8 +123,106 @@ def summary_csv(summaries: list[Summary], by: Sequence[str]) -> str:
     return buffer.getvalue()
 
 
-def summarize(rows: list[dict], by: Sequence[str]) -> list[Summary]:
+DEFAULT_ORDER = {"split": ("train", "shapes", "correlated", "prices-x10")}
+
+
+def summarize(rows: list[dict], by: Sequence[str], order: dict[str, Sequence[str]] | None = None) -> list[Summary]:
     for key in by:
         if key not in GROUP_KEYS:
             raise UserError(f"cannot group by it; choose from {', '.join(GROUP_KEYS)}", field="--by", value=key)
-    return aggregate(rows, by)
+    return aggregate(rows, by, DEFAULT_ORDER | (order or {}))
+
+
+# -- paired differences against a baseline seller --------------------------------
+
+PAIRED_METRICS = (
+    ("profit_ratio", "Δ profit/OPT"),
+    ("welfare_ratio", "Δ welfare/OPT"),
+    ("capture", "Δ capture"),
+    ("deal_rate", "Δ deal rate"),
+    ("opt_pairs_share", "Δ OPT pairs"),
+    ("regret", "Δ regret"),
+    ("valid_rate", "Δ valid"),
+)
+"""Metrics compared pair by pair (seller minus baseline on the same market)."""
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One seller against the baseline on one split: mean paired difference and its 95% CI."""
+
+    seller: str
+    split: str
+    pairs: int
+    """Markets both sellers completed."""
+    diffs: dict[str, tuple[float, float, int]]
+    """metric -> (mean of seller - baseline, 95% CI half-width, pairs with the metric defined for both)."""
+
+
+def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequence[str]] | None = None) -> list[Paired]:
+    """Per split, every other seller minus ``baseline`` on the same markets (same split and market seed).
+
+    >>> rows = [{"seller": s, "split": "train", "seed": k, "metrics": {"profit_ratio": p}}
+    ...         for s, k, p in [("a", 1, 0.5), ("a", 2, 0.7), ("b", 1, 0.6), ("b", 2, 0.9)]]
+    >>> d = paired_differences(rows, "a")[0]   # differences 0.1 and 0.2: mean 0.15
+    >>> d.seller, d.pairs, round(d.diffs["profit_ratio"][0], 3)
+    ('b', 2, 0.15)
+    """
+    sellers = sorted({r["seller"] for r in rows})
+    if baseline not in sellers:
+        raise UserError(f"no episodes of this seller in the traces; sellers there: {', '.join(sellers)}", field="--baseline", value=baseline)
+    base = {(r["split"], r["seed"]): r["metrics"] for r in rows if r["seller"] == baseline and r.get("metrics")}
+    groups: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
+    for r in rows:
+        if r["seller"] == baseline or not r.get("metrics"):
+            continue
+        other = base.get((r["split"], r["seed"]))
+        if other is not None:
+            groups.setdefault((r["seller"], r["split"]), []).append((r["metrics"], other))
+    out = []
+    order = DEFAULT_ORDER | (order or {})
+    for (seller, split), pairs in sorted(groups.items(), key=lambda item: sort_key(item[0], ("seller", "split"), order)):
+        diffs = {}
+        for name, _ in PAIRED_METRICS:
+            values = [a[name] - b[name] for a, b in pairs if a.get(name) is not None and b.get(name) is not None]
+            mean, half = mean_ci(values)
+            diffs[name] = (mean, half, len(values))
+        out.append(Paired(seller, split, len(pairs), diffs))
+    return out
+
+
+def _signed(mean: float, half: float, name: str) -> str:
+    if math.isnan(mean):
+        return "-"
+    digits = 0 if name == "regret" else 3
+    return f"{mean:+.{digits}f} ± {half:.{digits}f}"
+
+
+def paired_table(paired: list[Paired], baseline: str) -> Table:
+    table = Table(title=f"paired differences against {baseline} (same markets; mean ± 95% CI)", title_justify="left",
+                  box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
+    for name in ("seller", "split", "pairs"):
+        table.add_column(name, no_wrap=True, justify="right" if name == "pairs" else "left")
+    for name, title in PAIRED_METRICS[:3] + PAIRED_METRICS[5:6]:
+        table.add_column(title, justify="right")
+    for p in paired:
+        table.add_row(p.seller, p.split, str(p.pairs),
+                      *(_signed(*p.diffs[name][:2], name).replace(" ± ", "\n±") for name, _ in PAIRED_METRICS[:3] + PAIRED_METRICS[5:6]))
+    return table
+
+
+def paired_markdown(paired: list[Paired]) -> str:
+    header = ["seller", "split", "pairs", *(title for _, title in PAIRED_METRICS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for p in paired:
+        lines.append("| " + " | ".join([p.seller, p.split, str(p.pairs), *(_signed(*p.diffs[n][:2], n) for n, _ in PAIRED_METRICS)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def paired_csv(paired: list[Paired], baseline: str) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["seller", "baseline", "split", "pairs", *(f"{n}{s}" for n, _ in PAIRED_METRICS for s in ("_diff", "_ci95", "_n"))])
+    for p in paired:
+        writer.writerow([p.seller, baseline, p.split, p.pairs, *(f"{v:.6g}" for n, _ in PAIRED_METRICS for v in p.diffs[n])])
+    return buffer.getvalue()

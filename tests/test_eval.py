@@ -1,0 +1,128 @@
+"""`negotiate eval`: paired markets, intervals worked by hand, result files, plots, bad input."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from negotiate.cli import main
+from negotiate.metrics import mean_ci
+from negotiate.report import paired_differences, rows_from_traces
+from negotiate.trace import read_episodes
+
+
+@pytest.fixture(scope="module")
+def evaluation(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval") / "run"
+    code = main(["eval", "--sellers", "greedy,posted,random", "--splits", "train,prices-x10", "--episodes", "6",
+                 "--baseline", "posted", "--out", str(out), "--quiet"])
+    assert code == 0
+    return out
+
+
+def test_every_seller_plays_the_same_markets(evaluation):
+    for split in ("train", "prices-x10"):
+        markets = {}
+        for seller in ("greedy", "posted", "random"):
+            episodes = list(read_episodes(evaluation / split / f"{seller}.jsonl"))
+            assert len(episodes) == 6
+            markets[seller] = {e[0]["index"]: (e[0]["seed"], e[0]["market"]) for e in episodes}
+        assert markets["greedy"] == markets["posted"] == markets["random"]
+    # prices-x10 scales the same draws: its markets differ from train's only by scale
+    train = {e[0]["index"]: e[0]["market"] for e in read_episodes(evaluation / "train" / "greedy.jsonl")}
+    x10 = {e[0]["index"]: e[0]["market"] for e in read_episodes(evaluation / "prices-x10" / "greedy.jsonl")}
+    assert x10[0]["price_low"] == 10 * train[0]["price_low"] == 1000
+
+
+def test_the_confidence_interval_matches_the_hand_computation():
+    # 0.1..0.4: mean 0.25, sample sd sqrt(0.05 / 3) = 0.12910, t(0.975, 3) = 3.18245: half width 0.20543
+    mean, half = mean_ci([0.1, 0.2, 0.3, 0.4])
+    assert mean == pytest.approx(0.25)
+    assert half == pytest.approx(3.18245 * math.sqrt(0.05 / 3) / 2, rel=1e-4)
+    assert mean_ci([0.7]) == (0.7, 0.0)
+
+
+def test_paired_differences_match_the_hand_computation():
+    # b - a on three markets: 0.1, 0.0, 0.2 -> mean 0.1, sd 0.1, t(0.975, 2) = 4.30265: half 0.24841
+    rows = [{"seller": s, "split": "train", "seed": k, "metrics": {"profit_ratio": v, "welfare_ratio": v, "capture": None,
+                                                                   "deal_rate": 1.0, "opt_pairs_share": 1.0, "regret": 0, "valid_rate": 1.0}}
+            for s, values in (("a", (0.5, 0.6, 0.7)), ("b", (0.6, 0.6, 0.9))) for k, v in enumerate(values)]
+    rows.append({"seller": "b", "split": "train", "seed": 99, "metrics": rows[0]["metrics"]})  # no partner: left out
+    (paired,) = paired_differences(rows, "a")
+    assert (paired.seller, paired.split, paired.pairs) == ("b", "train", 3)
+    mean, half, n = paired.diffs["profit_ratio"]
+    assert (round(mean, 9), n) == (0.1, 3)
+    assert half == pytest.approx(4.30265 * 0.1 / math.sqrt(3), rel=1e-4)
+    assert paired.diffs["capture"][2] == 0  # undefined for both: no pairs, no number
+    assert math.isnan(paired.diffs["capture"][0])
+
+
+def _table(markdown: str, heading: str) -> list[list[str]]:
+    block = markdown.split(heading, 1)[1]
+    lines = [line for line in block.splitlines() if line.startswith("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    stop = next((k for k in range(2, len(rows)) if rows[k][0] == "seller"), len(rows))
+    return rows[:stop]
+
+
+def test_results_markdown_parses_and_report_gives_the_same_numbers(evaluation, capsys):
+    text = (evaluation / "results.md").read_text()
+    metrics = _table(text, "## Metrics")
+    header, rule, body = metrics[0], metrics[1], metrics[2:]
+    assert header[:3] == ["seller", "split", "episodes"] and set("".join(rule)) == {"-"}
+    assert len(body) == 6  # 3 sellers x 2 splits
+    for row in body:
+        assert len(row) == len(header)
+        for cell in row[3:-1]:
+            assert re.fullmatch(r"-?\d+\.\d+ ± \d+\.\d+", cell), cell
+    paired = _table(text, "## Paired differences")
+    assert [row[0] for row in paired[2:]] == ["greedy", "greedy", "random", "random"]
+    assert all(re.fullmatch(r"[+-]\d+\.\d+ ± \d+\.\d+", row[3]) for row in paired[2:])
+    capsys.readouterr()
+    assert main(["report", str(evaluation), "--by", "seller,split", "--format", "markdown", "--baseline", "posted"]) == 0
+    again = capsys.readouterr().out
+    table_rows = lambda s: sorted(line for line in s.splitlines() if line.startswith("| ") and not line.startswith("| seller"))
+    assert table_rows(again) == table_rows(text)
+
+
+def test_csv_files_and_plots_are_written(evaluation):
+    summary = (evaluation / "results.csv").read_text().splitlines()
+    assert summary[0].startswith("seller,split,episodes,failed,valid_rate_mean") and len(summary) == 7
+    paired = (evaluation / "paired.csv").read_text().splitlines()
+    assert paired[0].startswith("seller,baseline,split,pairs") and len(paired) == 5
+    for name in ("profit_welfare_by_split.png", "violations_by_type.png", "profit_by_tier.png"):
+        data = (evaluation / "plots" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000, name
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        assert width >= 400 and height >= 300
+
+
+def test_resume_of_a_finished_evaluation_runs_nothing(evaluation):
+    sizes = {p: p.stat().st_size for p in evaluation.rglob("*.jsonl") if "log" not in p.name}
+    assert main(["eval", "--resume", str(evaluation), "--quiet"]) == 0
+    assert {p: p.stat().st_size for p in sizes} == sizes
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--sellers", "greedy,posted", "--baseline", "oracle"], "--baseline: 'oracle': is not one of --sellers"),
+        (["--splits", "train,nope"], "unknown split"),
+        (["--splits", "train,train"], "a split is named twice"),
+        (["--sellers", "greedy,nobody"], "unknown seller agent 'nobody'"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, args, needle):
+    assert main(["eval", "--episodes", "2", "--out", str(tmp_path / "e"), "--quiet", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err
+    assert not (tmp_path / "e" / "eval.json").exists()
+
+
+def test_an_existing_evaluation_is_not_overwritten(evaluation, capsys):
+    before = (evaluation / "results.md").read_text()
+    assert main(["eval", "--episodes", "2", "--out", str(evaluation), "--quiet"]) == 2
+    assert "already holds an evaluation" in capsys.readouterr().err
+    assert (evaluation / "results.md").read_text() == before

@@ -265,7 +265,8 @@ class DutchSeller(_Learner):
                 return _accept_bid(buyer.id, product.id, buyer.bid[1])
             clock = 1 - min(tick, ticks - 1) / max(1, ticks - 1) if ticks > 1 else 0.5
             price = int(round(product.cost + (hi - product.cost) * clock))
-            return self._record(_offer(buyer.id, product.id, max(price, product.cost)))
+            self.offered[i] += 1  # the clock only counts ticks per buyer
+            return _offer(buyer.id, product.id, max(price, product.cost))
         return None if any(b.awaiting for b in obs.buyers) else _end()
 
 

@@ -63,7 +63,7 @@ from negotiate.regulator import EpisodeState
 from negotiate.runner import build_episode, slug
 from negotiate.trace import TraceWriter
 
-GC_THRESHOLD = (50_000, 20, 20)
+GC_THRESHOLD = tuple(int(x) for x in __import__("os").environ.get("BENCH_GC", "50000,20,20").split(","))
 """What negotiate.runner.run_batch sets while a batch runs."""
 TARGET_MSGS = 40_000
 """The issue's target: validated, traced messages per second at 100 concurrent episodes."""
@@ -163,88 +163,41 @@ _SELLER = object()
 def play_sync(episode_id: str, market, seller, buyers: dict, labels: dict, opt_value) -> list[dict]:
     """One episode as a plain loop, in the order the async bus plays it.
 
-    The async bus on one event loop is deterministic: the buyers' tasks are created
-    before the seller runs, the seller runs inline and messages every buyer it can
-    until it has nothing to send, then waits on its inbox; a buyer woken by a message
-    answers it and puts a token in the seller's inbox (waking the seller once), and
-    the seller takes one token per wait. Wake-ups run first in, first out. Here the
-    ready queue, mailboxes and inbox are a deque, lists and a counter.
+    The bus calls scripted (instant) buyers inline: the seller messages every buyer it
+    can, and when it would wait, the buyers answer in the order they were written to,
+    until the episode ends. Here that is a while loop and a deque, with the same
+    validation (EpisodeState), the same trace events and the same writer.
     """
     began = time.perf_counter()
-    state = EpisodeState(market)
+    state = EpisodeState(market, episode=episode_id)
     state.events.append(start_event(episode_id, market, seller, buyers, labels))
-    mail: dict[str, deque] = {b: deque() for b in buyers}
-    asleep = dict.fromkeys(buyers, False)  # blocked on an empty mailbox, not yet woken
-    ready: deque = deque(buyers)  # buyer tasks, created before the seller runs inline
-    inbox = 0  # replies the seller has not taken yet
-    seller_asleep = False
-
-    def seller_runs() -> bool:
-        """Bus.run_seller from the top of its loop until it waits (False) or ends (True)."""
-        nonlocal inbox
-        while not state.done:
-            if state.budget_left > 0 and state.free_buyers():
-                result, raw, extra = _unpack(seller.decide(state.seller_observation()))
-                if result is not None:
-                    to = state.seller_send(result, raw, extra)
-                    if to is not None:
-                        mail[to].append(result)
-                        if asleep[to]:
-                            asleep[to] = False
-                            ready.append(to)
-                    continue
-                if not state.pending:
-                    state.finish("terminated", "seller_idle")
-                    return True
-            elif not state.pending:
-                if state.budget_left <= 0:
-                    state.finish("truncated", "budget")
-                else:
-                    state.finish("terminated", "no_buyers")
-                return True
-            if not inbox:
-                return False
-            inbox -= 1
-        return True
-
-    def buyer_runs(buyer_id: str) -> None:
-        """Bus.run_buyer: answer what is in the mailbox, then wait."""
-        nonlocal inbox, seller_asleep
-        box = mail[buyer_id]
-        agent = buyers[buyer_id]
-        while box:
-            message = box.popleft()
-            result, raw, extra = _unpack(agent.decide(state.buyer_observation(buyer_id, message)))
+    due: deque = deque()
+    while not state.done:
+        if state.budget_left > 0 and state.any_free():
+            result, raw, extra = _unpack(seller.decide(state.seller_observation()))
+            if result is not None:
+                to = state.seller_send(result, raw, extra)
+                if to is not None:
+                    due.append((to, result))
+                continue
+            if not state.pending:
+                state.finish("terminated", "seller_idle")
+                break
+        elif not state.pending:
+            state.finish("truncated", "budget") if state.budget_left <= 0 else state.finish("terminated", "no_buyers")
+            break
+        if not due:
+            raise RuntimeError(f"{episode_id}: the seller waits and no buyer holds a message")
+        while due and not state.done:
+            buyer_id, message = due.popleft()
+            result, raw, extra = _unpack(buyers[buyer_id].decide(state.buyer_observation(buyer_id, message)))
             if result is None:
                 result = ParseFailure("buyer gave no reply", "")
             state.buyer_reply(buyer_id, result, raw, extra)
-            inbox += 1
-            if seller_asleep:
-                seller_asleep = False
-                ready.append(_SELLER)
-        asleep[buyer_id] = True
-
-    ended = seller_runs()
-    seller_asleep = not ended
-    while not ended:
-        if not ready:
-            raise RuntimeError(f"{episode_id}: the seller waits and no buyer holds a message (the async bus would time out)")
-        who = ready.popleft()
-        if who is _SELLER:
-            inbox -= 1  # the token that woke it
-            ended = seller_runs()
-            seller_asleep = not ended
-        else:
-            buyer_runs(who)
-    # Buyers already woken still answer after the seller has stopped (their replies are recorded).
-    while ready:
-        who = ready.popleft()
-        if who is not _SELLER:
-            buyer_runs(who)
     metrics = live_metrics(state, opt_value)
-    state.events.append(end_event(state, metrics, time.perf_counter() - began))
-    for event in state.events:
-        event["episode"] = episode_id
+    end = end_event(state, metrics, time.perf_counter() - began)
+    end["episode"] = episode_id
+    state.events.append(end)
     return state.events
 
 

@@ -1,7 +1,12 @@
 """The message bus of one episode: mailboxes, the seller's and the buyers' loops.
 
-Each buyer is a task reading its :class:`Mailbox`; the seller runs in the
-episode's own task. The bus spends the global turn budget atomically (one event
+A buyer that can wait (a model, a person) is a task reading its :class:`Mailbox`;
+the seller runs in the episode's own task. An *instant* buyer (a scripted
+strategy: a plain function of its observation, marked ``instant``) facing an
+instant seller needs neither: the bus calls it where its task would have run,
+first in first out, when the seller next waits. Traces are identical either way (``inline_instant=False``
+gives every buyer a task; the tests compare the two), and a task per function call
+cost half the throughput (benchmarks/). The bus spends the global turn budget atomically (one event
 loop, no await between the budget check and the spend), lets the seller have one
 unanswered message per buyer and many buyers in flight, and puts a deadline on
 every wait that can block. At the end it closes every mailbox, and every loop
@@ -106,6 +111,8 @@ class Mailbox:
 
 
 def _unpack(decision) -> tuple[Message | ParseFailure | None, str | None, dict | None]:
+    if type(decision) is Message:  # the common case, first
+        return decision, None, None
     if isinstance(decision, Generated):
         return decision.result, decision.raw, decision.extra
     if decision is None or isinstance(decision, (Message, ParseFailure)):
@@ -116,7 +123,8 @@ def _unpack(decision) -> tuple[Message | ParseFailure | None, str | None, dict |
 class Bus:
     """Routes one episode's messages between the seller and its buyers."""
 
-    def __init__(self, state: EpisodeState, seller, buyers: dict, *, seller_timeout: float, reply_timeout: float):
+    def __init__(self, state: EpisodeState, seller, buyers: dict, *, seller_timeout: float, reply_timeout: float,
+                 inline_instant: bool = True):
         self.state = state
         self.seller = seller
         self.buyers = buyers
@@ -125,9 +133,20 @@ class Bus:
         self.inbox = Mailbox("seller")
         self._seller_instant = bool(getattr(seller, "instant", False))
         self._instant = {buyer_id: bool(getattr(agent, "instant", False)) for buyer_id, agent in buyers.items()}
+        # Inline only when the seller is instant too: a seller that thinks (a model) must see
+        # buyers answer while it thinks, as they would in real time.
+        inline_instant = inline_instant and self._seller_instant
+        self._inline = {buyer_id: inline_instant and instant for buyer_id, instant in self._instant.items()}
+        self.tasked = [buyer_id for buyer_id, inline in self._inline.items() if not inline]
+        """Buyers that run as tasks with a mailbox: those that can wait (models, people)."""
+        self.mailboxes = {buyer_id: Mailbox(buyer_id) for buyer_id in self.tasked}
+        self._due: deque[tuple[str, Message]] = deque()
+        # Scripted agents' synchronous decide(), called directly: no coroutine per decision.
+        self._seller_decide = getattr(seller, "decide", None) if self._seller_instant else None
+        self._decide = {b: getattr(buyers[b], "decide", None) if self._instant[b] else None for b in buyers}
+        """Messages to inline buyers, in the order their tasks would have been woken."""
         # With only instant buyers the seller's wait cannot hang: no timer needed on it.
         self._wait_timeout = None if all(self._instant.values()) else reply_timeout * 2 + 5
-        self.mailboxes = {buyer_id: Mailbox(buyer_id) for buyer_id in buyers}
 
     @staticmethod
     async def _call(agent, instant: bool, obs, timeout: float):
@@ -144,7 +163,10 @@ class Bus:
         while not state.done:
             if state.budget_left > 0 and state.any_free():
                 try:
-                    decision = await self._call(self.seller, self._seller_instant, state.seller_observation(), self.seller_timeout)
+                    if self._seller_decide is not None:
+                        decision = self._seller_decide(state.seller_observation())
+                    else:
+                        decision = await self._call(self.seller, self._seller_instant, state.seller_observation(), self.seller_timeout)
                 except TimeoutError:
                     if not state.done:
                         state.seller_timeout(self.seller_timeout)
@@ -155,7 +177,10 @@ class Bus:
                 if result is not None:
                     to = state.seller_send(result, raw, extra)
                     if to is not None:
-                        self.mailboxes[to].put(result)
+                        if self._inline[to]:
+                            self._due.append((to, result))
+                        else:
+                            self.mailboxes[to].put(result)
                     continue
                 if not state.pending:
                     state.finish("terminated", "seller_idle")
@@ -166,8 +191,26 @@ class Bus:
                 else:
                     state.finish("terminated", "no_buyers")
                 break
+            if self._due:
+                await self._answer_due()
+                continue
             # Every buyer's own deadline bounds this wait; the margin only guards against a stuck bus.
             await self.inbox.get(timeout=self._wait_timeout)
+
+    async def _answer_due(self) -> None:
+        """Inline buyers answer what they were sent, first in first out: the order their tasks would run in."""
+        state = self.state
+        while self._due and not state.done:
+            buyer_id, message = self._due.popleft()
+            decide = self._decide[buyer_id]
+            obs = state.buyer_observation(buyer_id, message)
+            self._reply(buyer_id, decide(obs) if decide is not None else await self.buyers[buyer_id].act(obs))
+
+    def _reply(self, buyer_id: str, decision) -> None:
+        result, raw, extra = _unpack(decision)
+        if result is None:
+            result = ParseFailure("buyer gave no reply", "")
+        self.state.buyer_reply(buyer_id, result, raw, extra)
 
     async def run_buyer(self, buyer_id: str) -> None:
         """One buyer's loop: answer each seller message, until the mailbox closes."""
@@ -183,10 +226,7 @@ class Bus:
                 if not state.done:
                     state.buyer_timeout(buyer_id, self.reply_timeout)
             else:
-                result, raw, extra = _unpack(decision)
-                if result is None:
-                    result = ParseFailure("buyer gave no reply", "")
-                state.buyer_reply(buyer_id, result, raw, extra)
+                self._reply(buyer_id, decision)
             self.inbox.put(buyer_id)
 
     def close(self) -> None:

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import anyio
-import numpy as np
 import orjson
 import structlog
 

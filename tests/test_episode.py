@@ -411,3 +411,15 @@ async def test_closing_a_mailbox_wakes_its_reader():
         await anyio.sleep(0)
         box.close()
     assert got == ["x"]
+
+
+@pytest.mark.parametrize("seller", ["oracle", "greedy", "concession", "posted", "dutch", "random"])
+@pytest.mark.parametrize("buyers", ["threshold", "concession", "stubborn", "random"])
+async def test_inline_scripted_buyers_play_exactly_as_buyer_tasks_do(seller, buyers):
+    # The bus calls instant buyers where their tasks would have run; the traces must not differ.
+    for split, index in (("train", 0), ("train", 1), ("shapes", 2)):
+        runs = []
+        for inline in (True, False):
+            market, s, b = build_episode(SPLITS[split], parse_agent(seller, "seller"), parse_agent(buyers, "buyer"), 5, index)
+            runs.append(await run_episode(market, s, b, episode_id="x", inline_instant=inline))
+        assert _untimed(runs[0].events) == _untimed(runs[1].events)

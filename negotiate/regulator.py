@@ -195,7 +195,7 @@ class EpisodeState:
         self._products_view: tuple[ProductView, ...] | None = None
         """Seller's catalog view, rebuilt only when stock changes."""
         self._products_public: tuple[ProductView, ...] | None = None
-        self._products_public_stale = False
+        """The same without costs, for buyers."""
         self._seller_new: list[Message | Notice] = []
         self._seller_history: list[Message | Notice] = []
 
@@ -247,11 +247,11 @@ class EpisodeState:
     def _record_message(self, sender: str, result, raw: str | None, extra: dict | None, turn: int | None) -> dict:
         if isinstance(result, Message):
             action = result.action
-            event = {"type": "message", "episode": self.episode, "ts": self._clock() - self._t0, "turn": turn,
+            event = {"type": "message", "episode": self.episode, "ts": self._ts(), "turn": turn,
                      "sender": sender, "to": result.to, "thought": result.thought, "talk": result.talk,
                      "action": {"kind": action.kind, "product": action.product, "price": action.price}, "valid": True}
         else:
-            event = {"type": "message", "episode": self.episode, "ts": self._clock() - self._t0, "turn": turn,
+            event = {"type": "message", "episode": self.episode, "ts": self._ts(), "turn": turn,
                      "sender": sender, "to": None, "thought": "", "talk": "", "action": None, "valid": False,
                      "error": result.reason}
             raw = result.raw if raw is None else raw
@@ -260,7 +260,7 @@ class EpisodeState:
         if extra:
             event["extra"] = extra
         self.events.append(event)
-        self.messages_by[SELLER if sender is SELLER or sender == SELLER else "buyer"] += 1
+        self.messages_by[SELLER if sender == SELLER else "buyer"] += 1
         return event
 
     def finish(self, outcome: str, reason: str) -> None:
@@ -285,8 +285,7 @@ class EpisodeState:
         value = self.market.buyers[buyer.index].values[j]
         self.stock[j] -= 1
         self.units_left -= 1
-        self._products_view = None
-        self._products_public_stale = True
+        self._products_view = self._products_public = None
         buyer.status = SERVED
         buyer.offer = buyer.bid = None
         deal = Deal(buyer.id, product.id, price, product.cost, value, self.turns_used, by)
@@ -480,9 +479,8 @@ class EpisodeState:
         return self._products_view
 
     def _buyer_products(self) -> tuple[ProductView, ...]:
-        if self._products_public is None or self._products_public_stale:
+        if self._products_public is None:
             self._products_public = tuple([ProductView(v.id, v.name, None, v.stock) for v in self._seller_products()])
-            self._products_public_stale = False
         return self._products_public
 
     def buyer_observation(self, buyer_id: str, message: Message | None) -> BuyerObservation:

@@ -457,10 +457,13 @@ class EpisodeState:
 
     # -- observation ---------------------------------------------------------------
 
-    def seller_observation(self) -> SellerObservation:
+    def seller_observation(self, *, consume: bool = True) -> SellerObservation:
+        """The seller's view. ``new`` holds what arrived since the last consuming call; a
+        display that only looks (``consume=False``) leaves it for the seller's next decision."""
         market = self.market
         new = tuple(self._seller_new)
-        self._seller_new.clear()
+        if consume:
+            self._seller_new.clear()
         return SellerObservation(
             turns_used=self.turns_used,
             budget=market.budget,
@@ -499,8 +502,11 @@ class EpisodeState:
         )
 
 
-def observe(state: EpisodeState, role: str, message: Message | None = None):
-    """The one way private information reaches an agent: ``role`` is ``seller`` or a buyer id."""
+def observe(state: EpisodeState, role: str, message: Message | None = None, *, consume: bool = True):
+    """The one way private information reaches an agent: ``role`` is ``seller`` or a buyer id.
+
+    ``consume=False`` is for displays: the seller's ``new`` items stay for its next decision.
+    """
     if role == SELLER:
-        return state.seller_observation()
+        return state.seller_observation(consume=consume)
     return state.buyer_observation(role, message)

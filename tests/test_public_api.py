@@ -37,7 +37,8 @@ def test_all_names_are_public():
     ["negotiate.market", "negotiate.protocol", "negotiate.regulator", "negotiate.bus", "negotiate.episode",
      "negotiate.metrics", "negotiate.trace", "negotiate.report", "negotiate.cli",
      "negotiate.agents", "negotiate.agents.scripted", "negotiate.agents.registry", "negotiate.agents.base",
-     "negotiate.runner", "negotiate.logs"],
+     "negotiate.runner", "negotiate.logs", "negotiate.report", "negotiate.plots",
+     "negotiate.agents.human", "negotiate.tui.session", "negotiate.tui.transcript", "negotiate.tui.commands"],
 )
 def test_module_all_names_exist(module):
     mod = importlib.import_module(module)

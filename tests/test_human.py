@@ -1,0 +1,112 @@
+"""negotiate.agents.human: a person's messages are checked before sending, and act() waits for them."""
+
+from __future__ import annotations
+
+import asyncio
+import doctest
+
+import pytest
+
+import negotiate.agents.human as human_module
+from negotiate.agents.human import DraftError, HumanAgent, parse_price
+from negotiate.market import Buyer, Market, MarketSpec, Product
+from negotiate.protocol import SELLER, Action, Message
+from negotiate.regulator import EpisodeState, observe
+
+
+@pytest.fixture
+def state() -> EpisodeState:
+    """The 2x2 market: p1 costs 100, p2 costs 50; b1 values (300, 200), b2 (250, 90)."""
+    market = Market(MarketSpec(), 0, (Product("p1", "A", 100, 1), Product("p2", "B", 50, 1)),
+                    (Buyer("b1", (300, 200)), Buyer("b2", (250, 90))), 6, 0, 400)
+    return EpisodeState(market, episode="t")
+
+
+def test_doctests():
+    assert doctest.testmod(human_module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+@pytest.mark.parametrize(("text", "value"), [("450", 450), (" $1,200 ", 1200), (0, 0), ("0", 0)])
+def test_parse_price(text, value):
+    assert parse_price(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "12.5", "abc", "-3", "1e3", None])
+def test_parse_price_refuses(text):
+    with pytest.raises(DraftError):
+        parse_price(text)
+
+
+def test_buyer_drafts(state):
+    person = HumanAgent("b1")
+    state.seller_send(Message(SELLER, "b1", "", Action("offer", "p1", 280)))
+    obs = observe(state, "b1", None)
+    accept = person.draft(obs, "accept", product="p1", price="280", talk=" fine ")
+    assert accept == Message("b1", SELLER, "fine", Action("accept", "p1", 280))
+    with pytest.raises(DraftError, match="standing offer is p1 \\$280"):
+        person.draft(obs, "accept", product="p1", price=279)
+    with pytest.raises(DraftError, match="above your value"):
+        person.draft(obs, "bid", product="p2", price=201)
+    with pytest.raises(DraftError, match="no product 'p9'"):
+        person.draft(obs, "bid", product="p9", price=10)
+    with pytest.raises(DraftError, match="choose a product"):
+        person.draft(obs, "bid", product=None, price=10)
+    with pytest.raises(DraftError, match="a buyer can"):
+        person.draft(obs, "offer", product="p1", price=10)
+    assert person.draft(obs, "bid", product="p2", price="150").action == Action("bid", "p2", 150)
+    assert person.draft(obs, "quit").action == Action("quit")
+    with pytest.raises(DraftError, match="at most 600"):
+        person.draft(obs, "reject", talk="x" * 601)
+
+
+def test_buyer_cannot_accept_without_an_offer(state):
+    state.seller_send(Message(SELLER, "b1", "", Action("reject")))
+    with pytest.raises(DraftError, match="no standing offer"):
+        HumanAgent("b1").draft(observe(state, "b1", None), "accept", product="p1", price=100)
+
+
+def test_seller_drafts(state):
+    person = HumanAgent(SELLER)
+    obs = observe(state, SELLER)
+    offer = person.draft(obs, "offer", product="p2", price="180", to="b1", talk="A good one")
+    assert offer == Message(SELLER, "b1", "A good one", Action("offer", "p2", 180))
+    with pytest.raises(DraftError, match="below the cost"):
+        person.draft(obs, "offer", product="p1", price=99, to="b1")
+    with pytest.raises(DraftError, match="no standing bid"):
+        person.draft(obs, "accept", product="p1", price=150, to="b1")
+    with pytest.raises(DraftError, match="no buyer 'b7'"):
+        person.draft(obs, "offer", product="p1", price=150, to="b7")
+    assert person.draft(obs, "end") == Message(SELLER, "", "", Action("end"))
+    state.seller_send(offer)
+    obs = observe(state, SELLER)
+    with pytest.raises(DraftError, match="not answered"):
+        person.draft(obs, "offer", product="p1", price=150, to="b1")
+    state.buyer_reply("b1", Message("b1", SELLER, "", Action("bid", "p1", 150)))
+    obs = observe(state, SELLER)
+    with pytest.raises(DraftError, match="standing bid is p1 \\$150"):
+        person.draft(obs, "accept", product="p1", price=160, to="b1")
+    assert person.draft(obs, "accept", product="p1", price=150, to="b1").action == Action("accept", "p1", 150)
+
+
+async def test_act_waits_for_send_and_release():
+    person = HumanAgent("b2")
+    turns = []
+    person.on_turn = turns.append
+    with pytest.raises(RuntimeError):
+        person.send(Message("b2", SELLER, "", Action("reject")))  # nobody asked yet
+    task = asyncio.ensure_future(person.act("obs-1"))
+    await asyncio.sleep(0)
+    assert person.waiting and person.observation == "obs-1" and turns == ["obs-1"]
+    with pytest.raises(ValueError):
+        person.send(Message("b1", SELLER, "", Action("reject")))  # not this person's seat
+    person.send(Message("b2", SELLER, "no", Action("reject")))
+    assert not person.waiting
+    with pytest.raises(RuntimeError):
+        person.send(Message("b2", SELLER, "", Action("reject")))  # one message per turn
+    assert (await task).talk == "no"
+    task = asyncio.ensure_future(person.act("obs-2"))
+    await asyncio.sleep(0)
+    person.release()
+    assert await task is None and not person.waiting
+    assert person.decisions == 1
+    assert person.describe()["kind"] == "human" and HumanAgent.instant is False

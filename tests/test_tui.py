@@ -1,0 +1,344 @@
+"""negotiate.tui: Pilot-driven play as a buyer and as the seller, replay navigation, literal model text, small terminals, --text."""
+
+from __future__ import annotations
+
+import argparse
+import html
+import time
+
+import orjson
+import pytest
+
+from negotiate.agents.registry import parse_agent
+from negotiate.cli import main
+from negotiate.errors import UserError
+from negotiate.market import SPLITS, MarketSpec
+from negotiate.metrics import opt
+from negotiate.trace import TraceWriter, read_episodes
+from negotiate.tui import commands
+from negotiate.tui.app import NegotiateApp
+from negotiate.tui.play import ResultScreen
+from negotiate.tui.replay import ReplayScreen
+from negotiate.tui.session import PlaySession
+from negotiate.tui.transcript import Recorded, load_trace, plain_transcript
+from negotiate.tui.widgets import Composer
+
+SIZE = (100, 32)
+INJECTED = "[bold red]x[/] \x1b[31m"
+"""A talk that must show literally: markup stays text, the escape sequence loses its ESC."""
+SHOWN = "[bold red]x[/] [31m"
+
+SOLO = MarketSpec(name="solo", buyers=1, products=2, budget=8)
+"""One buyer (the person) and two products: the seller's every message is to the person."""
+
+
+async def my_turn(pilot, play) -> None:
+    """Wait until the person is asked for a message and the cursor is in the composer (the talk field, at first)."""
+    app = pilot.app
+    await until(pilot, lambda: play.result is not None or (
+        play.human.waiting and app.focused is not None and app.screen.query_one(Composer) in app.focused.ancestors_with_self))
+
+
+async def until(pilot, condition, timeout: float = 10.0) -> None:
+    """Let the app run until ``condition()`` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the app"
+        await pilot.pause(0.01)
+
+
+def screen_text(app) -> str:
+    """What the terminal shows, as plain text (from the SVG screenshot)."""
+    return html.unescape(app.export_screenshot()).replace("\xa0", " ")
+
+
+def session(tmp_path, role: str, spec=SOLO, seed: int = 7, seller: str = "greedy", buyers: str = "threshold") -> PlaySession:
+    return PlaySession(role, spec, seed, seller=parse_agent(seller, "seller"), buyers=parse_agent(buyers, "buyer"),
+                       out=tmp_path, pace=0, others_pace=0)
+
+
+# -- playing ----------------------------------------------------------------------------------------------
+
+
+async def test_play_a_whole_episode_as_a_buyer(tmp_path):
+    play = session(tmp_path, "buyer")
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: play.human.waiting)
+        assert "OFFER" in screen_text(app)  # the seller's first offer is on screen
+        # First a counter-offer through the composer: ctrl+o fills a bid, the price goes in, Enter sends.
+        obs = play.view()
+        await until(pilot, lambda: app.focused is not None and app.focused.id == "talk")  # a turn puts the cursor in the talk field
+        await pilot.press("ctrl+o")
+        await pilot.press(*str(obs.values[0] // 3), "enter")
+        turns = 1
+        while play.result is None:
+            await my_turn(pilot, play)
+            if play.result is not None:
+                break
+            obs = play.view()
+            value = obs.values[int(obs.offer[0][1:]) - 1] if obs.offer else -1
+            if obs.offer and obs.offer[1] <= value:
+                await pilot.press("ctrl+y", "o", "k", "enter")  # accept exactly the standing offer
+            else:
+                await pilot.press("ctrl+r", "enter")
+            turns += 1
+            await until(pilot, lambda: not play.human.waiting or play.result is not None)
+            assert turns < 10
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, ResultScreen)
+        text = screen_text(app)
+        assert "your surplus" in text and "profit/OPT" in text and "welfare/OPT" in text
+    episode = play.result.episode
+    deals = [e for e in episode.events if e["type"] == "deal"]
+    assert len(deals) == 1 and deals[0]["buyer"] == "b1" and deals[0]["price"] <= deals[0]["value"]
+    sent = [e for e in episode.events if e["type"] == "message" and e["sender"] == "b1"]
+    assert sent[0]["action"]["kind"] == "bid" and all(e["valid"] for e in sent)
+    # Traced like any other episode, with the labels serve writes and the person described as human.
+    [written] = list(read_episodes(tmp_path / "play.jsonl"))
+    start = written[0]
+    assert start["episode"] == "play-buyer-0000" and start["seed"] == 7 and start["index"] == 0
+    assert start["seller"] == "greedy" and start["buyers"] == "human+threshold" and start["play"] == "buyer"
+    assert start["agents"]["buyers"]["b1"]["kind"] == "human"
+
+
+async def test_play_a_whole_episode_as_the_seller(tmp_path, monkeypatch):
+    monkeypatch.setattr(ResultScreen, "GRACE", 0.0)  # no typing to protect here
+    play = session(tmp_path, "seller", spec=SPLITS["train"], seed=3)
+    market = play.market
+    best, pairs = opt(market)
+    assert len(pairs) >= 2
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=SIZE) as pilot:
+        await my_turn(pilot, play)
+        composer = app.screen.query_one(Composer)
+        # Below cost is refused by the composer before anything is sent (no turn spent).
+        await pilot.press("ctrl+o", "0", "enter")
+        assert "below the cost" in str(composer.query_one("#status").content)
+        assert play.state.turns_used == 0
+        # Offer each OPT pair at the buyer's exact value: threshold buyers accept at or below value.
+        for k, (buyer, product) in enumerate(sorted(pairs)):
+            i, j = int(buyer[1:]) - 1, int(product[1:]) - 1
+            await my_turn(pilot, play)
+            await pilot.press("escape", buyer[1:])  # on the board, a digit picks the buyer's conversation
+            await pilot.press("ctrl+o")
+            composer.query_one("#product").value = product
+            await pilot.press(*str(market.buyers[i].values[j]), "tab", *("[b]ok" if k == 0 else "x"), "enter")
+            await until(pilot, lambda: any(e["type"] == "deal" and e["buyer"] == buyer for e in play.state.events) or play.result is not None)
+        if play.result is None:
+            await my_turn(pilot, play)
+            if play.result is None:
+                await pilot.press("ctrl+t", "enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, ResultScreen)
+        text = screen_text(app)
+        assert "oracle" in text and "profit/OPT" in text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, ResultScreen)  # back to the board
+    result = play.result
+    assert result.episode.metrics["profit_ratio"] == 1.0 and result.episode.metrics["violations"] == {}
+    assert result.oracle is not None and result.oracle.metrics["profit_ratio"] == 1.0
+    talks = [e["talk"] for e in result.episode.events if e["type"] == "message" and e["sender"] == "seller"]
+    assert talks[0] == "[b]ok"  # what the person typed, kept as typed
+    start = next(read_episodes(tmp_path / "play.jsonl"))[0]
+    assert start["seller"] == "human" and start["agents"]["seller"]["kind"] == "human"
+
+
+async def test_seller_view_marks_and_talk_shown_literally(tmp_path):
+    play = session(tmp_path, "seller", spec=SPLITS["train"], seed=3)
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=SIZE) as pilot:
+        await my_turn(pilot, play)
+        await pilot.press("ctrl+o", "9", "9", "9", "9", "tab")
+        app.screen.query_one("#talk").value = "[bold red]x[/]"
+        await pilot.press("enter")  # b1 rejects a price above every value
+        await until(pilot, lambda: any(e["type"] == "message" and e["sender"] == "b1" for e in play.state.events))
+        await pilot.pause()
+        tabs = {tab.id: tab.label.plain for tab in app.screen.query("Tab")}
+        assert tabs["tab-b1"].endswith("●")  # an unread reply; the view moved on to b2
+        await pilot.press("ctrl+p")  # back to b1
+        await pilot.pause()
+        assert "[bold red]x[/]" in screen_text(app)
+        tabs = {tab.id: tab.label.plain for tab in app.screen.query("Tab")}
+        assert tabs["tab-b1"] == "b1"  # read now
+        await pilot.press("ctrl+q")  # once: a warning, the episode is unfinished
+        await pilot.pause()
+        assert app.is_running
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+    assert play.result is None and not (tmp_path / "play.jsonl").exists()
+
+
+# -- replay -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    """Two recorded greedy episodes; the first message's talk and thought carry markup and an escape sequence."""
+    import anyio
+
+    from negotiate.episode import run_episode
+    from negotiate.runner import build_episode
+
+    async def record():
+        out = []
+        for index in range(2):
+            market, seller, buyers = build_episode(SPLITS["train"], parse_agent("greedy", "seller"), parse_agent("concession", "buyer"), 0, index)
+            out.append(await run_episode(market, seller, buyers, episode_id=f"greedy-{index:06d}"))
+        return out
+
+    episodes = anyio.run(record)
+    first = next(e for e in episodes[0].events if e["type"] == "message")
+    first["talk"] = INJECTED
+    first["thought"] = "[link=http://x]click[/link] \x1b]0;pwned\x07"
+    path = tmp_path_factory.mktemp("replay") / "greedy.jsonl"
+    with TraceWriter(path) as writer:
+        for episode in episodes:
+            writer.write(episode.events)
+    return path
+
+
+async def test_replay_steps_and_switches_episodes(trace, monkeypatch):
+    monkeypatch.setattr(ReplayScreen, "autoplay_seconds", 0.05)
+    episodes = load_trace(trace)
+    app = NegotiateApp.replay(episodes, str(trace))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        assert isinstance(screen, ReplayScreen) and screen.index == 0 and screen.step == 0
+        await pilot.press("right", "right", "right")
+        assert screen.step == 3
+        await pilot.press("left")
+        assert screen.step == 2
+        await pilot.press("end")
+        assert screen.step == len(episodes[0].steps)
+        assert "profit/OPT" in screen_text(app)  # the final metrics
+        await pilot.press("right")
+        assert screen.step == len(episodes[0].steps)  # no step past the end
+        await pilot.press("home")
+        assert screen.step == 0
+        await pilot.press("n")
+        await pilot.pause()
+        assert screen.index == 1 and screen.step == 0
+        assert "greedy-000001" in screen_text(app)
+        await pilot.press("p")
+        await pilot.pause()
+        assert screen.index == 0
+        await pilot.press("space")  # autoplay
+        await until(pilot, lambda: screen.step >= 3)
+        await pilot.press("space")
+        await pilot.pause(0.1)  # a tick already on its way may land
+        stopped = screen.step
+        await pilot.pause(0.2)
+        assert not screen.playing and screen.step == stopped
+        await pilot.click("#episodes", offset=(3, 2))  # the mouse picks the second episode
+        await pilot.pause()
+        assert screen.index == 1
+
+
+async def test_replay_shows_model_text_literally(trace):
+    app = NegotiateApp.replay(load_trace(trace), str(trace))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("right")
+        await pilot.pause()
+        text = screen_text(app)
+        assert SHOWN in text and "[link=http://x]click[/link]" in text
+        assert "\x1b" not in text and "\x07" not in text
+        body = app.screen.query_one("#transcript .body").content
+        assert SHOWN in body.plain and "bold red" not in {str(span.style) for span in body.spans}
+
+
+async def test_terminal_too_small(trace):
+    app = NegotiateApp.replay(load_trace(trace), str(trace))
+    async with app.run_test(size=(60, 20)) as pilot:
+        await pilot.pause()
+        assert app.screen.query_one("#too-small").display
+        assert not app.screen.query_one("#replay").display
+        assert "terminal too small (need 80x24)" in screen_text(app)
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert not app.screen.query_one("#too-small").display
+        assert app.screen.query_one("#replay").display
+
+
+async def test_play_fits_80x24(tmp_path):
+    play = session(tmp_path, "seller", spec=SPLITS["train"], seed=3)
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: play.human.waiting)
+        await pilot.pause()
+        for selector in ("#catalog", "#buyers", "#conversation", "Composer", "#threads"):
+            region = app.screen.query_one(selector).region
+            assert region.height > 0 and region.right <= 80 and region.bottom <= 24, selector
+        assert app.screen.query_one("#conversation").region.height >= 4
+
+
+def test_replay_text_is_plain(trace, capsys):
+    assert main(["replay", str(trace), "--text"]) == 0
+    out = capsys.readouterr().out
+    assert SHOWN in out and "\x1b" not in out and "\x07" not in out
+    assert "t1" in out and "thought:" in out and "END" in out and "profit/OPT" in out
+    assert "greedy-000001" not in out  # the first episode only
+    assert main(["replay", str(trace), "--text", "--episode", "greedy-000001"]) == 0
+    assert "episode greedy-000001" in capsys.readouterr().out
+
+
+def test_replay_errors_are_one_line(tmp_path, trace, capsys):
+    def error_line() -> str:
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1, lines
+        return lines[0]
+
+    assert main(["replay", str(tmp_path / "missing.jsonl"), "--text"]) == 2
+    assert "no such trace file" in error_line()
+    assert main(["replay", str(trace), "--episode", "nope", "--text"]) == 2
+    line = error_line()
+    assert "--episode" in line and "'nope'" in line and "greedy-000000" in line
+    truncated = tmp_path / "cut.jsonl"
+    truncated.write_bytes(b"".join(trace.read_bytes().splitlines(keepends=True)[:5]))
+    assert main(["replay", str(truncated), "--text"]) == 2
+    assert "truncated" in error_line()
+    assert main(["replay", str(tmp_path), "--text"]) == 2
+    assert "folder" in error_line()
+    assert main(["replay", str(trace)]) == 2  # no terminal under pytest: the UI is not started
+    assert "--text" in error_line()
+
+
+def test_play_errors_are_one_line(tmp_path, capsys):
+    base = ["play", "--out", str(tmp_path / "p")]
+    assert main([*base, "--seller", "nobody"]) == 2
+    assert "nobody" in capsys.readouterr().err
+    assert main([*base, "--buyers", "ghost?x=1"]) == 2
+    assert "ghost" in capsys.readouterr().err
+    assert main([*base, "--split", "nowhere"]) == 2
+    assert "nowhere" in capsys.readouterr().err
+    args = argparse.Namespace(role="buyer", split="train", seed=1, seller="greedy", buyers="threshold", out=tmp_path)
+    (tmp_path / "play.jsonl").write_bytes(orjson.dumps({"type": "episode_start"}) + b"\n" + b"{oops\n")
+    with pytest.raises(UserError) as raised:
+        commands.play(args)
+    assert "play.jsonl" in str(raised.value)
+
+
+def test_recorded_steps_group_each_message_with_its_effects(trace):
+    episode = load_trace(trace)[0]
+    assert isinstance(episode, Recorded)
+    assert all(step[0]["type"] in ("message", "episode_end") for step in episode.steps)
+    assert episode.steps[-1][0]["type"] == "episode_end"
+    assert sum(len(step) for step in episode.steps) == len(episode.events) - 1
+
+
+def test_transcript_survives_odd_events_and_failed_episodes(trace):
+    import doctest
+
+    import negotiate.tui.text as text_module
+
+    assert doctest.testmod(text_module).failed == 0
+    events = [dict(e) for e in load_trace(trace)[0].events]
+    events[1] = {"type": "message", "episode": "x"}  # every field missing
+    events.insert(2, {"type": "surprise", "episode": "x"})  # an event kind this reader does not know
+    events[-1] = {"type": "episode_end", "episode": "x", "outcome": "failed", "reason": "RuntimeError: boom", "metrics": None}
+    out = plain_transcript(Recorded(events))
+    assert "END failed (RuntimeError: boom)" in out and "(surprise event)" in out and "? -> ?" in out
+    assert ReplayScreen._label(Recorded(events)).plain.endswith("failed")

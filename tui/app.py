@@ -1,0 +1,68 @@
+"""The Textual app: one App, one first screen (buyer play, seller play or replay).
+
+App -> Screens -> widgets. The app holds what every screen shares: the stylesheet
+(``app.tcss``), the size breakpoints that swap any layout for a "terminal too
+small" message below 80x24, and quitting (twice, while a played episode is
+unfinished, since an unfinished episode is not saved).
+"""
+
+from __future__ import annotations
+
+import time
+
+from textual.app import App
+from textual.binding import Binding
+from textual.screen import Screen
+
+from negotiate.tui.session import PlaySession
+from negotiate.tui.transcript import Recorded
+from negotiate.tui.widgets import MIN_SIZE
+
+__all__ = ["NegotiateApp"]
+
+
+class NegotiateApp(App[None]):
+    """``negotiate play`` and ``negotiate replay``."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "negotiate"
+    ENABLE_COMMAND_PALETTE = False
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (MIN_SIZE[0], "-wide"), (120, "-wider")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (MIN_SIZE[1], "-tall")]
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
+
+    def __init__(self, *, session: PlaySession | None = None, episodes: list[Recorded] | None = None,
+                 source: str = "", index: int = 0) -> None:
+        super().__init__()
+        if (session is None) == (episodes is None):
+            raise ValueError("give a play session or recorded episodes, not both")
+        self.session = session
+        self.episodes = episodes
+        self.source = source
+        self.index = index
+        self._quit_asked = 0.0
+
+    @classmethod
+    def play(cls, session: PlaySession) -> NegotiateApp:
+        return cls(session=session)
+
+    @classmethod
+    def replay(cls, episodes: list[Recorded], source: str, index: int = 0) -> NegotiateApp:
+        return cls(episodes=episodes, source=source, index=index)
+
+    def get_default_screen(self) -> Screen:
+        if self.session is not None:
+            from negotiate.tui.play import BuyerScreen, SellerScreen
+
+            return (SellerScreen if self.session.role == "seller" else BuyerScreen)(self.session)
+        from negotiate.tui.replay import ReplayScreen
+
+        return ReplayScreen(self.episodes, self.source, self.index)
+
+    async def action_quit(self) -> None:
+        session = self.session
+        if session is not None and session.result is None and time.monotonic() - self._quit_asked > 3:
+            self._quit_asked = time.monotonic()
+            self.notify("The episode is not over and will not be saved. Press ctrl+q again to quit.", severity="warning", timeout=3)
+            return
+        self.exit()

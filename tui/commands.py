@@ -1,0 +1,85 @@
+"""``negotiate play`` and ``negotiate replay``: check the arguments, run the app, say where things went.
+
+Bad input (an unknown agent, a bad split or spec, a missing or truncated trace, an
+unknown episode id) raises :class:`~negotiate.errors.UserError` before any screen
+opens; the CLI prints it on one line and exits with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from negotiate.agents.registry import parse_agent
+from negotiate.errors import UserError
+from negotiate.market import resolve_spec
+
+from negotiate.tui.session import PlaySession, fresh_seed
+from negotiate.tui.transcript import find_episode, load_trace, plain_transcript
+
+__all__ = ["play", "replay"]
+
+
+def _need_terminal(hint: str = "") -> None:
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UserError(f"the terminal UI needs an interactive terminal (stdin and stdout){hint}")
+
+
+def play(args: argparse.Namespace) -> int:
+    """Play one episode in the terminal UI as a buyer or as the seller; append it to OUT/play.jsonl."""
+    spec = resolve_spec(args.split)
+    seller = parse_agent(args.seller, "seller", field_name="--seller")
+    buyers = parse_agent(args.buyers, "buyer", field_name="--buyers")
+    out = Path(args.out)
+    _check_writable(out)
+    seed = args.seed if args.seed is not None else fresh_seed()
+    session = PlaySession(args.role, spec, seed, seller=seller, buyers=buyers, out=out)
+    _need_terminal()
+    from negotiate.tui.app import NegotiateApp  # Textual loads only once the arguments are good
+
+    NegotiateApp.play(session).run()
+    if session.result is None:
+        print(f"negotiate play: seed {seed}; {session.abandon_note()}")
+        return 0
+    episode = session.result.episode
+    m = episode.metrics or {}
+    print(f"negotiate play: {episode.outcome} ({episode.reason}); profit/OPT {_r(m.get('profit_ratio'))}, "
+          f"welfare/OPT {_r(m.get('welfare_ratio'))}, {m.get('deals', 0)} deals; seed {seed}")
+    print(f"saved to {session.trace_path} as {episode.id}; "
+          f"replay: negotiate replay {session.trace_path} --episode {episode.id}")
+    return 0
+
+
+def _check_writable(out: Path) -> None:
+    """The trace folder can be made and written (it is made when the episode is saved, not before)."""
+    if out.exists() and not out.is_dir():
+        raise UserError("is not a folder", field="--out", value=str(out))
+    existing = next(p for p in (out, *out.parents) if p.exists()) if not out.exists() else out
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write the trace folder (no write access to {existing})", field="--out", value=str(out))
+
+
+def _r(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def replay(args: argparse.Namespace) -> int:
+    """Step through a trace's episodes in the UI, or print one as plain text with ``--text``."""
+    episodes = load_trace(args.trace)
+    index = find_episode(episodes, args.episode, source=str(args.trace))
+    if args.text:
+        if hasattr(sys.stdout, "reconfigure"):
+            sys.stdout.reconfigure(errors="replace")  # a talk in any script still prints under an ASCII locale
+        try:
+            sys.stdout.write(plain_transcript(episodes[index]))
+            sys.stdout.flush()
+        except BrokenPipeError:  # `| head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    _need_terminal("; --text prints a plain transcript")
+    from negotiate.tui.app import NegotiateApp
+
+    NegotiateApp.replay(episodes, str(args.trace), index).run()
+    return 0

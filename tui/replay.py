@@ -1,0 +1,231 @@
+"""The replay screen: pick a recorded episode, step through it, watch the prices move.
+
+Everything recorded is shown, thoughts included (a replay is for the researcher):
+every message with its talk, action and thought, violations, deals, notices, and
+the final metrics. Keys step forward and back, jump to the start or end, play on a
+timer, and switch episode; the list and the transcript work with the mouse too.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, OptionList, Static
+from textual.widgets.option_list import Option
+
+from negotiate.tui.text import clean, esc, money, ratio
+from negotiate.tui.transcript import Recorded, event_lines, price_points
+from negotiate.tui.widgets import Conversation, PriceChart, TooSmall
+
+__all__ = ["ReplayScreen"]
+
+
+class ReplayScreen(Screen):
+    """Step through the episodes of one trace file."""
+
+    BINDINGS = [
+        Binding("right,l", "step(1)", "Next", priority=True),
+        Binding("left,h", "step(-1)", "Back", priority=True),
+        Binding("home,g", "jump(0)", "Start", priority=True),
+        Binding("end,G", "jump(-1)", "End", priority=True),
+        Binding("space", "autoplay", "Play/pause", priority=True),
+        Binding("n,]", "episode(1)", "Next episode"),
+        Binding("p,[", "episode(-1)", "Prev episode"),
+        Binding("t", "thoughts", "Thoughts"),
+        Binding("escape,q", "leave", "Quit"),
+    ]
+
+    autoplay_seconds = 0.8
+    """Seconds between steps while autoplay runs."""
+
+    def __init__(self, episodes: list[Recorded], source: str, index: int = 0) -> None:
+        super().__init__()
+        self.episodes = episodes
+        self.source = source
+        self.index = index
+        self.step = 0
+        """Steps shown: 0 is the market alone, len(steps) the whole episode."""
+        self.thoughts = True
+        self.playing = False
+        """True while autoplay steps on a timer."""
+        self.ready = False
+        """True once mounted: keys that arrive earlier are ignored."""
+        self._timer = None
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield TooSmall()
+        with Horizontal(id="replay"):
+            with Vertical(id="left"):
+                yield OptionList(*(Option(self._label(e), id=str(k)) for k, e in enumerate(self.episodes)), id="episodes")
+                yield DataTable(id="market", cursor_type="none", zebra_stripes=True, cell_padding=0)
+                yield Static(id="score")
+            with Vertical(id="right"):
+                yield Conversation("Press → to play the first message.", id="transcript")
+                yield PriceChart(id="chart")
+        yield Footer()
+
+    @staticmethod
+    def _label(episode: Recorded) -> Text:
+        end = episode.end
+        m = episode.metrics
+        text = Text(episode.id)
+        if end.get("outcome") == "failed":
+            text.append(" failed", style="red")
+        elif m is not None:
+            text.append(f" {ratio(m.get('profit_ratio'))}", style="dim")
+        return text
+
+    def on_mount(self) -> None:
+        self.query_one("#episodes").border_title = esc(f"Episodes ({len(self.episodes)})")
+        self.query_one("#episodes").border_subtitle = "profit/OPT"
+        self.query_one("#market").border_title = "Market: costs and values"
+        self.query_one("#market").border_subtitle = "underlined: OPT pair"
+        self.query_one("#chart").border_title = "Prices over time, per buyer"
+        self.query_one("#score").border_title = "Score"
+        self._timer = self.set_interval(self.autoplay_seconds, self._tick, pause=True)
+        episodes = self.query_one("#episodes", OptionList)
+        episodes.highlighted = self.index
+        episodes.focus()
+        self.load(self.index)
+        self.ready = True
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def episode(self) -> Recorded:
+        return self.episodes[self.index]
+
+    def load(self, index: int) -> None:
+        self.index = index
+        self.step = 0
+        episode = self.episode
+        start = episode.start
+        self.sub_title = " · ".join(clean(x) for x in (
+            episode.id, f"{start.get('split', '?')} {start.get('shape', '')}".strip(),
+            f"seller {start.get('seller', '?')}", f"buyers {start.get('buyers', '?')}", self.source) if x)
+        table = self.query_one("#market", DataTable)
+        table.clear(columns=True)
+        numbers = [clean(p.get("cost", "")) for p in episode.market.get("products", []) if isinstance(p, dict)]
+        numbers += [clean(v) for b in episode.market.get("buyers", []) if isinstance(b, dict) for v in (b.get("values") or [])]
+        self._width = max([len(n) for n in numbers] + [4]) + 1
+        table.add_columns(*(Text(f"{label:>{width}}") for label, width in
+                            [("", 3), ("cost", self._width)] + [(b, self._width) for b in episode.buyer_ids]))
+        best = episode.opt()
+        self._opt_pairs = best[1] if best else frozenset()
+        self.draw()
+
+    def _draw_market(self) -> None:
+        episode = self.episode
+        table = self.query_one("#market", DataTable)
+        table.clear()
+        dealt = {(clean(e.get("buyer")), clean(e.get("product"))) for step in episode.steps[: self.step] for e in step if e.get("type") == "deal"}
+        buyers = [b for b in episode.market.get("buyers", []) if isinstance(b, dict)]
+        for j, product in enumerate(p for p in episode.market.get("products", []) if isinstance(p, dict)):
+            pid = clean(product.get("id", "?"))
+            cells = []
+            for buyer in buyers:
+                values = buyer.get("values") if isinstance(buyer.get("values"), list) else []
+                bid = clean(buyer.get("id", "?"))
+                value = clean(values[j]) if j < len(values) else "?"
+                style = "bold green reverse" if (bid, pid) in dealt else "underline" if (bid, pid) in self._opt_pairs else ""
+                cells.append(Text(f"{value:>{self._width}}", style=style))
+            table.add_row(Text(f"{pid:>3}", style="bold"), Text(f"{clean(product.get('cost', '?')):>{self._width}}", style="dim"), *cells)
+
+    def draw(self) -> None:
+        episode = self.episode
+        steps = episode.steps
+        text = Text()
+        for k, step in enumerate(steps[: self.step]):
+            current = k == self.step - 1
+            for event in step:
+                for style, line in event_lines(event, thoughts=self.thoughts, arrow="→"):
+                    if text:
+                        text.append("\n")
+                    text.append("▌" if current else " ", style="bold magenta")
+                    text.append(line, style=style)
+        transcript = self.query_one("#transcript", Conversation)
+        transcript.border_title = esc(f"Step {self.step} of {len(steps)}" + ("  ▶ playing" if self.playing else ""))
+        transcript.show(text)
+        points, deals = price_points(steps[: self.step])
+        market = episode.market
+        low, high = market.get("price_low", 0), market.get("price_high", 1)
+        self.query_one("#chart", PriceChart).plot(episode.buyer_ids, points, deals,
+                                                  low if isinstance(low, int) else 0, high if isinstance(high, int) else 1)
+        self.query_one("#score", Static).update(self._score())
+        self._draw_market()
+
+    def _score(self) -> Text:
+        episode = self.episode
+        shown = [e for step in episode.steps[: self.step] for e in step]
+        turns = max([e["turn"] for e in shown if e.get("type") == "message" and isinstance(e.get("turn"), int)] + [0])
+        deals = [e for e in shown if e.get("type") == "deal"]
+        profit = sum(e["price"] - e["cost"] for e in deals if isinstance(e.get("price"), int) and isinstance(e.get("cost"), int))
+        violations = sum(1 for e in shown if e.get("type") == "violation")
+        out = Text()
+        out.append(f"turn {turns} of {clean(episode.market.get('budget', '?'))} · deals {len(deals)}\n")
+        out.append(f"profit {money(profit)} · ")
+        out.append(f"violations {violations}", style="red" if violations else "")
+        if self.step >= len(episode.steps):
+            end = episode.end
+            out.append(f"\n{clean(end.get('outcome', '?'))} ({clean(end.get('reason', '?'))})", style="bold")
+            m = episode.metrics
+            if m:
+                out.append(f"\nprofit/OPT {ratio(m.get('profit_ratio'))}", style="bold")
+                out.append(f"\nwelfare/OPT {ratio(m.get('welfare_ratio'))}", style="bold")
+                out.append(f"\nOPT {money(m.get('opt'))} · valid {ratio(m.get('valid_rate'))}")
+        return out
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        return self.ready or action == "leave"
+
+    def action_step(self, delta: int) -> None:
+        self.step = max(0, min(len(self.episode.steps), self.step + delta))
+        self.draw()
+
+    def action_jump(self, where: int) -> None:
+        self.step = 0 if where == 0 else len(self.episode.steps)
+        self.draw()
+
+    def action_autoplay(self) -> None:
+        self.playing = not self.playing
+        if self.playing:
+            if self.step >= len(self.episode.steps):
+                self.step = 0
+            self._timer.resume()
+        else:
+            self._timer.pause()
+        self.draw()
+
+    def _tick(self) -> None:
+        if self.step >= len(self.episode.steps):
+            self.playing = False
+            self._timer.pause()
+            self.draw()
+            return
+        self.action_step(1)
+
+    def action_episode(self, delta: int) -> None:
+        index = (self.index + delta) % len(self.episodes)
+        self.query_one("#episodes", OptionList).highlighted = index  # the list's event loads it
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        index = int(event.option.id)
+        if self.ready and index != self.index:
+            self.load(index)
+
+    def action_thoughts(self) -> None:
+        self.thoughts = not self.thoughts
+        self.notify("thoughts shown" if self.thoughts else "thoughts hidden", timeout=2)
+        self.draw()
+
+    def action_leave(self) -> None:
+        if len(self.app.screen_stack) > 1:
+            self.app.pop_screen()
+        else:
+            self.app.exit()

@@ -1,0 +1,241 @@
+"""One episode a person plays: the market, the agents, the live state, the trace.
+
+:class:`PlaySession` builds the market (``generate(spec, seed)``: ``--seed`` is the
+market seed) and the agents (the other buyers seeded like ``negotiate serve``
+seeds them), puts a :class:`~negotiate.agents.human.HumanAgent` in the person's
+seat, and runs the episode with :func:`~negotiate.episode.run_episode` on the
+caller's event loop (the app runs it in a Textual worker). The UI reads the live
+episode only through ``observe(state, <the person's id>)``.
+
+Two things are added around the core, neither of which changes a rule:
+
+* :class:`WatchedState` calls ``on_change`` after each regulator entry point, so the
+  UI redraws exactly when the market moves (no polling needed).
+* :class:`Watched` wraps each scripted agent: it marks the agent as thinking while it
+  decides (the UI shows it) and, with a pace > 0, waits before deciding, so a
+  person can follow the conversation and is not outrun by agents that answer in
+  microseconds (``pace`` for the agents the person talks to, ``others_pace`` for
+  the other buyers when the person is a buyer). It re-observes after the wait, so
+  a paced agent never acts on a stale view. Tests pass 0 for both.
+
+A finished episode is appended to ``OUT/play.jsonl`` with the labels ``negotiate
+serve`` writes (``seller``, ``buyers``, ``index``, ``seed``; ``play`` names the
+person's role). When the person is the seller, the scripted oracle then plays the
+same market against identically seeded buyers, for comparison (not traced).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from negotiate.agents.human import HumanAgent
+from negotiate.agents.registry import AgentSpec, parse_agent
+from negotiate.episode import Episode, run_episode
+from negotiate.market import Market, MarketSpec, generate
+from negotiate.metrics import opt
+from negotiate.protocol import SELLER
+from negotiate.regulator import EpisodeState, observe
+from negotiate.trace import TraceWriter, scan
+
+__all__ = ["PlaySession", "PlayResult", "Watched", "WatchedState", "HUMAN_BUYER", "TRACE_NAME", "fresh_seed"]
+
+HUMAN_BUYER = "b1"
+"""The seat a person takes when playing a buyer."""
+TRACE_NAME = "play.jsonl"
+"""The trace file, under ``--out``, that every played episode is appended to."""
+HUMAN_TIMEOUT = 3600.0
+"""Seconds a person may think about one message."""
+
+
+class WatchedState(EpisodeState):
+    """The episode state, calling ``on_change`` after every step the regulator takes."""
+
+    on_change: Callable[[], None] | None = None
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def seller_send(self, *args, **kwargs):
+        try:
+            return super().seller_send(*args, **kwargs)
+        finally:
+            self._changed()
+
+    def buyer_reply(self, *args, **kwargs):
+        try:
+            return super().buyer_reply(*args, **kwargs)
+        finally:
+            self._changed()
+
+    def seller_timeout(self, *args, **kwargs):
+        try:
+            return super().seller_timeout(*args, **kwargs)
+        finally:
+            self._changed()
+
+    def buyer_timeout(self, *args, **kwargs):
+        try:
+            return super().buyer_timeout(*args, **kwargs)
+        finally:
+            self._changed()
+
+    def finish(self, *args, **kwargs):
+        try:
+            return super().finish(*args, **kwargs)
+        finally:
+            self._changed()
+
+
+class Watched:
+    """A scripted agent seen from the UI: marked as thinking while it decides, optionally paced."""
+
+    instant = False  # it may sleep, so the bus gives it a deadline like any slow agent
+
+    def __init__(self, agent, ident: str, session: PlaySession, pace: float):
+        self.agent = agent
+        self.ident = ident
+        self.session = session
+        self.pace = pace
+
+    async def act(self, obs):
+        session = self.session
+        session.thinking.add(self.ident)
+        session.changed()
+        try:
+            if self.pace > 0:
+                await anyio.sleep(self.pace)
+                obs = self._fresh(obs)
+            return await self.agent.act(obs)
+        finally:
+            session.thinking.discard(self.ident)
+            session.changed()
+
+    def _fresh(self, obs):
+        """The observation after the pause (what changed meanwhile included), built by observe()."""
+        state = self.session.state
+        if state.done:
+            return obs
+        if self.ident == SELLER:
+            now = observe(state, SELLER)
+            return now._replace(new=obs.new + now.new)  # what obs delivered is not lost to a learning seller
+        return observe(state, self.ident, obs.message)
+
+    def describe(self) -> dict:
+        return self.agent.describe()
+
+
+@dataclass(frozen=True)
+class PlayResult:
+    """A finished play: the person's episode and, for a seller, the oracle's on the same market."""
+
+    episode: Episode
+    oracle: Episode | None
+    trace: Path
+    """The trace file the episode was appended to."""
+
+
+class PlaySession:
+    """Everything about the one episode a person plays."""
+
+    def __init__(self, role: str, spec: MarketSpec, seed: int, *, seller: AgentSpec | None = None,
+                 buyers: AgentSpec | None = None, out: Path | str = Path("traces") / "play", pace: float = 0.5,
+                 others_pace: float = 4.0):
+        if role not in ("buyer", "seller"):
+            raise ValueError(f"role is buyer or seller, not {role!r}")
+        self.role = role
+        self.spec = spec
+        self.seed = seed
+        self.seller_spec = seller or parse_agent("greedy", "seller")
+        self.buyers_spec = buyers or parse_agent("concession", "buyer")
+        self.out = Path(out)
+        self.pace = pace
+        self.market: Market = generate(spec, seed)
+        self.human_id = SELLER if role == "seller" else HUMAN_BUYER
+        self.human = HumanAgent(self.human_id, on_turn=lambda _obs: self.changed())
+        self.thinking: set[str] = set()
+        """Ids of the scripted agents deciding right now."""
+        self.on_change: Callable[[], None] | None = None
+        """The UI's redraw hook; called after every change to the episode."""
+        self.trace_path = self.out / TRACE_NAME
+        self.index = len(scan(self.trace_path).complete)  # a corrupt trace file is a UserError, before any play
+        self.episode_id = f"play-{role}-{self.index:04d}"
+        self.state = WatchedState(self.market, episode=self.episode_id)
+        self.state.on_change = self.changed
+        self.seller = self.human if role == "seller" else Watched(self._build_seller(), SELLER, self, pace)
+        self.buyers: dict = {}
+        for k, buyer in enumerate(self.market.buyers):
+            if buyer.id == self.human_id:
+                self.buyers[buyer.id] = self.human
+            else:
+                agent = self.buyers_spec.build(self.market, [seed, 1, k])
+                # When the person is a buyer, the other buyers answer at a person's (or a model's) speed,
+                # so the units are not all gone before the person has read the first offer.
+                self.buyers[buyer.id] = Watched(agent, buyer.id, self, pace if role == "seller" else others_pace)
+        self.opt = opt(self.market)
+        self.result: PlayResult | None = None
+        self._started = False
+
+    def _build_seller(self):
+        return self.seller_spec.build(self.market, [self.seed, 2])
+
+    @property
+    def seller_label(self) -> str:
+        return "human" if self.role == "seller" else self.seller_spec.text
+
+    @property
+    def buyers_label(self) -> str:
+        return self.buyers_spec.text if self.role == "seller" else f"human+{self.buyers_spec.text}"
+
+    @property
+    def labels(self) -> dict:
+        return {"run_seed": None, "index": self.index, "seed": self.seed, "seller": self.seller_label,
+                "buyers": self.buyers_label, "play": self.role}
+
+    def changed(self) -> None:
+        if self.role == "seller" and self.state.done and self.human.waiting:
+            # The market closed while the person was deciding (a buyer took the last unit): the bus
+            # would otherwise wait out the person's deadline before it noticed.
+            self.human.release()
+        if self.on_change is not None:
+            self.on_change()
+
+    def view(self):
+        """What the person may know now: ``observe(state, <the person's id>)``."""
+        return observe(self.state, self.human_id, consume=False)
+
+    async def run(self) -> PlayResult:
+        """Play the episode to its end, append it to the trace, and (for a seller) run the oracle."""
+        if self._started:
+            raise RuntimeError("a play session runs once")
+        self._started = True
+        episode = await run_episode(
+            self.market, self.seller, self.buyers, episode_id=self.episode_id, labels=self.labels,
+            seller_timeout=HUMAN_TIMEOUT, reply_timeout=HUMAN_TIMEOUT, opt_value=self.opt, state=self.state,
+        )
+        with TraceWriter(self.trace_path) as writer:
+            writer.write(episode.events)
+        oracle = await self._oracle() if self.role == "seller" else None
+        self.result = PlayResult(episode, oracle, self.trace_path)
+        self.changed()
+        return self.result
+
+    async def _oracle(self) -> Episode:
+        """The full-information oracle on the same market, facing buyers seeded as the person's were."""
+        market = self.market
+        seller = parse_agent("oracle", "seller").build(market, [self.seed, 2])
+        buyers = {b.id: self.buyers_spec.build(market, [self.seed, 1, k]) for k, b in enumerate(market.buyers)}
+        return await run_episode(market, seller, buyers, episode_id=f"oracle-{self.episode_id}", opt_value=self.opt)
+
+    def abandon_note(self) -> str:
+        return f"the episode was not finished, so it was not saved to {self.trace_path}"
+
+
+def fresh_seed() -> int:
+    """A new market seed for ``negotiate play`` without ``--seed`` (shown, so the market can be replayed)."""
+    return secrets.randbelow(1_000_000)

@@ -1,0 +1,227 @@
+"""Recorded episodes as steps and lines: what the replay screen and ``replay --text`` show.
+
+An episode's events are grouped into **steps**: a step is one message and the
+violations, deals and notices it caused (the last step is ``episode_end``).
+:func:`event_lines` turns one event into styled lines; the UI shows them as Rich
+text, :func:`plain_transcript` joins them for a pipe. Every string from the trace
+goes through :func:`~negotiate.tui.text.clean` first; the style strings are ours.
+Traces are data, not code: a missing field shows as ``?``, never as a crash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from negotiate.errors import UserError
+from negotiate.market import Market, MarketSpec
+from negotiate.metrics import opt
+from negotiate.trace import read_episodes
+
+from negotiate.tui.text import action_label, clean, money, ratio
+
+__all__ = ["Recorded", "load_trace", "find_episode", "event_lines", "market_lines", "end_lines", "plain_transcript", "price_points"]
+
+Line = tuple[str, str]
+"""(Rich style, text): a line of a transcript."""
+
+SELLER_STYLE = "bold yellow"
+BUYER_STYLE = "bold cyan"
+THOUGHT_STYLE = "dim italic"
+DEAL_STYLE = "bold green"
+VIOLATION_STYLE = "bold red"
+NOTICE_STYLE = "dim"
+
+
+@dataclass
+class Recorded:
+    """One recorded episode, with its events grouped into steps."""
+
+    events: list[dict]
+    steps: list[list[dict]] = field(init=False)
+    """Step k: a message and what followed it; the last step holds ``episode_end``."""
+
+    def __post_init__(self) -> None:
+        steps: list[list[dict]] = []
+        for event in self.events[1:]:
+            if not steps or event.get("type") in ("message", "episode_end"):
+                steps.append([event])
+            else:
+                steps[-1].append(event)
+        self.steps = steps
+
+    @property
+    def start(self) -> dict:
+        return self.events[0]
+
+    @property
+    def end(self) -> dict:
+        return self.events[-1]
+
+    @property
+    def id(self) -> str:
+        return clean(self.start.get("episode", "?"))
+
+    @property
+    def market(self) -> dict:
+        market = self.start.get("market")
+        return market if isinstance(market, dict) else {}
+
+    @property
+    def buyer_ids(self) -> list[str]:
+        return [clean(b.get("id", "?")) for b in self.market.get("buyers", []) if isinstance(b, dict)]
+
+    @property
+    def metrics(self) -> dict | None:
+        metrics = self.end.get("metrics")
+        return metrics if isinstance(metrics, dict) else None
+
+    def opt(self) -> tuple[int, frozenset] | None:
+        """OPT and one optimal matching, recomputed from the recorded market (None if it cannot be)."""
+        try:
+            market = Market.from_dict(MarketSpec.model_validate(self.start["spec"]), self.market)
+            return opt(market)
+        except Exception:  # an odd or newer trace: the replay goes on without OPT pairs
+            return None
+
+
+def load_trace(path: str | Path) -> list[Recorded]:
+    """Every complete episode of a trace file; a missing, empty or truncated file is a UserError."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.jsonl") if not p.name.endswith(".log.jsonl"))
+        hint = f" (it holds {', '.join(found[:4])}{', ...' if len(found) > 4 else ''})" if found else ""
+        raise UserError(f"is a folder; give one trace file{hint}", source=str(path))
+    try:
+        episodes = [Recorded(events) for events in read_episodes(path)]
+    except OSError as error:
+        raise UserError(f"cannot read the trace ({error.strerror or error})", source=str(path)) from None
+    if not episodes:
+        raise UserError("holds no complete episode", source=str(path))
+    return episodes
+
+
+def find_episode(episodes: list[Recorded], episode_id: str | None, source: str = "") -> int:
+    """Index of the episode called ``episode_id`` (the first when None); a UserError naming some that exist."""
+    if episode_id is None:
+        return 0
+    for index, episode in enumerate(episodes):
+        if episode.start.get("episode") == episode_id:
+            return index
+    ids = [e.id for e in episodes]
+    listed = ", ".join(ids[:5]) + (f", ... ({len(ids)} in all)" if len(ids) > 5 else "")
+    raise UserError(f"no such episode; the trace has {listed}", source=source or None, field="--episode", value=episode_id)
+
+
+def _talk_lines(text: str, indent: str) -> list[str]:
+    return [f'{indent}"{line}"' if k == 0 else f"{indent} {line}" for k, line in enumerate(clean(text).split("\n"))]
+
+
+def event_lines(event: dict, *, thoughts: bool = True, arrow: str = "->") -> list[Line]:
+    """One trace event as styled lines (a message can take several: header, talk, thought, error)."""
+    kind = event.get("type")
+    if kind == "message":
+        sender = clean(event.get("sender", "?"))
+        to = clean(event.get("to")) if event.get("to") is not None else "?"
+        to = to or "all"  # the seller's end is addressed to no one in particular
+        is_seller = sender == "seller"
+        turn = event.get("turn")
+        head = f"t{turn:<3}" if is_seller and isinstance(turn, int) else "    "
+        style = SELLER_STYLE if is_seller else BUYER_STYLE
+        lines: list[Line] = [(style, f"{head} {sender} {arrow} {to}  {action_label(event.get('action'))}")]
+        if event.get("talk"):
+            lines += [("", line) for line in _talk_lines(event["talk"], "       ")]
+        if thoughts and event.get("thought"):
+            thought = clean(event["thought"]).split("\n")
+            lines += [(THOUGHT_STYLE, ("       thought: " if k == 0 else "                ") + line) for k, line in enumerate(thought)]
+        if not event.get("valid", True):
+            lines.append((VIOLATION_STYLE, f"       invalid: {clean(event.get('error', 'no reason given'))}"))
+        if event.get("raw") and event.get("action") is None:
+            raw = clean(event["raw"]).split("\n")
+            lines += [(NOTICE_STYLE, ("       raw: " if k == 0 else "            ") + line) for k, line in enumerate(raw[:6])]
+        return lines
+    if kind == "deal":
+        price, cost, value = event.get("price"), event.get("cost"), event.get("value")
+        detail = ""
+        if all(isinstance(x, int) for x in (price, cost, value)):
+            detail = f" (seller +{price - cost}, buyer +{value - price})"
+        return [(DEAL_STYLE, f"     DEAL {clean(event.get('buyer', '?'))} buys {clean(event.get('product', '?'))} at {money(clean(price))}{detail}")]
+    if kind == "violation":
+        return [(VIOLATION_STYLE, f"     VIOLATION by {clean(event.get('who', '?'))}: {clean(event.get('kind', '?'))}: {clean(event.get('detail', ''))}")]
+    if kind == "notice":
+        return [(NOTICE_STYLE, f"     notice {clean(event.get('to', '?'))}: {clean(event.get('text', ''))}")]
+    if kind == "episode_end":
+        return end_lines(event)
+    return [(NOTICE_STYLE, f"     ({clean(kind)} event)")]
+
+
+def end_lines(end: dict) -> list[Line]:
+    """The outcome and the final metrics of an episode."""
+    outcome, reason = clean(end.get("outcome", "?")), clean(end.get("reason", "?"))
+    lines: list[Line] = [(DEAL_STYLE if outcome != "failed" else VIOLATION_STYLE,
+                          f"END {outcome} ({reason}) after {clean(end.get('turns_used', '?'))} of {clean(end.get('budget', '?'))} turns")]
+    metrics = end.get("metrics")
+    if isinstance(metrics, dict):
+        lines += [("bold", "     " + line) for line in metric_lines(metrics)]
+    return lines
+
+
+def metric_lines(m: dict) -> list[str]:
+    """The headline metrics of an episode, a few short lines."""
+    violations = m.get("violations") or {}
+    count = sum(v for v in violations.values() if isinstance(v, int)) if isinstance(violations, dict) else "?"
+    return [
+        f"profit {money(m.get('profit'))} of OPT {money(m.get('opt'))}: profit/OPT {ratio(m.get('profit_ratio'))}",
+        f"welfare {money(m.get('welfare'))}: welfare/OPT {ratio(m.get('welfare_ratio'))}, regret {clean(m.get('regret', '-'))}",
+        f"deals {clean(m.get('deals', '?'))} (deal rate {ratio(m.get('deal_rate'))}), capture {ratio(m.get('capture'))}, buyer surplus {money(m.get('buyer_surplus'))}",
+        f"valid rate {ratio(m.get('valid_rate'))}, seller violations {count}, turns/deal {ratio(m.get('turns_per_deal'), 1)}",
+    ]
+
+
+def market_lines(episode: Recorded) -> list[Line]:
+    """The episode's labels and its full private information (replays see everything)."""
+    s = episode.start
+    labels = [f"episode {episode.id}"] + [f"{key} {clean(s[key])}" for key in ("split", "shape", "tier", "seed", "seller", "buyers") if s.get(key) is not None]
+    market = episode.market
+    lines: list[Line] = [("bold", " | ".join(labels)), ("", f"budget {clean(market.get('budget', '?'))} turns, values drawn from {clean(market.get('price_low', '?'))}-{clean(market.get('price_high', '?'))}")]
+    buyers = [b for b in market.get("buyers", []) if isinstance(b, dict)]
+    products = [p for p in market.get("products", []) if isinstance(p, dict)]
+    width = max([len(clean(p.get("name", ""))) for p in products] + [4])
+    lines.append(("bold", f"{'':4} {'name':<{width}} {'cost':>6} {'stock':>5} |" + "".join(f"{clean(b.get('id', '?')):>7}" for b in buyers)))
+    for j, p in enumerate(products):
+        values = "".join(
+            f"{clean(b['values'][j]) if isinstance(b.get('values'), list) and j < len(b['values']) else '?':>7}" for b in buyers
+        )
+        lines.append(("", f"{clean(p.get('id', '?')):<4} {clean(p.get('name', '')):<{width}} {clean(p.get('cost', '?')):>6} {clean(p.get('stock', '?')):>5} |{values}"))
+    best = episode.opt()
+    if best is not None:
+        pairs = ", ".join(f"{b}-{p}" for b, p in sorted(best[1])) or "none"
+        lines.append(("", f"OPT {money(best[0])}: {pairs}"))
+    return lines
+
+
+def plain_transcript(episode: Recorded) -> str:
+    """The whole episode as plain text: no markup, no control characters, one event after another."""
+    out = [text for _, text in market_lines(episode)]
+    for step in episode.steps:
+        for event in step:
+            out += [text for _, text in event_lines(event)]
+    return "\n".join(line.rstrip() for line in out) + "\n"
+
+
+def price_points(steps: list[list[dict]]) -> tuple[dict[str, list[tuple[str, int]]], dict[str, tuple[str, int]]]:
+    """Per buyer, the priced actions in time order as (kind, price); and each buyer's deal (product, price)."""
+    points: dict[str, list[tuple[str, int]]] = {}
+    deals: dict[str, tuple[str, int]] = {}
+    for step in steps:
+        for event in step:
+            if event.get("type") == "message" and event.get("valid", True):
+                action = event.get("action") or {}
+                price = action.get("price")
+                if not isinstance(price, int) or isinstance(price, bool):
+                    continue
+                buyer = event.get("to") if event.get("sender") == "seller" else event.get("sender")
+                points.setdefault(clean(buyer), []).append((clean(action.get("kind", "?")), price))
+            elif event.get("type") == "deal" and isinstance(event.get("price"), int):
+                deals[clean(event.get("buyer", "?"))] = (clean(event.get("product", "?")), event["price"])
+    return points, deals

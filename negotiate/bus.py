@@ -145,6 +145,8 @@ class Bus:
         self._seller_decide = getattr(seller, "decide", None) if self._seller_instant else None
         self._decide = {b: getattr(buyers[b], "decide", None) if self._instant[b] else None for b in buyers}
         """Messages to inline buyers, in the order their tasks would have been woken."""
+        self._thinking: anyio.CancelScope | None = None
+        state.on_finish.append(self._stop_thinking)
         # With only instant buyers the seller's wait cannot hang: no timer needed on it.
         self._wait_timeout = None if all(self._instant.values()) else reply_timeout * 2 + 5
 
@@ -166,7 +168,12 @@ class Bus:
                     if self._seller_decide is not None:
                         decision = self._seller_decide(state.seller_observation())
                     else:
-                        decision = await self._call(self.seller, self._seller_instant, state.seller_observation(), self.seller_timeout)
+                        # A seller that thinks (a model, a person) is stopped if the market closes meanwhile.
+                        try:
+                            with anyio.CancelScope() as self._thinking:
+                                decision = await self._call(self.seller, self._seller_instant, state.seller_observation(), self.seller_timeout)
+                        finally:
+                            self._thinking = None
                 except TimeoutError:
                     if not state.done:
                         state.seller_timeout(self.seller_timeout)
@@ -196,6 +203,10 @@ class Bus:
                 continue
             # Every buyer's own deadline bounds this wait; the margin only guards against a stuck bus.
             await self.inbox.get(timeout=self._wait_timeout)
+
+    def _stop_thinking(self) -> None:
+        if self._thinking is not None:
+            self._thinking.cancel()
 
     async def _answer_due(self) -> None:
         """Inline buyers answer what they were sent, first in first out: the order their tasks would run in."""

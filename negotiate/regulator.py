@@ -198,6 +198,8 @@ class EpisodeState:
         """The same without costs, for buyers."""
         self._seller_new: list[Message | Notice] = []
         self._seller_history: list[Message | Notice] = []
+        self.on_finish: list = []
+        """Callbacks run once when the outcome is set (the bus stops a seller still thinking)."""
 
     # -- bookkeeping -------------------------------------------------------------
 
@@ -267,6 +269,8 @@ class EpisodeState:
         """Record the outcome; the first one stands."""
         if self.outcome is None:
             self.outcome, self.reason = outcome, reason
+            for callback in self.on_finish:
+                callback()
 
     def fail(self, reason: str) -> None:
         """An error, even after the end: it overrides any outcome, so no error goes unrecorded."""

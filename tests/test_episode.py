@@ -423,3 +423,22 @@ async def test_inline_scripted_buyers_play_exactly_as_buyer_tasks_do(seller, buy
             market, s, b = build_episode(SPLITS[split], parse_agent(seller, "seller"), parse_agent(buyers, "buyer"), 5, index)
             runs.append(await run_episode(market, s, b, episode_id="x", inline_instant=inline))
         assert _untimed(runs[0].events) == _untimed(runs[1].events)
+
+
+async def test_a_seller_still_thinking_is_stopped_when_the_market_closes():
+    class SlowThinker(_Async):
+        """Offers b1 at once, then takes a minute over its next message."""
+
+        calls = 0
+
+        async def act(self, obs):
+            self.calls += 1
+            if self.calls > 1:
+                await anyio.sleep(60)
+            return Message(SELLER, "b1", "", Action("offer", "p1", 250))
+
+    market = one_product_market(values=(400, 300), budget=5)
+    with anyio.fail_after(10):  # without the stop, the episode would sit out the seller's minute
+        episode = await run_episode(market, SlowThinker(), thresholds(market), seller_timeout=120, reply_timeout=120)
+    assert (episode.outcome, episode.reason) == ("terminated", "sold_out")
+    assert episode.metrics["deals"] == 1

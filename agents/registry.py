@@ -3,11 +3,29 @@
 Grammar::
 
     [scripted:]NAME[?KEY=VALUE[&KEY=VALUE...]]
+    openai:MODEL@BASE_URL[?KEY=VALUE[&KEY=VALUE...]]
 
 ``greedy``, ``scripted:concession?beta=2`` and ``stubborn?share=0.8`` are scripted
-agents. Model-backed backends (``openai:``, ``hf:``, ``vllm:``) plug in here too.
-A spec is parsed once, up front (a bad name is a clear error before anything runs),
-then :meth:`AgentSpec.build` makes a fresh agent per episode with its own seed.
+agents. ``openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1?format=json&server=vllm`` is a
+model behind any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); its keys:
+
+``format``        ``json`` (structured output; default) or ``tagged`` (tagged text)
+``server``        ``vllm`` | ``openai`` | ``llamacpp`` | ``generic``: how the JSON schema is sent
+                  (vLLM ``structured_outputs``, OpenAI ``response_format`` json_schema, llama.cpp
+                  ``response_format`` json_object with a schema, generic: none, the prompt
+                  describes it); default ``openai`` for api.openai.com, else ``vllm``
+``temperature``   0..2 (default 0.7); ``top_p`` (0, 1]; ``max_tokens`` (default 512)
+``timeout``       seconds per request (default 60); ``retries`` with backoff (default 2)
+``reask``         re-asks after an unparseable reply (default 0)
+``max_inflight``  requests in flight per server and key (default 256)
+``logprobs``      1/0: log-probs and (vLLM) token ids into the trace (default 1)
+``think``         1/0: vLLM ``enable_thinking`` for models that think (default: unset)
+``key_env``       environment variable with the API key (default ``OPENAI_API_KEY``); a key
+                  is never written in a spec, since specs go into traces
+
+The ``hf:`` and ``vllm:`` backends will plug in here too. A spec is parsed once, up
+front (a bad name is a clear error before anything runs), then
+:meth:`AgentSpec.build` makes a fresh agent per episode with its own seed.
 """
 
 from __future__ import annotations
@@ -50,6 +68,10 @@ class AgentSpec:
     def build(self, market: Market, seed: np.random.Generator | Sequence[int] | int):
         """A fresh agent for one episode. ``seed`` is a numpy Generator or what seeds one;
         agents that draw random numbers make their Generator from it, the rest skip the cost."""
+        if self.backend == "openai":
+            from negotiate.agents.llm import build_llm_agent  # the openai client loads only when used
+
+            return build_llm_agent(self, market, seed)
         table = SELLERS if self.role == "seller" else BUYERS
         return table[self.name].create(self.text, self.params, market=market, seed=seed)
 
@@ -63,9 +85,15 @@ def parse_agent(text: str, role: str, *, field_name: str | None = None) -> Agent
     field_name = field_name or ("--seller" if role == "seller" else "--buyers")
     raw = text.strip()
     backend, _, rest = raw.partition(":") if ":" in raw else ("scripted", "", raw)
+    if backend == "openai":
+        from negotiate.agents.backends import parse_openai_spec
+
+        options = parse_openai_spec(rest, field=field_name, text=text)
+        return AgentSpec(text=raw, role=role, backend="openai", name=options.model, params=options.to_params())
     if backend != "scripted":
         raise UserError(
-            f"unknown agent backend {backend!r}; this build knows scripted agents ({', '.join(SELLERS if role == 'seller' else BUYERS)})",
+            f"unknown agent backend {backend!r}; this build knows scripted agents ({', '.join(SELLERS if role == 'seller' else BUYERS)}) "
+            "and openai:MODEL@BASE_URL",
             field=field_name, value=text,
         )
     name, _, query = rest.partition("?")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -209,6 +210,8 @@ async def run_batch(
         gc.set_threshold(*old_threshold)
         for writer in writers.values():
             writer.close()
+        if "negotiate.agents.backends" in sys.modules:  # LLM agents ran: close their shared HTTP clients
+            await sys.modules["negotiate.agents.backends"].aclose_clients()
     return rows
 
 

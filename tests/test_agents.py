@@ -28,7 +28,8 @@ def test_parse_agent_specs():
 @pytest.mark.parametrize(
     ("text", "role", "match"),
     [
-        ("openai:gpt-4o", "seller", "unknown agent backend"),
+        ("nope:gpt-4o", "seller", "unknown agent backend"),
+        ("openai:gpt-4o", "seller", "openai:MODEL@BASE_URL"),
         ("nobody", "seller", "unknown seller agent 'nobody'"),
         ("stubborn", "seller", "unknown seller agent"),
         ("greedy", "buyer", "unknown buyer agent"),

@@ -38,7 +38,8 @@ def test_all_names_are_public():
      "negotiate.metrics", "negotiate.trace", "negotiate.report", "negotiate.cli",
      "negotiate.agents", "negotiate.agents.scripted", "negotiate.agents.registry", "negotiate.agents.base",
      "negotiate.runner", "negotiate.logs", "negotiate.report", "negotiate.plots",
-     "negotiate.agents.human", "negotiate.tui.session", "negotiate.tui.transcript", "negotiate.tui.commands"],
+     "negotiate.agents.human", "negotiate.tui.session", "negotiate.tui.transcript", "negotiate.tui.commands",
+     "negotiate.agents.llm", "negotiate.agents.backends"],
 )
 def test_module_all_names_exist(module):
     mod = importlib.import_module(module)

@@ -1,0 +1,418 @@
+"""Model backends: the one boundary between an LLM agent and whatever serves the model.
+
+A backend turns chat messages into a :class:`Completion` (the text, finish reason,
+token ids, log-probs, usage, latency) with ``await backend.complete(messages,
+role=...)``. :class:`OpenAIBackend` speaks to any OpenAI-compatible server (vLLM,
+SGLang, llama.cpp's server, OpenAI) through the ``openai`` client; the ``hf`` and
+``vllm`` backends will implement the same method.
+
+Spec grammar (``--seller`` / ``--buyers``; see ``negotiate.agents.registry``)::
+
+    openai:MODEL@BASE_URL[?KEY=VALUE[&KEY=VALUE...]]
+
+``format``       ``json`` (structured output, the default) or ``tagged`` (tagged text)
+``server``       ``vllm`` | ``openai`` | ``llamacpp`` | ``generic``: how structured output is
+                 requested (default: ``openai`` for api.openai.com, else ``vllm``)
+``temperature``  0..2 (default 0.7); ``top_p`` (0, 1] (default: the server's)
+``max_tokens``   per reply (default 512)
+``timeout``      seconds per HTTP request (default 60); ``retries`` on 408/409/429/5xx and
+                 connection errors, with backoff (default 2)
+``reask``        re-asks after an unparseable reply, with the error (default 0)
+``max_inflight`` requests in flight per server and key, across all episodes (default 256)
+``logprobs``     1/0: ask for token log-probs (and vLLM's token ids) for training (default 1)
+``think``        1/0: vLLM chat-template ``enable_thinking`` (Qwen3 and the like; default: unset)
+``key_env``      the environment variable holding the API key (default ``OPENAI_API_KEY``)
+
+The API key is read from the environment, never from the spec: specs are written into
+traces. One HTTP client is shared per (base URL, key) and event loop: the ``openai``
+client over the aiohttp transport (httpx's own pool spends 10-30 ms of CPU per request
+at hundreds of connections; see NOTES.md), with an ``anyio.CapacityLimiter`` bounding
+the requests in flight so a vLLM server can batch them without being flooded.
+
+Errors that are not the model's fault (server down, 401, 404, a context overflow) raise
+:class:`LLMError` with the reason, and the episode is recorded as failed. A request that
+times out after its retries raises :class:`LLMTimeout`, a ``TimeoutError``: the bus
+records it as the agent's silence (a timeout violation) and the episode goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import re
+import time
+import weakref
+from dataclasses import asdict, dataclass
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import anyio
+import orjson
+import structlog
+
+from negotiate.errors import UserError
+from negotiate.protocol import json_schema
+
+__all__ = [
+    "OpenAIOptions",
+    "OpenAIBackend",
+    "Completion",
+    "LLMError",
+    "LLMTimeout",
+    "parse_openai_spec",
+    "aclose_clients",
+    "FORMATS",
+    "SERVERS",
+]
+
+log = structlog.get_logger("negotiate.llm")
+
+FORMATS = ("json", "tagged")
+"""How a model writes its message: a JSON object under the four-part schema, or tagged text."""
+SERVERS = ("vllm", "openai", "llamacpp", "generic")
+"""Server kinds, by how each takes a JSON schema for structured output."""
+DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+
+
+class LLMError(RuntimeError):
+    """A failure that is not the model's fault: server down, bad key, unknown model, bad request."""
+
+
+class LLMTimeout(TimeoutError):
+    """No reply within the request timeout, retries included: the bus takes it as the agent's silence."""
+
+
+@dataclass(frozen=True)
+class OpenAIOptions:
+    """A parsed ``openai:`` agent spec (everything but the key, which stays in the environment)."""
+
+    model: str
+    """Model name as the server knows it (``Qwen/Qwen3-8B``)."""
+    base_url: str
+    """Server URL up to and including ``/v1``."""
+    format: str = "json"
+    """``json`` or ``tagged``."""
+    server: str = "vllm"
+    """``vllm``, ``openai``, ``llamacpp`` or ``generic``."""
+    temperature: float = 0.7
+    top_p: float | None = None
+    """Nucleus sampling; None leaves it to the server."""
+    max_tokens: int = 512
+    timeout: float = 60.0
+    """Seconds per HTTP request."""
+    retries: int = 2
+    """Retries on 408/409/429/5xx and connection errors (the openai client's backoff)."""
+    reask: int = 0
+    """Re-asks after an unparseable reply."""
+    max_inflight: int = 256
+    """Requests in flight to this server with this key, across the process's episodes."""
+    logprobs: bool = True
+    """Ask for log-probs (and, on vLLM, token ids)."""
+    think: bool | None = None
+    """vLLM ``chat_template_kwargs.enable_thinking``; None sends nothing."""
+    key_env: str = DEFAULT_KEY_ENV
+    """Environment variable holding the API key."""
+
+    def to_params(self) -> dict:
+        return asdict(self)
+
+
+_NUMBERS: dict[str, tuple[type, float, bool, float]] = {
+    "temperature": (float, 0.0, True, 2.0),
+    "top_p": (float, 0.0, False, 1.0),
+    "max_tokens": (int, 1, True, 1_000_000),
+    "timeout": (float, 0.0, False, 3600.0),
+    "retries": (int, 0, True, 20),
+    "reask": (int, 0, True, 10),
+    "max_inflight": (int, 1, True, 100_000),
+}
+"""Numeric spec keys: type, low bound, whether the low bound is allowed, high bound."""
+_FLAGS = ("logprobs", "think")
+_CHOICES = {"format": FORMATS, "server": SERVERS}
+_KEYS = (*_CHOICES, *_NUMBERS, *_FLAGS, "key_env")
+
+
+def parse_openai_spec(rest: str, *, field: str, text: str) -> OpenAIOptions:
+    """Parse what follows ``openai:`` in an agent spec; raise a :class:`UserError` naming ``field`` and ``text``."""
+
+    def fail(message: str) -> UserError:
+        return UserError(message, field=field, value=text)
+
+    found = re.fullmatch(r"(?P<model>[^@\s]+)@(?P<url>\S+)", rest.strip())
+    if not found:
+        raise fail("an openai agent is openai:MODEL@BASE_URL[?key=value...], e.g. openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1")
+    url = urlsplit(found["url"])
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise fail(f"base URL {found['url']!r} is not an http(s) URL like http://127.0.0.1:8000/v1")
+    if "@" in url.netloc:
+        raise fail("put no credentials in the base URL; the key comes from an environment variable (key_env=NAME)")
+    base_url = urlunsplit((url.scheme, url.netloc, url.path.rstrip("/"), "", ""))
+    values: dict = {"model": found["model"], "base_url": base_url}
+    if url.netloc.split(":")[0].lower() == "api.openai.com":
+        values["server"] = "openai"
+    seen: set[str] = set()
+    for key, value in parse_qsl(url.query, keep_blank_values=True):
+        if key in seen:
+            raise fail(f"key {key!r} is given twice")
+        seen.add(key)
+        if key in ("key", "api_key", "token"):
+            raise fail("an API key never goes in a spec (specs are written into traces); "
+                       f"put it in an environment variable, {DEFAULT_KEY_ENV} or one named with key_env=NAME")
+        if key in _CHOICES:
+            if value not in _CHOICES[key]:
+                raise fail(f"{key}={value!r} is not one of {', '.join(_CHOICES[key])}")
+            values[key] = value
+        elif key in _NUMBERS:
+            kind, low, inclusive, high = _NUMBERS[key]
+            try:
+                number = float(value)
+            except ValueError:
+                raise fail(f"{key}={value!r} is not a number") from None
+            if not math.isfinite(number):
+                raise fail(f"{key}={value!r} is not a finite number")
+            if kind is int and number != int(number):
+                raise fail(f"{key}={value!r} is not a whole number")
+            if not ((number >= low) if inclusive else (number > low)) or number > high:
+                raise fail(f"{key}={value} is outside {'[' if inclusive else '('}{low}, {high}]")
+            values[key] = kind(number)
+        elif key in _FLAGS:
+            if value.lower() not in ("0", "1", "true", "false"):
+                raise fail(f"{key}={value!r} is not 0 or 1")
+            values[key] = value.lower() in ("1", "true")
+        elif key == "key_env":
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+                raise fail(f"key_env={value!r} is not an environment variable name")
+            if value not in os.environ:
+                raise fail(f"key_env={value}: that environment variable is not set")
+            values[key] = value
+        else:
+            raise fail(f"unknown key {key!r}; an openai agent takes {', '.join(_KEYS)}")
+    return OpenAIOptions(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One model reply and what the trace keeps of it."""
+
+    text: str
+    finish_reason: str | None
+    """``stop``, ``length`` (cut off at max_tokens), ...; None if the server gave none."""
+    model: str
+    """The model name the server reported."""
+    latency_s: float
+    """Wall time of the request, retries included, queueing for a slot excluded."""
+    retries: int = 0
+    usage: dict | None = None
+    token_ids: list[int] | None = None
+    """Completion token ids (vLLM ``return_token_ids``)."""
+    prompt_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    """Log-prob of each completion token."""
+    reasoning: str | None = None
+    """Reasoning text a server split off (vLLM ``reasoning_content``)."""
+
+    def trace(self) -> dict:
+        """The fields worth keeping in a trace event's ``extra`` (absent ones left out)."""
+        out: dict = {"model": self.model, "finish_reason": self.finish_reason, "latency_s": round(self.latency_s, 6), "retries": self.retries}
+        for name in ("usage", "token_ids", "prompt_token_ids", "logprobs", "reasoning"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+
+# -- the shared client -------------------------------------------------------------------
+
+
+@dataclass
+class _Shared:
+    """One HTTP client and in-flight bound per (base URL, key) in one event loop."""
+
+    client: object
+    """``openai.AsyncOpenAI`` over the aiohttp transport."""
+    limiter: anyio.CapacityLimiter
+
+
+_CLIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""event loop -> {(base_url, key): _Shared}. HTTP sessions belong to the loop that made them."""
+
+CONNECTIONS = 4096
+"""Connection pool size of a shared client; ``max_inflight`` is the real bound."""
+
+
+def _shared(options: OpenAIOptions) -> _Shared:
+    loop = asyncio.get_running_loop()
+    clients = _CLIENTS.get(loop)
+    if clients is None:
+        clients = _CLIENTS[loop] = {}
+    key = os.environ.get(options.key_env) or "EMPTY"  # local servers take any key; vLLM's convention
+    shared = clients.get((options.base_url, key))
+    if shared is None:
+        try:
+            import httpx2
+            import openai
+        except ImportError:
+            raise LLMError("the openai backend needs the openai client: pip install 'negotiate[llm]'") from None
+        http = openai.DefaultAioHttpClient(
+            limits=httpx2.Limits(max_connections=max(CONNECTIONS, options.max_inflight),
+                                 max_keepalive_connections=max(CONNECTIONS, options.max_inflight), keepalive_expiry=30.0),
+            timeout=httpx2.Timeout(options.timeout, connect=min(options.timeout, 10.0)),
+        )
+        client = openai.AsyncOpenAI(api_key=key, base_url=options.base_url, http_client=http, max_retries=options.retries,
+                                    timeout=options.timeout)
+        shared = clients[(options.base_url, key)] = _Shared(client, anyio.CapacityLimiter(options.max_inflight))
+    elif shared.limiter.total_tokens != options.max_inflight and options.max_inflight != OpenAIOptions.max_inflight:
+        shared.limiter.total_tokens = options.max_inflight  # an explicit max_inflight wins
+    return shared
+
+
+async def aclose_clients() -> None:
+    """Close every shared client of the running event loop (call once at the end of a run)."""
+    clients = _CLIENTS.pop(asyncio.get_running_loop(), {})
+    for shared in clients.values():
+        await shared.client.close()
+
+
+# -- the backend -------------------------------------------------------------------------
+
+
+def _error_message(error) -> str:
+    body = getattr(error, "body", None)
+    if isinstance(body, dict):
+        message = body.get("message") or body.get("detail") or body.get("error")
+        if isinstance(message, dict):
+            message = message.get("message")
+        if message:
+            return str(message)
+    return str(getattr(error, "message", "") or error)
+
+
+def _refused(error: BaseException) -> BaseException | None:
+    """The OS error under a client exception that is a failure to connect, not a timeout.
+
+    The vendored aiohttp transport maps every ``aiohttp.ClientConnectionError`` (a refused
+    connection included) to httpx's ``ConnectTimeout``, so the openai client reports a server
+    that is down as ``APITimeoutError``; the cause chain still holds the truth.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and not isinstance(error, TimeoutError):
+            return error
+        error = error.__cause__
+    return None
+
+
+class OpenAIBackend:
+    """Chat completions from an OpenAI-compatible server."""
+
+    name = "openai"
+
+    def __init__(self, options: OpenAIOptions):
+        self.options = options
+        self._schemas = {role: json_schema(role) for role in ("seller", "buyer")}
+
+    def describe(self) -> dict:
+        o = self.options
+        return {"backend": "openai", "model": o.model, "base_url": o.base_url, "format": o.format, "server": o.server}
+
+    def request(self, messages: list[dict], *, role: str, seed: int | None = None) -> dict:
+        """The JSON body of one chat-completions request."""
+        o = self.options
+        body: dict = {"model": o.model, "messages": messages, "temperature": o.temperature}
+        body["max_completion_tokens" if o.server == "openai" else "max_tokens"] = o.max_tokens
+        if o.top_p is not None:
+            body["top_p"] = o.top_p
+        if seed is not None:
+            body["seed"] = seed
+        if o.logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = 0
+            if o.server == "vllm":
+                body["return_token_ids"] = True
+        if o.format == "json":
+            schema = self._schemas[role]
+            if o.server == "vllm":
+                body["structured_outputs"] = {"json": schema}  # vLLM >= 0.12; the old guided_json is ignored there
+            elif o.server == "openai":
+                body["response_format"] = {"type": "json_schema", "json_schema": {"name": schema["title"], "schema": schema, "strict": False}}
+            elif o.server == "llamacpp":
+                body["response_format"] = {"type": "json_object", "schema": schema}  # its json_schema form gets HTTP 500
+            # generic: no constraint; the prompt describes the object
+        if o.think is not None and o.server == "vllm":
+            body["chat_template_kwargs"] = {"enable_thinking": o.think}
+        return body
+
+    async def complete(self, messages: list[dict], *, role: str, seed: int | None = None) -> Completion:
+        """One chat completion. Raises :class:`LLMError` or :class:`LLMTimeout`; never waits past its deadline."""
+        import httpx2
+        import openai
+
+        o = self.options
+        shared = _shared(o)
+        body = self.request(messages, role=role, seed=seed)
+        payload = orjson.dumps(body)  # serialized once, by orjson: stdlib json and a deep copy cost more
+        request_options = {"timeout": o.timeout, "max_retries": o.retries}
+        # The client's timeout bounds each read; this bounds the whole call, retries and backoff included.
+        deadline = o.timeout * (o.retries + 1) + 8.0 * o.retries + 1.0
+        where = f"{o.model} at {o.base_url}"
+        async with shared.limiter:
+            began = time.perf_counter()
+            try:
+                with anyio.fail_after(deadline):
+                    # The client's low-level post: its retries, backoff and errors, without the typed
+                    # parameter transform of chat.completions.create (a millisecond of CPU per request here).
+                    response = await shared.client.post("/chat/completions", content=payload, cast_to=httpx2.Response, options=request_options)
+                data = orjson.loads(response.content)
+            except openai.APITimeoutError as error:
+                refused = _refused(error)
+                if refused is not None:
+                    raise LLMError(f"{where}: cannot reach the server ({type(refused).__name__}: {refused})") from None
+                raise LLMTimeout(f"{where}: no reply within {o.timeout}s ({o.retries} retries)") from None
+            except TimeoutError:
+                raise LLMTimeout(f"{where}: no reply within {deadline:.0f}s, retries included") from None
+            except openai.AuthenticationError as error:
+                raise LLMError(f"{where}: authentication failed (401): {_error_message(error)}; "
+                               f"set the key in ${o.key_env}") from None
+            except openai.PermissionDeniedError as error:
+                raise LLMError(f"{where}: permission denied (403): {_error_message(error)}") from None
+            except openai.NotFoundError as error:
+                raise LLMError(f"{where}: not found (404): {_error_message(error)}; check the model name "
+                               f"(GET {o.base_url}/models lists them) and that the URL ends in /v1") from None
+            except openai.RateLimitError as error:
+                raise LLMError(f"{where}: rate limited (429) after {o.retries} retries: {_error_message(error)}") from None
+            except openai.APIStatusError as error:
+                # 400 (a context overflow, a bad parameter), 422, 5xx after the retries
+                raise LLMError(f"{where}: request failed ({error.status_code}): {_error_message(error)}") from None
+            except openai.APIConnectionError as error:
+                cause = error.__cause__ or error
+                raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
+            except orjson.JSONDecodeError as error:
+                raise LLMError(f"{where}: the server's answer is not JSON ({error})") from None
+            latency = time.perf_counter() - began
+        try:
+            choice = data["choices"][0]
+            message = choice.get("message") or {}
+            text = message.get("content") or ""
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise LLMError(f"{where}: the server's answer has no choices[0].message: {str(data)[:300]}") from None
+        logprobs = None
+        content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+        if content:
+            logprobs = [entry.get("logprob") for entry in content]
+        completion = Completion(
+            text=text,
+            finish_reason=choice.get("finish_reason"),
+            model=data.get("model") or o.model,
+            latency_s=latency,
+            retries=int(response.request.headers.get("x-stainless-retry-count", 0)),
+            usage=data.get("usage"),
+            token_ids=choice.get("token_ids"),
+            prompt_token_ids=data.get("prompt_token_ids"),
+            logprobs=logprobs,
+            reasoning=message.get("reasoning_content") or message.get("reasoning"),
+        )
+        log.debug("llm request", model=o.model, base_url=o.base_url, role=role, latency_s=round(latency, 4),
+                  retries=completion.retries, finish_reason=completion.finish_reason,
+                  completion_tokens=(completion.usage or {}).get("completion_tokens"))
+        return completion

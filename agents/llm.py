@@ -1,0 +1,401 @@
+"""LLM agents: prompts rendered from an observation, a backend call, the reply parsed at the edge.
+
+:class:`LLMSeller` and :class:`LLMBuyer` render their prompt from the observation
+alone (:func:`render_seller`, :func:`render_buyer`; the text lives in data files
+under ``agents/prompts/``), ask their backend (``negotiate.agents.backends``) for a
+completion, and turn the model's text into a message with :func:`parse_reply`,
+which validates and clamps on our side (control characters stripped, over-long
+talk truncated to ``TALK_MAX``, prices rounded, a ``<think>`` block set apart)
+and otherwise yields a :class:`~negotiate.protocol.ParseFailure` with the reason.
+``act`` returns a :class:`~negotiate.protocol.Generated`: the result, the model's
+raw text, and what the trace keeps (the prompt, latency, model, finish reason,
+usage, token ids, log-probs, re-asks).
+
+An unparseable reply is the model's fault: it is returned, and the regulator
+records an invalid message (the seller's turn is spent; a buyer's reply counts as a
+reject). With ``reask=N`` the agent first asks again, at most N times, with the
+error appended. Failures that are not the model's fault raise from ``act``
+(``LLMError``: the episode is recorded as failed with the reason; ``LLMTimeout``:
+the bus records the agent's silence).
+
+Prompts never hold another party's private information: a buyer's prompt has its
+own values and the public catalog (no costs); the seller's has its costs and what
+buyers said, never a valuation (tests/test_llm_prompts.py checks this).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+import tomllib
+from functools import lru_cache
+from importlib import resources
+from typing import ClassVar
+
+import numpy as np
+import orjson
+
+from negotiate.protocol import (
+    SELLER, TALK_MAX, Action, Generated, Message, Notice, ParseFailure, parse_json, parse_tagged, render_tagged,
+)
+from negotiate.regulator import ACTIVE, GONE, MALFORMED, SERVED, TIMEOUT, BuyerObservation, SellerObservation
+
+from negotiate.agents.backends import Completion, OpenAIBackend, OpenAIOptions
+
+__all__ = [
+    "LLMAgent",
+    "LLMSeller",
+    "LLMBuyer",
+    "render_seller",
+    "render_buyer",
+    "parse_reply",
+    "build_llm_agent",
+    "PromptTemplate",
+    "PERSONAS",
+]
+
+PERSONAS = ("neutral", "begging", "insulting", "unyielding")
+"""Personas with a prompt file under ``agents/prompts/personas/``; any other name is described in one line."""
+THREAD_SHOWN = 8
+"""Latest messages shown per thread; older ones are counted, not shown (small models, short context)."""
+NOTICES_SHOWN = 6
+
+
+# -- prompt files --------------------------------------------------------------------------
+
+
+class PromptTemplate(string.Template):
+    """``{{name}}`` placeholders: prompt files hold ``$`` prices and JSON braces without escaping."""
+
+    delimiter = "{{"
+    pattern = r"""
+    \{\{(?:
+      (?P<escaped>\{\{) |
+      \s*(?P<named>[a-z_][a-z0-9_]*)\s*\}\} |
+      (?P<braced>(?!)) |
+      (?P<invalid>)
+    )"""
+
+
+@lru_cache(maxsize=None)
+def _file(name: str) -> str:
+    return resources.files("negotiate.agents").joinpath("prompts", name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=None)
+def _template(name: str) -> PromptTemplate:
+    return PromptTemplate(_file(name).rstrip("\n"))
+
+
+@lru_cache(maxsize=None)
+def _persona(name: str) -> str:
+    if name in PERSONAS:
+        return _file(f"personas/{name}.md").strip()
+    return f"Persona: {_one_line(name, 80)}."
+
+
+@lru_cache(maxsize=None)
+def _example(role: str, fmt: str) -> str:
+    data = tomllib.loads(_file("examples.toml"))[role]
+    action = Action(data["kind"], data.get("product"), data.get("price"))
+    if fmt == "json":
+        return orjson.dumps({"thought": data["thought"], "to": data["to"], "talk": data["talk"], "action": action.to_dict()}).decode()
+    return render_tagged(Message(SELLER if role == SELLER else "b1", data["to"], data["talk"], action, data["thought"]))
+
+
+@lru_cache(maxsize=None)
+def _format_block(role: str, fmt: str) -> str:
+    seller = role == SELLER
+    values = {
+        "to": "a buyer id, like b1" if seller else "seller",
+        "talk_max": str(TALK_MAX),
+        "example": _example(role, fmt),
+    }
+    if fmt == "json":
+        kinds = ("offer", "accept", "reject", "end") if seller else ("accept", "bid", "reject", "quit")
+        values["kinds"] = ", ".join(f'"{kind}"' for kind in kinds)
+        return _template("format_json.md").substitute(values)
+    values["actions"] = ("[OFFER] p1 $450, [ACCEPT] p1 $450, [REJECT], [END]" if seller
+                         else "[ACCEPT] p1 $450, [BID] p1 $450, [REJECT], [QUIT]")
+    return _template("format_tagged.md").substitute(values)
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]")
+_SPACE = re.compile(r"\s+")
+
+
+def _one_line(text: str, limit: int = TALK_MAX) -> str:
+    """Model text as one clean line: no control characters, whitespace collapsed, at most ``limit`` characters."""
+    return _SPACE.sub(" ", _CONTROL.sub("", text)).strip()[:limit].rstrip()
+
+
+def _standing(pair: tuple[str, int] | None) -> str:
+    return f"{pair[0]} ${pair[1]}" if pair else "none"
+
+
+def _line(message: Message, who: str) -> str:
+    talk = _one_line(message.talk)
+    return f"{who}: {message.action}" + (f' "{talk}"' if talk else "")
+
+
+def _thread_lines(items: list[str], indent: str, empty: str | None = None) -> list[str]:
+    if not items:
+        return [indent + empty] if empty else []
+    hidden = len(items) - THREAD_SHOWN
+    shown = items[-THREAD_SHOWN:]
+    return ([f"{indent}({hidden} earlier messages)"] if hidden > 0 else []) + [indent + item for item in shown]
+
+
+def _stock(units: int) -> str:
+    return "sold out" if units <= 0 else "in stock" if units == 1 else f"{units} in stock"
+
+
+def render_seller(obs: SellerObservation, fmt: str = "json") -> list[dict]:
+    """The seller's chat messages (system, user), from its observation alone."""
+    catalog = "\n".join(f"- {p.id} {p.name}: cost ${p.cost}, {_stock(p.stock)}" for p in obs.products)
+    threads: dict[str, list[str]] = {b.id: [] for b in obs.buyers}
+    notices: list[str] = []
+    last_sent: list[str] | None = None
+    """The thread holding the seller's latest message, while a violation notice may still follow it."""
+    for item in obs.history:
+        if isinstance(item, Notice):
+            if item.kind == "violation" and last_sent and not item.text.startswith((MALFORMED, TIMEOUT)):
+                # The regulator notes a refused message right after it: say so in the thread, where it happened.
+                last_sent[-1] += f" (refused: {_one_line(item.text, 300)})"
+            else:
+                notices.append(f"- {_one_line(item.text, 300)}")
+            last_sent = None
+            continue
+        last_sent = None
+        if item.sender == SELLER:
+            if item.to in threads:
+                last_sent = threads[item.to]
+                last_sent.append(_line(item, "you"))
+        elif item.sender in threads:
+            threads[item.sender].append(_line(item, item.sender))
+    blocks = []
+    for b in obs.buyers:
+        if b.status == SERVED:
+            blocks.append(f"- {b.id}: has bought; nothing more to do.")
+            continue
+        if b.status == GONE:
+            blocks.append(f"- {b.id}: has left the market.")
+            continue
+        state = "owes you a reply; wait for it" if b.awaiting else f"you may write to {b.id} now"
+        blocks.append(f"- {b.id}: {state}. Your standing offer: {_standing(b.offer)}. Its standing bid: {_standing(b.bid)}.")
+        blocks.extend(_thread_lines(threads[b.id], "    "))
+    free = [b.id for b in obs.buyers if b.status == ACTIVE and not b.awaiting]
+    shown = notices[-NOTICES_SHOWN:]
+    notice_text = ("\nNotices (latest last):\n" + "\n".join(shown) + "\n") if shown else ""
+    user = _template("seller_state.md").substitute(
+        budget_left=obs.budget_left, budget=obs.budget, price_low=obs.price_low, price_high=obs.price_high,
+        catalog=catalog, buyers="\n".join(blocks), notices=notice_text, free=", ".join(free) or "nobody (every buyer owes you a reply)",
+    )
+    system = _template("seller.md").substitute(format=_format_block(SELLER, fmt))
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def render_buyer(obs: BuyerObservation, fmt: str = "json") -> list[dict]:
+    """One buyer's chat messages (system, user), from its observation alone: its own values, no costs."""
+    catalog = "\n".join(f"- {p.id} {p.name}: worth ${value} to you, {_stock(p.stock)}" for p, value in zip(obs.products, obs.values))
+    lines = []
+    for item in obs.thread:
+        if isinstance(item, Notice):
+            lines.append(f"notice: {_one_line(item.text, 300)}")
+        else:
+            lines.append(_line(item, "seller" if item.sender == SELLER else "you"))
+    if obs.message is not None and obs.message not in obs.thread:
+        lines.append(_line(obs.message, "seller"))
+    user = _template("buyer_state.md").substitute(
+        catalog=catalog, thread="\n".join(_thread_lines(lines, "", "(nothing yet)")), offer=_standing(obs.offer), bid=_standing(obs.bid),
+    )
+    system = _template("buyer.md").substitute(buyer=obs.buyer, persona=_persona(obs.persona), format=_format_block("buyer", fmt))
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+# -- parsing -------------------------------------------------------------------------------
+
+_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
+_RAW_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+"""Control characters other than tab and newlines (llama.cpp can emit them inside JSON strings)."""
+_TAG = re.compile(r"^\s*\**\s*(thought|to|talk|action)\s*\**\s*:\s*\**\s*", re.IGNORECASE | re.MULTILINE)
+"""The section tags of the tagged form, as negotiate.protocol reads them."""
+_BUYER_ID = re.compile(r"\bb\d+\b")
+_JSON = json.JSONDecoder(strict=False)
+
+
+def _clean_talk(talk: str, notes: list[str]) -> str:
+    cleaned = _SPACE.sub(" ", _CONTROL.sub("", talk)).strip()
+    if len(cleaned) > TALK_MAX:
+        notes.append(f"talk truncated from {len(cleaned)} to {TALK_MAX} characters")
+        cleaned = cleaned[:TALK_MAX].rstrip()
+    return cleaned
+
+
+def _clean_to(to: str, notes: list[str]) -> str:
+    ids = set(_BUYER_ID.findall(to.lower()))
+    if len(ids) == 1:
+        (found,) = ids
+        if found != to.strip().lower():
+            notes.append(f"addressee {to.strip()!r} read as {found}")
+        return found
+    return to
+
+
+def _load_json(body: str):
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    start = body.find("{")
+    if start < 0:
+        return None
+    try:  # lenient: raw control characters in strings, a code fence, text after the object
+        return _JSON.raw_decode(body, start)[0]
+    except ValueError:
+        return None
+
+
+def parse_reply(text: str, role: str, sender: str | None = None) -> tuple[Message | ParseFailure, list[str], str | None]:
+    """Parse model text (JSON or tagged, whichever it is) for ``role``; returns (result, clamp notes, reasoning).
+
+    Clamps what the model can get slightly wrong without changing what it meant;
+    everything else is a :class:`ParseFailure` whose ``raw`` is ``text`` verbatim.
+    """
+    notes: list[str] = []
+    reasoning = None
+    body = text
+    think = _THINK.match(body)
+    if think:
+        reasoning, body = think.group(1).strip(), body[think.end():]
+    body = _RAW_CONTROL.sub("", body)
+    if body.lstrip()[:1] in ("{", "`"):
+        data = _load_json(body)
+        if isinstance(data, dict):
+            if isinstance(data.get("talk"), str):
+                data["talk"] = _clean_talk(data["talk"], notes)
+            if role == SELLER and isinstance(data.get("to"), str):
+                data["to"] = _clean_to(data["to"], notes)
+            action = data.get("action")
+            if isinstance(action, dict) and isinstance(action.get("price"), str):
+                action["price"] = action["price"].strip().lstrip("$").strip()
+            result = parse_json(orjson.dumps(data).decode(), role, sender)
+        else:
+            result = parse_json(body, role, sender)
+    else:
+        parts: dict[str, str] = {}
+        matches = list(_TAG.finditer(body))
+        for k, match in enumerate(matches):
+            end = matches[k + 1].start() if k + 1 < len(matches) else len(body)
+            value = body[match.end():end].strip()
+            if value.startswith("<") and value.endswith(">"):  # the format line's placeholder brackets, copied
+                value = value[1:-1].strip()
+            parts.setdefault(match.group(1).lower(), value)
+        if "talk" in parts:
+            parts["talk"] = _clean_talk(parts["talk"], notes)
+        if role == SELLER and parts.get("to"):
+            parts["to"] = _clean_to(parts["to"], notes)
+        rebuilt = "\n".join(f"{tag.capitalize()}: {parts[tag]}" for tag in ("thought", "to", "talk", "action") if tag in parts)
+        result = parse_tagged(rebuilt if "action" in parts else body, role, sender)
+    if isinstance(result, ParseFailure):
+        return ParseFailure(result.reason, text), notes, reasoning
+    return result, notes, reasoning
+
+
+# -- the agent -----------------------------------------------------------------------------
+
+_BACKENDS: dict[OpenAIOptions, OpenAIBackend] = {}
+
+
+def _backend(options: OpenAIOptions) -> OpenAIBackend:
+    backend = _BACKENDS.get(options)
+    if backend is None:
+        backend = _BACKENDS[options] = OpenAIBackend(options)
+    return backend
+
+
+class LLMAgent:
+    """A seller or a buyer played by a language model behind a backend (anything with ``complete``)."""
+
+    instant: ClassVar[bool] = False
+    """A model takes time: the bus puts a deadline on every call."""
+    role: ClassVar[str] = ""
+
+    def __init__(self, backend, *, fmt: str = "json", reask: int = 0, seed: int | None = None):
+        self.backend = backend
+        """The model boundary: ``await backend.complete(messages, role=..., seed=...)`` -> Completion."""
+        self.format = fmt
+        self.reask = reask
+        self._seed = seed
+        self._calls = 0
+
+    @classmethod
+    def create(cls, spec, *, market, seed):
+        """An agent for one episode from a parsed ``openai:`` spec; ``seed`` seeds the server's sampling."""
+        options = OpenAIOptions(**spec.params)
+        request_seed = int(np.random.default_rng(seed).integers(0, 2**31 - 1)) if seed is not None else None
+        return cls(_backend(options), fmt=options.format, reask=options.reask, seed=request_seed)
+
+    def describe(self) -> dict:
+        out = {"kind": "llm", **self.backend.describe(), "format": self.format}
+        options = getattr(self.backend, "options", None)
+        if options is not None:
+            params = options.to_params()
+            out["params"] = {k: params[k] for k in ("temperature", "top_p", "max_tokens", "timeout", "retries", "reask", "max_inflight", "logprobs", "think")}
+        return out
+
+    def render(self, obs) -> list[dict]:
+        return render_seller(obs, self.format) if self.role == SELLER else render_buyer(obs, self.format)
+
+    async def act(self, obs) -> Generated:
+        messages = self.render(obs)
+        sender = SELLER if self.role == SELLER else obs.buyer
+        attempts: list[dict] = []
+        waited = 0.0
+        while True:
+            seed = None if self._seed is None else (self._seed + self._calls) % (2**31 - 1)
+            self._calls += 1
+            completion: Completion = await self.backend.complete(messages, role=self.role, seed=seed)
+            waited += completion.latency_s
+            result, notes, reasoning = parse_reply(completion.text, self.role, sender)
+            if isinstance(result, ParseFailure) and completion.finish_reason == "length":
+                result = ParseFailure(f"the reply was cut off at max_tokens (finish_reason length): {result.reason}", result.raw)
+            if isinstance(result, Message) or len(attempts) >= self.reask:
+                break
+            attempts.append({"raw": completion.text, "error": result.reason, "finish_reason": completion.finish_reason,
+                             "latency_s": round(completion.latency_s, 6), "usage": completion.usage})
+            messages = [*messages, {"role": "assistant", "content": completion.text},
+                        {"role": "user", "content": _template("reask.md").substitute(reason=result.reason)}]
+        extra = {"backend": self.backend.name, "format": self.format, "prompt": messages, **completion.trace(),
+                 "reasks": len(attempts)}
+        if seed is not None:
+            extra["seed"] = seed
+        if attempts:
+            extra["attempts"] = attempts
+            extra["latency_total_s"] = round(waited, 6)
+        if notes:
+            extra["clamped"] = notes
+        if reasoning and "reasoning" not in extra:
+            extra["reasoning"] = reasoning
+        return Generated(result, completion.text, extra)
+
+
+class LLMSeller(LLMAgent):
+    """The seller, played by a model."""
+
+    role = SELLER
+
+
+class LLMBuyer(LLMAgent):
+    """A buyer, played by a model; the regulator's buyer guard still judges every reply."""
+
+    role = "buyer"
+
+
+def build_llm_agent(spec, market, seed):
+    """The agent for a parsed ``openai:`` spec (``AgentSpec.build`` calls this)."""
+    cls = LLMSeller if spec.role == SELLER else LLMBuyer
+    return cls.create(spec, market=market, seed=seed)

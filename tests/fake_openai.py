@@ -1,0 +1,210 @@
+"""A small OpenAI-compatible server on 127.0.0.1 for the LLM agent tests.
+
+``POST /v1/chat/completions`` and ``GET /v1/models``, on a random free port, in the
+test's own event loop. By default it answers with :func:`scripted_reply`, a
+strategy that reads our prompt (seller or buyer, JSON or tagged) and answers in
+that format; a test may pass its own ``reply`` function. Faults are queued per
+request (:class:`Fault`: an HTTP status, a fixed content, a finish reason, a delay or
+a hang), and every request is recorded, so tests can assert on what the client sent
+(structured-output fields, log-probs, ``return_token_ids``).
+
+    async with FakeOpenAI() as server:
+        server.faults.append(Fault(status=429))
+        ... spec = f"openai:{server.model}@{server.url}?retries=1"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import orjson
+from aiohttp import web
+
+__all__ = ["FakeOpenAI", "Fault", "Reply", "scripted_reply", "free_port"]
+
+
+@dataclass
+class Reply:
+    content: str
+    finish_reason: str = "stop"
+
+
+@dataclass
+class Fault:
+    """What the server does instead of (or before) answering one request."""
+
+    status: int = 200
+    """An HTTP error status (429, 500, 400, ...) with an OpenAI-style error body; 200 answers."""
+    message: str = ""
+    """The error message (or nothing: a default per status)."""
+    content: str | None = None
+    """With status 200: this content instead of the reply function's."""
+    finish_reason: str | None = None
+    delay: float = 0.0
+    """Seconds to wait first; a hang is a delay longer than the client's timeout (it ends when the server closes)."""
+    headers: dict = field(default_factory=dict)
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound, then released): a server that is down."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- the scripted strategy -------------------------------------------------------------------
+
+_SELLER_PRODUCT = re.compile(r"^- (p\d+) .*?: cost \$(\d+), (.+)$", re.M)
+_BUYER_PRODUCT = re.compile(r"^- (p\d+) .*?: worth \$(\d+) to you, (.+)$", re.M)
+_SELLER_BUYER = re.compile(r"^- (b\d+): .*?Your standing offer: (?:(p\d+) \$(\d+)|none)\. Its standing bid: (?:(p\d+) \$(\d+)|none)\.", re.M)
+_FREE = re.compile(r"Write your next message to one of: (.+)\.")
+_OFFER = re.compile(r"The seller's standing offer to you: (?:(p\d+) \$(\d+)|none)\.")
+
+
+def _render(fmt: str, thought: str, to: str, talk: str, kind: str, product: str | None = None, price: int | None = None) -> str:
+    if fmt == "json":
+        return orjson.dumps({"thought": thought, "to": to, "talk": talk, "action": {"kind": kind, "product": product, "price": price}}).decode()
+    action = f"[{kind.upper()}] {product} ${price}" if product else f"[{kind.upper()}]"
+    return f"Thought: {thought}\nTo: {to}\nTalk: {talk}\nAction: {action}"
+
+
+def scripted_reply(body: dict) -> str:
+    """A plausible seller or buyer reply, read off our own prompt; in the format the prompt asks for."""
+    messages = body["messages"]
+    system, user = messages[0]["content"], messages[1]["content"]
+    fmt = "json" if "Reply with one JSON object" in system else "tagged"
+    if system.startswith("You are the seller"):
+        stock = {p: int(c) for p, c, s in _SELLER_PRODUCT.findall(user) if s != "sold out"}
+        free = _FREE.search(user)
+        to = free.group(1).split(", ")[0] if free else ""
+        if not stock or not to.startswith("b"):
+            return _render(fmt, "Nothing left to do.", "", "That is all.", "end")
+        product = next(iter(stock))
+        for block in re.split(r"\n(?=- b\d+: )", user):
+            found = _SELLER_BUYER.match(block.strip())
+            if not found or found.group(1) != to:
+                continue
+            bid_p, bid_price = found.group(4), found.group(5)
+            if bid_p and bid_p in stock and int(bid_price) >= stock[bid_p]:
+                return _render(fmt, "A fair bid.", to, "Deal.", "accept", bid_p, int(bid_price))
+            tries = block.count("you: [OFFER]")
+            price = max(stock[product], stock[product] + 400 - 150 * tries)
+            return _render(fmt, "Come down a little." if tries else "Start high.", to, f"For you, ${price}.", "offer", product, price)
+        return _render(fmt, "Start high.", to, f"The {product} is yours.", "offer", product, stock[product] + 400)
+    values = {p: int(v) for p, v, s in _BUYER_PRODUCT.findall(user)}
+    offer = _OFFER.search(user)
+    if offer and offer.group(1):
+        product, price = offer.group(1), int(offer.group(2))
+        if price <= values.get(product, -1):
+            return _render(fmt, "Worth it.", "seller", "I'll take it.", "accept", product, price)
+        return _render(fmt, "Too much.", "seller", "Too much for me.", "bid", product, int(values.get(product, 0) * 0.8))
+    return _render(fmt, "Nothing on the table.", "seller", "No, thanks.", "reject")
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> web.Response:
+    kinds = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 429: "RateLimitError"}
+    body = {"error": {"message": message, "type": kinds.get(status, "InternalServerError"), "param": None, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json", headers=headers)
+
+
+class FakeOpenAI:
+    """An OpenAI-compatible server with scripted behaviour; use as ``async with FakeOpenAI() as server``."""
+
+    def __init__(self, reply=scripted_reply, *, model: str = "fake-model", api_key: str | None = None, latency: float = 0.0):
+        self.reply = reply
+        """body -> str or Reply."""
+        self.model = model
+        self.api_key = api_key
+        """If set, requests without ``Authorization: Bearer <api_key>`` get 401."""
+        self.latency = latency
+        """Seconds before every answer."""
+        self.faults: deque[Fault] = deque()
+        """Consumed one per request, before normal answers."""
+        self.requests: list[dict] = []
+        """Every chat request's JSON body, in arrival order (``_headers`` added)."""
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._closing = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def __aenter__(self) -> FakeOpenAI:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._closing.set()
+        await self._runner.cleanup()
+
+    async def _wait(self, seconds: float) -> None:
+        if seconds > 0:
+            try:
+                await asyncio.wait_for(self._closing.wait(), seconds)
+            except TimeoutError:
+                pass
+
+    def _authorized(self, request: web.Request) -> bool:
+        return self.api_key is None or request.headers.get("Authorization") == f"Bearer {self.api_key}"
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _error(401, "Incorrect API key provided.")
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "fake"}]})
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        body["_headers"] = dict(request.headers)
+        self.requests.append(body)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            fault = self.faults.popleft() if self.faults else Fault()
+            await self._wait(fault.delay or self.latency)
+            if not self._authorized(request):
+                return _error(401, "Incorrect API key provided.")
+            if body.get("model") != self.model:
+                return _error(404, f"The model `{body.get('model')}` does not exist.")
+            if fault.status != 200:
+                default = {429: "Rate limit reached.", 400: "Bad request."}.get(fault.status, "Internal server error.")
+                return _error(fault.status, fault.message or default, fault.headers)
+            answer = self.reply(body) if fault.content is None else fault.content
+            if isinstance(answer, str):
+                answer = Reply(answer)
+            return web.Response(body=orjson.dumps(self._completion(body, answer, fault)), content_type="application/json")
+        finally:
+            self.in_flight -= 1
+
+    def _completion(self, body: dict, answer: Reply, fault: Fault) -> dict:
+        words = answer.content.split(" ")
+        prompt_words = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
+        choice: dict = {"index": 0, "message": {"role": "assistant", "content": answer.content},
+                        "finish_reason": fault.finish_reason or answer.finish_reason}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": w, "logprob": -0.25, "bytes": list(w.encode()), "top_logprobs": []} for w in words]}
+        out = {"id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()), "model": self.model,
+               "choices": [choice],
+               "usage": {"prompt_tokens": prompt_words, "completion_tokens": len(words), "total_tokens": prompt_words + len(words)}}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = [1000 + k for k in range(len(words))]
+            out["prompt_token_ids"] = list(range(prompt_words))
+        return out

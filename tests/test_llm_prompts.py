@@ -1,0 +1,218 @@
+"""negotiate.agents.llm: prompts (pinned against golden files, no private leaks) and parsing model text.
+
+Regenerate the golden prompts after a deliberate prompt change with
+``NEGOTIATE_UPDATE_GOLDEN=1 python -m pytest tests/test_llm_prompts.py`` and read the diff.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from negotiate.agents.llm import PERSONAS, _example, parse_reply, render_buyer, render_seller
+from negotiate.market import Buyer, Market, MarketSpec, Product
+from negotiate.protocol import SELLER, TALK_MAX, Action, Message, ParseFailure
+from negotiate.regulator import EpisodeState, observe
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def golden_market() -> Market:
+    """The fixed 2x2 market of the golden prompts."""
+    return Market(
+        MarketSpec(name="golden"), 7,
+        (Product("p1", "Basic laptop", 300, 1), Product("p2", "Pro laptop", 500, 1)),
+        (Buyer("b1", (650, 900), "begging"), Buyer("b2", (420, 780), "neutral")),
+        6, 100, 1000,
+    )
+
+
+def golden_states() -> tuple[EpisodeState, Message, EpisodeState, Message]:
+    """(state at the start, -, state mid-episode, the message b2 must answer)."""
+    start = EpisodeState(golden_market())
+    mid = EpisodeState(golden_market())
+    mid.seller_send(Message(SELLER, "b1", "The Pro is yours for $950.", Action("offer", "p2", 950), "b1 may love the Pro."))
+    mid.buyer_reply("b1", Message("b1", SELLER, "Please, I only have $700 for the Pro.", Action("bid", "p2", 700), "I value it at 900."))
+    offer = Message(SELLER, "b2", "The Basic for $600, today only.", Action("offer", "p1", 600), "b2 is new.")
+    mid.seller_send(offer)
+    mid.seller_send(Message(SELLER, "b2", "Still there?", Action("offer", "p1", 590)))  # b2 owes a reply: a violation
+    mid.seller_send(ParseFailure("no 'Action:' line", "I think I will wait."))  # a malformed message: a notice
+    return start, None, mid, offer
+
+
+def _text(messages: list[dict]) -> str:
+    return "".join(f"### {m['role']}\n{m['content']}\n" for m in messages)
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("NEGOTIATE_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; create it with NEGOTIATE_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"prompt differs from {path}; if deliberate, regenerate with NEGOTIATE_UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("fmt", ["tagged", "json"])
+def test_prompts_match_the_golden_files(fmt):
+    start, _, mid, offer = golden_states()
+    _check_golden(f"seller_start_{fmt}.txt", _text(render_seller(observe(start, SELLER), fmt)))
+    _check_golden(f"seller_mid_{fmt}.txt", _text(render_seller(observe(mid, SELLER), fmt)))
+    _check_golden(f"buyer_b2_{fmt}.txt", _text(render_buyer(observe(mid, "b2", offer), fmt)))
+    _check_golden(f"buyer_b1_{fmt}.txt", _text(render_buyer(observe(mid, "b1", None), fmt)))
+
+
+def test_golden_prompts_say_what_each_party_may_know():
+    _, _, mid, offer = golden_states()
+    seller = _text(render_seller(observe(mid, SELLER), "tagged"))
+    assert "cost $300" in seller and "cost $500" in seller
+    assert "b1: you may write to b1 now. Your standing offer: p2 $950. Its standing bid: p2 $700." in seller
+    assert "b2: owes you a reply" in seller and "Write your next message to one of: b1." in seller
+    assert '"Still there?" (refused: awaiting_reply: b2 has not answered' in seller  # the violation, in its thread
+    assert "Notices (latest last):\n- malformed: no 'Action:' line" in seller
+    assert "I value it at 900" not in seller and "$900" not in seller and "$650" not in seller
+    buyer = _text(render_buyer(observe(mid, "b2", offer), "tagged"))
+    assert "worth $420 to you" in buyer and "worth $780 to you" in buyer
+    assert "The seller's standing offer to you: p1 $600." in buyer
+    for secret in ("$300", "$500", "$650", "$900", "b2 is new", "Please, I only have"):
+        assert secret not in buyer
+
+
+@pytest.mark.parametrize("role", [SELLER, "buyer"])
+@pytest.mark.parametrize("fmt", ["tagged", "json"])
+def test_the_example_in_every_prompt_parses(role, fmt):
+    result, notes, _ = parse_reply(_example(role, fmt), role, SELLER if role == SELLER else "b1")
+    assert isinstance(result, Message), result
+    assert notes == []
+
+
+# -- no prompt holds another party's private information ------------------------------------------
+
+
+def _has(text: str, number: int) -> bool:
+    return re.search(rf"(?<!\d){number}(?!\d)", text) is not None or f"{number:,}" in text
+
+
+@st.composite
+def markets_and_plays(draw):
+    n = draw(st.integers(1, 3))
+    m = draw(st.integers(1, 3))
+    # Disjoint bands of 7-digit numbers: costs 2xxxxxx < prices 5xxxxxx < values 8xxxxxx, none of
+    # which can occur by chance elsewhere in a prompt (budgets, ids, the examples' $450 and $380).
+    values = draw(st.lists(st.integers(8_000_000, 8_999_999), min_size=n * m, max_size=n * m, unique=True))
+    costs = draw(st.lists(st.integers(2_000_000, 2_999_999), min_size=m, max_size=m, unique=True))
+    personas = draw(st.lists(st.sampled_from([*PERSONAS, "haggler"]), min_size=n, max_size=n))
+    stock = draw(st.integers(1, 2))
+    market = Market(
+        MarketSpec(), 0,
+        tuple(Product(f"p{j + 1}", f"Item {j + 1}", costs[j], stock) for j in range(m)),
+        tuple(Buyer(f"b{i + 1}", tuple(values[i * m:(i + 1) * m]), personas[i]) for i in range(n)),
+        draw(st.integers(1, 12)), 1_000_000, 9_999_999,
+    )
+    price = st.integers(5_000_000, 5_999_999)
+    seller_moves = st.tuples(st.integers(0, n - 1), st.sampled_from(["offer", "accept", "reject", "end"]), st.integers(0, m - 1), price)
+    buyer_moves = st.tuples(st.sampled_from(["bid", "accept", "reject", "quit"]), st.integers(0, m - 1), price)
+    plays = draw(st.lists(st.tuples(seller_moves, buyer_moves), max_size=10))
+    return market, plays, draw(st.sampled_from(["tagged", "json"]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(markets_and_plays())
+def test_no_prompt_holds_another_partys_private_values(case):
+    market, plays, fmt = case
+    state = EpisodeState(market)
+    costs = [p.cost for p in market.products]
+    values = {b.id: b.values for b in market.buyers}
+
+    def check_seller():
+        text = _text(render_seller(observe(state, SELLER), fmt))
+        leaked = [v for vs in values.values() for v in vs if _has(text, v)]
+        assert leaked == [], f"seller prompt holds valuations {leaked}"
+        assert "BUYER-THOUGHT" not in text
+
+    def check_buyer(buyer_id: str, message):
+        text = _text(render_buyer(observe(state, buyer_id, message), fmt))
+        assert all(_has(text, v) for v in values[buyer_id]), "the buyer's own values are missing"
+        assert [c for c in costs if _has(text, c)] == [], "a buyer prompt holds a cost"
+        others = [v for b, vs in values.items() if b != buyer_id for v in vs if _has(text, v)]
+        assert others == [], f"{buyer_id}'s prompt holds other buyers' valuations {others}"
+        assert "SELLER-THOUGHT" not in text and "BUYER-THOUGHT" not in text
+        assert [b for b in values if b != buyer_id and f"TALK-{b}-" in text] == []
+
+    for (i, kind, j, price), (reply, k, bid) in plays:
+        if state.done or state.budget_left <= 0:
+            break
+        check_seller()
+        to = market.buyers[i].id
+        product = market.products[j].id
+        action = Action(kind, product, price) if kind in ("offer", "accept") else Action(kind)
+        message = Message(SELLER, to, f"TALK-{to}-seller", action, "SELLER-THOUGHT")
+        if state.seller_send(message) != to or state.done:
+            continue
+        check_buyer(to, message)
+        other = market.products[k].id
+        answer = {"bid": Action("bid", other, bid), "accept": Action("accept", product, price)}.get(reply, Action(reply))
+        state.buyer_reply(to, Message(to, SELLER, f"TALK-{to}-reply", answer, f"BUYER-THOUGHT-{to}"))
+    if not state.done:
+        check_seller()
+        for b in market.buyers:
+            check_buyer(b.id, None)
+
+
+# -- parsing and clamping model text ---------------------------------------------------------------------
+
+
+def test_talk_is_cleaned_and_truncated_not_refused():
+    long = "word " * 200
+    text = f'Thought: ok\nTo: b1\nTalk: Hi\x07 there\x1b[31m {long}\nAction: [OFFER] p1 $450'
+    result, notes, _ = parse_reply(text, SELLER)
+    assert isinstance(result, Message)
+    assert "\x07" not in result.talk and "\x1b" not in result.talk and len(result.talk) <= TALK_MAX
+    assert result.talk.startswith("Hi there[31m word")
+    assert notes and "truncated" in notes[0]
+    data = '{"thought": "t", "to": "b1", "talk": "' + "x" * 900 + '", "action": {"kind": "offer", "product": "p1", "price": 450}}'
+    result, notes, _ = parse_reply(data, SELLER)
+    assert isinstance(result, Message) and len(result.talk) == TALK_MAX and notes
+
+
+def test_json_with_raw_control_characters_a_fence_and_trailing_text_parses():
+    text = '```json\n{"thought": "line one\nline two\x01", "to": "B2", "talk": "tab\there", "action": {"kind": "OFFER", "product": "P1", "price": "$450.6"}}\n```\nHope that helps!'
+    result, notes, _ = parse_reply(text, SELLER)
+    assert isinstance(result, Message), result
+    assert (result.to, result.action) == ("b2", Action("offer", "p1", 451))
+    assert result.talk == "tab here"
+
+
+def test_think_blocks_addressees_and_copied_brackets():
+    text = "<think>\nThe buyer seems keen.\n</think>\n\nThought: go\nTo: Buyer b3\nTalk: hello\nAction: <[OFFER] p2 $1,200>"
+    result, notes, reasoning = parse_reply(text, SELLER)
+    assert isinstance(result, Message), result
+    assert (result.to, result.action) == ("b3", Action("offer", "p2", 1200))
+    assert reasoning == "The buyer seems keen."
+    assert any("read as b3" in note for note in notes)
+    # A buyer's reply goes to the seller whatever it says, and a tagged agent still reads JSON.
+    result, _, _ = parse_reply('{"to": "you", "talk": "ok", "action": {"kind": "accept", "product": "p1", "price": 300}}', "buyer", "b1")
+    assert result == Message("b1", SELLER, "ok", Action("accept", "p1", 300))
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("I would like to offer p1 for $450.", "no 'Action:' line"),
+        ('{"thought": "I will', "not valid JSON"),
+        ("Thought: x\nTo: b1\nTalk: hi\nAction: [DANCE]", "'dance' is not one of"),
+        ("To: b1\nAction: [OFFER] p1", "is not like"),
+        ('{"to": "b1", "talk": "hi", "action": {"kind": "offer", "product": "p1", "price": -5}}', "negative"),
+        ("", "no 'Action:' line"),
+    ],
+)
+def test_what_does_not_parse_is_a_failure_with_the_raw_text(text, reason):
+    result, _, _ = parse_reply(text, SELLER)
+    assert isinstance(result, ParseFailure)
+    assert reason in result.reason
+    assert result.raw == text

@@ -1,0 +1,95 @@
+"""negotiate.agents.registry and .backends: the ``openai:`` agent spec, its errors, and the agents it builds."""
+
+from __future__ import annotations
+
+import pytest
+
+from negotiate.agents.backends import OpenAIBackend, OpenAIOptions
+from negotiate.agents.llm import LLMBuyer, LLMSeller
+from negotiate.agents.registry import parse_agent
+from negotiate.errors import UserError
+from negotiate.market import Buyer, Market, MarketSpec, Product
+
+MARKET = Market(MarketSpec(), 0, (Product("p1", "A", 100, 1),), (Buyer("b1", (400,)),), 4, 0, 1000)
+
+
+def test_the_full_example_spec():
+    text = "openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1?format=json&server=vllm&temperature=0.7&max_tokens=256&timeout=60&reask=1"
+    spec = parse_agent(text, "seller")
+    assert (spec.backend, spec.name, spec.role, spec.text) == ("openai", "Qwen/Qwen3-8B", "seller", text)
+    options = OpenAIOptions(**spec.params)
+    assert options == OpenAIOptions(model="Qwen/Qwen3-8B", base_url="http://127.0.0.1:8000/v1", format="json", server="vllm",
+                                    temperature=0.7, max_tokens=256, timeout=60.0, reask=1)
+
+
+def test_defaults_and_every_key():
+    options = OpenAIOptions(**parse_agent("openai:m@http://host:8000/v1/", "buyer").params)
+    assert (options.base_url, options.format, options.server, options.retries, options.reask, options.logprobs) == (
+        "http://host:8000/v1", "json", "vllm", 2, 0, True)
+    assert OpenAIOptions(**parse_agent("openai:gpt-4o-mini@https://api.openai.com/v1", "seller").params).server == "openai"
+    text = ("openai:m@http://h/v1?format=tagged&server=llamacpp&temperature=0&top_p=0.9&max_tokens=64&timeout=1.5"
+            "&retries=0&reask=3&max_inflight=8&logprobs=0&think=false&key_env=PATH")
+    options = OpenAIOptions(**parse_agent(text, "seller").params)
+    assert options == OpenAIOptions("m", "http://h/v1", "tagged", "llamacpp", 0.0, 0.9, 64, 1.5, 0, 3, 8, False, False, "PATH")
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("openai:gpt-4o", "openai:MODEL@BASE_URL"),
+        ("openai:@http://h/v1", "openai:MODEL@BASE_URL"),
+        ("openai:m@ftp://h/v1", "not an http"),
+        ("openai:m@http://user:pw@h/v1", "no credentials"),
+        ("openai:m@http://h/v1?foo=1", "unknown key 'foo'"),
+        ("openai:m@http://h/v1?temperature=hot", "temperature='hot' is not a number"),
+        ("openai:m@http://h/v1?temperature=5", r"temperature=5 is outside \[0.0, 2.0\]"),
+        ("openai:m@http://h/v1?max_tokens=1.5", "max_tokens='1.5' is not a whole number"),
+        ("openai:m@http://h/v1?timeout=0", r"outside \(0.0"),
+        ("openai:m@http://h/v1?timeout=inf", "not a finite number"),
+        ("openai:m@http://h/v1?reask=-1", r"reask=-1 is outside \[0, 10\]"),
+        ("openai:m@http://h/v1?format=xml", "format='xml' is not one of json, tagged"),
+        ("openai:m@http://h/v1?server=tgi", "server='tgi' is not one of vllm, openai, llamacpp, generic"),
+        ("openai:m@http://h/v1?logprobs=maybe", "not 0 or 1"),
+        ("openai:m@http://h/v1?format=json&format=tagged", "given twice"),
+        ("openai:m@http://h/v1?key=sk-123", "never goes in a spec"),
+        ("openai:m@http://h/v1?key_env=NEGOTIATE_SURELY_UNSET", "not set"),
+        ("openai:m@http://h/v1?key_env=1BAD", "not an environment variable name"),
+    ],
+)
+@pytest.mark.parametrize("role", ["seller", "buyer"])
+def test_bad_specs_name_the_flag_the_value_and_the_problem(text, match, role):
+    with pytest.raises(UserError, match=match) as caught:
+        parse_agent(text, role)
+    assert ("--seller" if role == "seller" else "--buyers") in str(caught.value)
+    assert repr(text) in str(caught.value)
+
+
+def test_scripted_specs_are_unchanged():
+    assert parse_agent("greedy", "seller").backend == "scripted"
+    assert parse_agent("scripted:concession?beta=2", "seller").params == {"beta": 2}
+    with pytest.raises(UserError, match="unknown agent backend 'nope'"):
+        parse_agent("nope:x", "seller")
+
+
+def test_build_makes_llm_agents_that_describe_themselves_without_the_key(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-very-secret")
+    spec = parse_agent("openai:m@http://127.0.0.1:9/v1?format=tagged&server=generic", "seller")
+    seller = spec.build(MARKET, [0, 2])
+    assert isinstance(seller, LLMSeller) and seller.instant is False
+    description = seller.describe()
+    assert {k: description[k] for k in ("kind", "backend", "model", "base_url", "format", "server")} == {
+        "kind": "llm", "backend": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", "format": "tagged", "server": "generic"}
+    assert "sk-very-secret" not in repr(description)
+    buyer = parse_agent("openai:m@http://127.0.0.1:9/v1", "buyer").build(MARKET, [0, 1, 0])
+    assert isinstance(buyer, LLMBuyer) and buyer.format == "json"
+    # One backend object per spec: building an agent per episode costs almost nothing.
+    assert parse_agent("openai:m@http://127.0.0.1:9/v1", "buyer").build(MARKET, [1, 1, 0]).backend is buyer.backend
+    assert isinstance(buyer.backend, OpenAIBackend)
+
+
+@pytest.mark.parametrize("module", ["negotiate.agents.llm", "negotiate.agents.backends"])
+def test_module_all_names_exist(module):
+    import importlib
+
+    mod = importlib.import_module(module)
+    assert [name for name in mod.__all__ if not hasattr(mod, name)] == []

@@ -87,6 +87,12 @@ def _short(mean: float, half: float, name: str, with_ci: bool) -> str:
     return f"{text}\n{ci}" if with_ci else text
 
 
+def short_label(value: str) -> str:
+    """A model spec shortened for the terminal: ``openai:MODEL@URL?k=v`` -> ``openai:MODEL``."""
+    head, at, _rest = value.partition("@")
+    return head if at else value
+
+
 def summary_table(summaries: list[Summary], by: Sequence[str], title: str = "negotiate: metrics, mean (± 95% CI)") -> Table:
     """A compact terminal table: every metric's mean, the headline ratios with their CI."""
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
@@ -98,7 +104,7 @@ def summary_table(summaries: list[Summary], by: Sequence[str], title: str = "neg
     overruns = 0
     for s in summaries:
         failed = f"/{s.failed}✗" if s.failed else ""
-        table.add_row(*s.key, f"{s.episodes}{failed}",
+        table.add_row(*map(short_label, s.key), f"{s.episodes}{failed}",
                       *(_short(*s.stats[name][:2], name, name in _HEADLINE) for name, _ in RATIO_METRICS))
         overruns += s.budget_overruns
     table.caption = f"budget overruns: {overruns}" + ("  ·  n/k✗: k episodes failed" if any(s.failed for s in summaries) else "")
@@ -206,7 +212,7 @@ def paired_table(paired: list[Paired], baseline: str) -> Table:
     for name, title in PAIRED_METRICS[:3] + PAIRED_METRICS[5:6]:
         table.add_column(title, justify="right")
     for p in paired:
-        table.add_row(p.seller, p.split, str(p.pairs),
+        table.add_row(short_label(p.seller), p.split, str(p.pairs),
                       *(_signed(*p.diffs[name][:2], name).replace(" ± ", "\n±") for name, _ in PAIRED_METRICS[:3] + PAIRED_METRICS[5:6]))
     return table
 

@@ -213,7 +213,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
             for config in configs]  # every spec and agent is checked before anything runs
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps({"sellers": sellers, "splits": splits, "baseline": baseline}, indent=2))
-    for (prepared, run_out), config in zip(runs, configs):
+    for (_, run_out), config in zip(runs, configs):
         save_config(config, run_out)
     configure(out / "eval.log.jsonl")
     log.info("eval", out=str(out), sellers=sellers, splits=splits, baseline=baseline,

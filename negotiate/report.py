@@ -209,7 +209,7 @@ def paired_table(paired: list[Paired], baseline: str) -> Table:
                   box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
     for name in ("seller", "split", "pairs"):
         table.add_column(name, no_wrap=True, justify="right" if name == "pairs" else "left")
-    for name, title in PAIRED_METRICS[:3] + PAIRED_METRICS[5:6]:
+    for _name, title in PAIRED_METRICS[:3] + PAIRED_METRICS[5:6]:
         table.add_column(title, justify="right")
     for p in paired:
         table.add_row(short_label(p.seller), p.split, str(p.pairs),

@@ -9,7 +9,7 @@ import pytest
 
 from negotiate.cli import main
 from negotiate.metrics import mean_ci
-from negotiate.report import paired_differences, rows_from_traces
+from negotiate.report import paired_differences
 from negotiate.trace import read_episodes
 
 

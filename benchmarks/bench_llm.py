@@ -1,0 +1,366 @@
+"""Throughput of the LLM client: requests per second against a server that answers after 50 ms.
+
+Whole episodes with LLM sellers and LLM buyers (the ``openai:`` backend, JSON format)
+run through :func:`negotiate.runner.run_batch` -- prompt rendering, the HTTP request,
+reply parsing, the regulator, trace writing: the runtime's own work included --
+against a local OpenAI-compatible server on 127.0.0.1 that answers every request
+after ``--latency`` seconds (default 0.05) with a valid four-part reply for the role it
+sees (``tests/fake_openai.py``'s ``scripted_reply``, which reads our prompt).
+
+The server runs in its own process (``--serve``, started with ``subprocess``), so its
+CPU never mixes with the client's; it counts requests and the time they spent inside
+it (so the mean number in flight, by Little's law) and reports its own CPU.
+
+For each client (``--clients``, default ``aiohttp,openai``) and each bound on requests
+in flight (``--inflight``, default ``64,256,1024``), with episode concurrency and the
+spec's ``max_inflight`` both set to that bound, it measures:
+
+* requests/s achieved, and against the ideal (in flight / latency);
+* client CPU per request: ``time.process_time()`` of this process over the run,
+  divided by the requests the server answered (so the runtime's work is included);
+* the server's mean requests in flight and its CPU per request (is the server the limit?);
+* the mean request latency the client saw (the traces' ``latency_s``).
+
+``--clients none`` replaces the HTTP request with the server's reply computed in this
+process after the same latency: the runtime's own cost per request, the floor any client adds to.
+
+    python benchmarks/bench_llm.py                          # both clients, 64/256/1024 in flight
+    python benchmarks/bench_llm.py --clients aiohttp --inflight 256 --episodes 1000 --json out.json
+    python benchmarks/bench_llm.py --profile aiohttp:256    # cProfile of one configuration
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import io
+import json
+import os
+import platform
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from importlib.metadata import version
+from pathlib import Path
+
+import anyio
+import orjson
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+TARGET_RPS = 1_500
+"""The issue's target: requests per second at TARGET_INFLIGHT in flight ..."""
+TARGET_INFLIGHT = 256
+COLLAPSE = 0.5
+"""... and no collapse at 1,024: at least this fraction of the 256 figure."""
+
+
+# -- the server (its own process) ---------------------------------------------------------
+
+
+def serve(latency: float, port: int) -> None:
+    """An OpenAI-compatible server answering every chat request after ``latency`` seconds; prints its port."""
+    from aiohttp import web
+
+    sys.path.insert(0, str(TESTS))
+    from fake_openai import scripted_reply
+
+    stats = {"requests": 0, "inside_s": 0.0, "errors": 0}
+    done: list[float] = []
+    """Completion time of every request (perf_counter), for the timeline."""
+
+    async def chat(request: web.Request) -> web.Response:
+        began = time.perf_counter()
+        body = orjson.loads(await request.read())
+        stats["requests"] += 1
+        await asyncio.sleep(latency)
+        try:
+            content = scripted_reply(body)
+        except Exception:  # noqa: BLE001 -- a prompt the script cannot read: still a valid answer
+            stats["errors"] += 1
+            content = '{"thought": "", "to": "seller", "talk": "", "action": {"kind": "reject", "product": null, "price": null}}'
+        words = content.split(" ")
+        choice: dict = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": w, "logprob": -0.25, "bytes": None, "top_logprobs": []} for w in words]}
+        prompt_tokens = sum(len(m["content"]) for m in body["messages"]) // 4
+        out = {"id": f"chatcmpl-{stats['requests']}", "object": "chat.completion", "created": int(time.time()), "model": body.get("model"),
+               "choices": [choice],
+               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(words), "total_tokens": prompt_tokens + len(words)}}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = list(range(1000, 1000 + len(words)))
+        now = time.perf_counter()
+        stats["inside_s"] += now - began
+        done.append(now)
+        return web.Response(body=orjson.dumps(out), content_type="application/json")
+
+    async def get_stats(request: web.Request) -> web.Response:
+        out = {**stats, "cpu_s": time.process_time(), "now": time.perf_counter()}
+        if "since" in request.query:  # requests completed per bin since then
+            since, width = float(request.query["since"]), float(request.query.get("bin", "0.5"))
+            bins: dict[int, int] = {}
+            for t in done:
+                if t >= since:
+                    bins[int((t - since) / width)] = bins.get(int((t - since) / width), 0) + 1
+            out["timeline"] = [bins.get(k, 0) for k in range(max(bins, default=-1) + 1)]
+        return web.json_response(out)
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_get("/stats", get_stats)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
+        await site.start()
+        print(site._server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    gc.set_threshold(50_000, 20, 20)
+    asyncio.run(main())
+
+
+class Server:
+    """The server subprocess: ``with Server(latency) as server: server.url, server.stats()``."""
+
+    def __init__(self, latency: float):
+        self.latency = latency
+
+    def __enter__(self) -> Server:
+        self.process = subprocess.Popen([sys.executable, __file__, "--serve", "--latency", str(self.latency)],
+                                        stdout=subprocess.PIPE, text=True)
+        self.port = int(self.process.stdout.readline())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stats(self, since: float | None = None) -> dict:
+        query = "" if since is None else f"?since={since}"
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/stats{query}", timeout=10) as answer:
+            return json.loads(answer.read())
+
+
+# -- one configuration ----------------------------------------------------------------------
+
+
+_CALLS = [0]
+
+
+def _no_http(latency: float):
+    """``client=none``: no HTTP at all, the reply computed here after ``latency`` (the runtime's floor)."""
+    from negotiate.agents.backends import OpenAIBackend
+
+    sys.path.insert(0, str(TESTS))
+    from fake_openai import scripted_reply
+
+    _CALLS[0] = 0
+
+    async def post(self, shared, payload, where):
+        _CALLS[0] += 1
+        async with shared.limiter:
+            await asyncio.sleep(latency)
+            body = orjson.loads(payload)
+            content = scripted_reply(body)
+            words = content.split(" ")
+            choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop",
+                      "logprobs": {"content": [{"token": w, "logprob": -0.25} for w in words]}, "token_ids": list(range(len(words)))}
+            return {"model": "bench", "choices": [choice], "usage": {"completion_tokens": len(words)}}, 0, latency
+
+    OpenAIBackend._post_none = post
+    original = OpenAIBackend._post_aiohttp
+
+    def restore():
+        OpenAIBackend._post_aiohttp = original
+
+    OpenAIBackend._post_aiohttp = post
+    return restore
+
+
+def run_one(server: Server, client: str, inflight: int, args, *, profile: cProfile.Profile | None = None) -> dict:
+    """``args.episodes`` episodes, LLM seller and LLM buyers, ``inflight`` in flight; the figures."""
+    from negotiate.runner import RunConfig, prepare, run_batch
+
+    if client == "none":
+        restore = _no_http(args.latency)
+        try:
+            row = run_one(server, "aiohttp", inflight, args, profile=profile)
+        finally:
+            restore()
+        row["client"] = "none"
+        return row
+
+    spec = f"openai:bench@{server.url}?client={client}&max_inflight={inflight}&timeout={args.timeout}&retries=2&format={args.format}"
+    config = RunConfig(sellers=(spec,), buyers=spec, split=args.split, episodes=args.episodes, seed=args.seed,
+                       seller_timeout=args.timeout * 4, reply_timeout=args.timeout * 4)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        prepared = prepare(config, out, resume=False)
+        gc.collect()
+        before = server.stats()
+        cpu, wall = time.process_time(), time.perf_counter()
+        if profile is not None:
+            profile.enable()
+        rows = anyio.run(lambda: run_batch(prepared, out, concurrency=inflight))
+        if profile is not None:
+            profile.disable()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        after = server.stats(since=before["now"])
+        trace_bytes = sum(p.stat().st_size for p in out.glob("*.jsonl"))
+        latencies = [e["extra"]["latency_s"] for path in out.glob("*.jsonl") for line in path.read_bytes().splitlines()
+                     if b'"latency_s"' in line for e in [orjson.loads(line)] if "latency_s" in (e.get("extra") or {})]
+    requests = after["requests"] - before["requests"]
+    if requests == 0:  # client=none: the calls counted here
+        requests = _CALLS[0] or 1
+    ideal = inflight / args.latency
+    outcomes: dict[str, int] = {}
+    for row in rows:
+        outcomes[row["outcome"]] = outcomes.get(row["outcome"], 0) + 1
+    return {
+        "client": client, "inflight": inflight, "episodes": len(rows), "requests": requests, "wall_s": wall,
+        "rps": requests / wall, "ideal_rps": ideal, "of_ideal": requests / wall / ideal,
+        "client_cpu_s": cpu, "client_cpu_us_per_request": cpu / max(requests, 1) * 1e6, "client_cpu_busy": cpu / wall,
+        "server_inflight_mean": (after["inside_s"] - before["inside_s"]) / wall,
+        "server_cpu_us_per_request": (after["cpu_s"] - before["cpu_s"]) / max(requests, 1) * 1e6,
+        "server_script_errors": after["errors"] - before["errors"],
+        "client_latency_ms": 1000 * sum(latencies) / max(len(latencies), 1),
+        "outcomes": outcomes, "trace_mb": trace_bytes / 1e6, "timeline": after["timeline"],
+    }
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be at least 1")
+    return values
+
+
+def _clients(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [v for v in values if v not in ("aiohttp", "openai", "none")]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: clients are aiohttp and openai")
+    return values
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Requests/s and client CPU per request of the LLM client, whole episodes included, "
+                                                 "against a local server answering after 50 ms.")
+    parser.add_argument("--clients", type=_clients, default=["aiohttp", "openai"], help="comma-separated: aiohttp, openai, none (no HTTP: the runtime's floor) (default: aiohttp,openai)")
+    parser.add_argument("--inflight", type=_ints, default=[64, 256, 1024], help="requests (and episodes) in flight (default: 64,256,1024)")
+    parser.add_argument("--episodes", type=int, default=None,
+                        help="episodes per configuration (default: 1000; 300 for the slower openai client)")
+    parser.add_argument("--latency", type=float, default=0.05, help="the server's answer time in seconds (default: 0.05)")
+    parser.add_argument("--split", default="train", help="split name or TOML spec (default: train)")
+    parser.add_argument("--format", default="json", choices=("json", "tagged"), help="the agents' format (default: json)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="the spec's per-request timeout (default: 30)")
+    parser.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--profile", metavar="CLIENT:N", help="instead of the table: cProfile one configuration (e.g. aiohttp:256)")
+    parser.add_argument("--profile-top", type=int, default=30, help="functions to print with --profile (default: 30)")
+    parser.add_argument("--profile-out", metavar="PATH", help="with --profile, also dump the raw pstats file")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.serve:
+        serve(args.latency, args.port)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    import openai  # noqa: F401 -- imported before any clock starts
+    import negotiate.agents.backends  # noqa: F401
+    import negotiate.agents.llm  # noqa: F401
+
+    from negotiate.logs import configure
+
+    log_dir = tempfile.TemporaryDirectory()
+    configure(Path(log_dir.name) / "eval.log.jsonl")  # as `negotiate eval` does: a JSON log file, warnings on the console
+    console = Console()
+    episodes = {"aiohttp": 1000, "openai": 300, "none": 1000}
+    results: list[dict] = []
+    with Server(args.latency) as server:
+        # Warm-up (imports, prompt files, first connections), not reported.
+        warm = argparse.Namespace(**{**vars(args), "episodes": 20})
+        for client in args.clients:
+            run_one(server, client, 16, warm)
+        if args.profile:
+            client, _, n = args.profile.partition(":")
+            profile = cProfile.Profile()
+            row = run_one(server, client, int(n or 256), argparse.Namespace(**{**vars(args), "episodes": args.episodes or episodes[client]}),
+                          profile=profile)
+            console.print(row)
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.profile_top)
+            print(text.getvalue())
+            if args.profile_out:
+                profile.dump_stats(args.profile_out)
+            return 0
+        for client in args.clients:
+            for inflight in args.inflight:
+                one = argparse.Namespace(**{**vars(args), "episodes": args.episodes or episodes[client]})
+                row = run_one(server, client, inflight, one)
+                results.append(row)
+                console.print(f"  {client} at {inflight} in flight: {row['rps']:,.0f} requests/s, "
+                              f"{row['client_cpu_us_per_request']:,.0f} us CPU per request", highlight=False)
+
+    table = Table(title=f"LLM client: requests/s against a server answering after {args.latency * 1000:.0f} ms "
+                        "(LLM seller + LLM buyers, whole episodes, traces written)")
+    for name in ("client", "in flight", "episodes", "requests", "wall s", "requests/s", "ideal", "of ideal",
+                 "client CPU/req", "client busy", "latency", "server in flight", "server CPU/req", "outcomes"):
+        table.add_column(name, justify="left" if name in ("client", "outcomes") else "right")
+    for r in results:
+        table.add_row(r["client"], f"{r['inflight']:,}", f"{r['episodes']:,}", f"{r['requests']:,}", f"{r['wall_s']:.1f}",
+                      f"{r['rps']:,.0f}", f"{r['ideal_rps']:,.0f}", f"{r['of_ideal']:.0%}",
+                      f"{r['client_cpu_us_per_request']:,.0f} us", f"{r['client_cpu_busy']:.0%}", f"{r['client_latency_ms']:.0f} ms",
+                      f"{r['server_inflight_mean']:,.0f}" if r["client"] != "none" else "-",
+                      f"{r['server_cpu_us_per_request']:,.0f} us" if r["client"] != "none" else "-",
+                      " ".join(f"{k}={v}" for k, v in sorted(r["outcomes"].items())))
+    console.print(table)
+
+    targets = []
+    for client in args.clients:
+        by = {r["inflight"]: r for r in results if r["client"] == client}
+        if TARGET_INFLIGHT in by:
+            ok = by[TARGET_INFLIGHT]["rps"] >= TARGET_RPS
+            targets.append({"client": client, "target": f">= {TARGET_RPS:,} requests/s at {TARGET_INFLIGHT} in flight",
+                            "value": round(by[TARGET_INFLIGHT]["rps"]), "met": ok})
+            if 1024 in by:
+                ratio = by[1024]["rps"] / by[TARGET_INFLIGHT]["rps"]
+                targets.append({"client": client, "target": f"no collapse at 1,024 (>= {COLLAPSE:.0%} of the {TARGET_INFLIGHT} figure)",
+                                "value": round(ratio, 2), "met": ratio >= COLLAPSE})
+    for t in targets:
+        console.print(f"{t['client']}: {t['target']}: {t['value']} -> {'met' if t['met'] else 'NOT met'}", highlight=False)
+    console.print("Client busy = client CPU / wall: near 100% means the client's one core is the limit; "
+                  "server CPU/req near 1e6/requests-per-s means the server's is.", style="dim")
+
+    if args.json:
+        data = {"config": {k: v for k, v in vars(args).items() if k not in ("serve", "port", "json")},
+                "platform": {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+                             "aiohttp": version("aiohttp"), "openai": version("openai")},
+                "results": results, "targets": targets}
+        Path(args.json).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,266 @@
+"""The openai backend's HTTP clients against the fake server (tests/fake_openai.py).
+
+The default ``client=aiohttp`` path does its own retries (408/409/429/5xx and connection
+errors, exponential backoff with jitter, Retry-After honored), its own timeouts and its own
+error classification; these tests pin that down, and check that both clients return the same
+:class:`Completion` for the same answer. Every test ends in a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from email.utils import formatdate
+
+import pytest
+
+pytest.importorskip("aiohttp", reason="the aiohttp client and the fake server need aiohttp")
+
+from fake_openai import FakeOpenAI, Fault, free_port  # noqa: E402
+
+from negotiate.agents.backends import (  # noqa: E402
+    _CLIENTS, LLMError, LLMTimeout, OpenAIBackend, OpenAIOptions, _backoff, _Limiter, _retry_after, _shared, aclose_clients,
+)
+from negotiate.agents.registry import parse_agent  # noqa: E402
+from negotiate.errors import UserError  # noqa: E402
+
+MESSAGES = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Say something."}]
+ANSWER = '{"thought": "t", "to": "b1", "talk": "hello there", "action": {"kind": "end", "product": null, "price": null}}'
+
+
+@pytest.fixture
+async def server():
+    async with FakeOpenAI(lambda body: ANSWER) as fake:
+        yield fake
+        await aclose_clients()
+
+
+def backend(server: FakeOpenAI | None, *, url: str | None = None, **options) -> OpenAIBackend:
+    values = {"model": server.model if server else "m", "base_url": url or server.url, "retries": 1, "timeout": 5.0} | options
+    return OpenAIBackend(OpenAIOptions(**values))
+
+
+# -- the spec key --------------------------------------------------------------------------------------
+
+
+def test_the_client_key_defaults_to_aiohttp_and_takes_openai():
+    assert OpenAIOptions(**parse_agent("openai:m@http://h/v1", "seller").params).client == "aiohttp"
+    assert OpenAIOptions(**parse_agent("openai:m@http://h/v1?client=openai", "buyer").params).client == "openai"
+    with pytest.raises(UserError, match="client='httpx' is not one of aiohttp, openai"):
+        parse_agent("openai:m@http://h/v1?client=httpx", "seller")
+
+
+# -- answers: the same Completion from either client --------------------------------------------------
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "openai"])
+async def test_both_clients_read_the_same_completion(server, client):
+    if client == "openai":
+        pytest.importorskip("openai")
+    completion = await backend(server, client=client).complete(MESSAGES, role="seller", seed=7)
+    assert completion.text == ANSWER and completion.finish_reason == "stop" and completion.model == server.model
+    assert completion.retries == 0 and completion.latency_s > 0
+    words = ANSWER.split(" ")
+    assert completion.token_ids == [1000 + k for k in range(len(words))] and completion.logprobs == [-0.25] * len(words)
+    assert completion.usage["completion_tokens"] == len(words) and completion.prompt_token_ids
+    body = server.requests[-1]
+    assert body["seed"] == 7 and body["messages"] == MESSAGES and body["return_token_ids"] is True
+    assert body["_headers"]["Content-Type"].startswith("application/json")
+
+
+async def test_the_key_is_sent_as_a_bearer_token(server, monkeypatch):
+    monkeypatch.setenv("NEGOTIATE_CLIENT_TEST_KEY", "sk-test")
+    await backend(server, key_env="NEGOTIATE_CLIENT_TEST_KEY").complete(MESSAGES, role="buyer")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    await backend(server).complete(MESSAGES, role="buyer")
+    assert [r["_headers"]["Authorization"] for r in server.requests] == ["Bearer sk-test", "Bearer EMPTY"]
+
+
+async def test_one_session_per_server_and_key_closed_at_the_end(server):
+    a, b = backend(server), backend(server, format="tagged", max_inflight=3)
+    await a.complete(MESSAGES, role="seller")
+    await b.complete(MESSAGES, role="seller")
+    shared = _shared(a.options)
+    assert shared is _shared(b.options) and shared.session is not None and shared.limiter.total_tokens == 3
+    session = shared.session
+    await aclose_clients()
+    assert session.closed and asyncio.get_running_loop() not in _CLIENTS
+
+
+# -- retries -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503])
+async def test_retryable_statuses_are_retried(server, status):
+    server.faults.append(Fault(status=status, headers={"retry-after-ms": "10"}))
+    completion = await backend(server).complete(MESSAGES, role="seller")
+    assert completion.retries == 1 and completion.text == ANSWER and len(server.requests) == 2
+
+
+async def test_retry_after_in_seconds_is_honored(server):
+    server.faults.append(Fault(status=429, headers={"retry-after": "0.4"}))
+    began = time.perf_counter()
+    completion = await backend(server).complete(MESSAGES, role="seller")
+    assert completion.retries == 1 and time.perf_counter() - began >= 0.38
+    assert completion.latency_s >= 0.38  # the wait counts in the request's latency
+
+
+async def test_without_retry_after_the_backoff_is_exponential_with_jitter(server):
+    server.faults.extend([Fault(status=500), Fault(status=500)])
+    began = time.perf_counter()
+    completion = await backend(server, retries=2).complete(MESSAGES, role="seller")
+    waited = time.perf_counter() - began
+    assert completion.retries == 2 and 0.375 + 0.75 - 0.02 <= waited < 1.5 + 1.0  # 0.5 s then 1 s, less up to a quarter
+
+
+def test_backoff_and_retry_after_rules():
+    assert _retry_after(None) is None and _retry_after({}) is None
+    assert _retry_after({"retry-after-ms": "250"}) == 0.25 and _retry_after({"retry-after": "3"}) == 3.0
+    assert 1.0 < _retry_after({"retry-after": formatdate(time.time() + 2, usegmt=True)}) <= 2.0
+    assert _retry_after({"retry-after": "soon"}) is None
+    assert _backoff(0, {"retry-after": "2"}) == 2.0
+    for attempt, high in [(0, 0.5), (1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (10, 8.0)]:
+        for _ in range(50):
+            assert 0.75 * high <= _backoff(attempt, None) <= high
+    # A Retry-After beyond a minute, zero or negative gets the usual backoff instead.
+    for value in ("120", "0", "-1"):
+        assert 0.375 <= _backoff(0, {"retry-after": value}) <= 0.5
+
+
+async def test_x_should_retry_overrides_the_status(server):
+    server.faults.append(Fault(status=500, message="do not retry me", headers={"x-should-retry": "false"}))
+    with pytest.raises(LLMError, match=r"request failed \(500\): do not retry me"):
+        await backend(server, retries=2).complete(MESSAGES, role="seller")
+    assert len(server.requests) == 1
+    server.faults.append(Fault(status=400, headers={"x-should-retry": "true", "retry-after-ms": "1"}))
+    assert (await backend(server).complete(MESSAGES, role="seller")).retries == 1
+
+
+async def test_5xx_after_its_retries_is_an_error_with_the_servers_message(server):
+    server.faults.extend([Fault(status=503, message="overloaded", headers={"retry-after-ms": "1"})] * 3)
+    with pytest.raises(LLMError, match=r"request failed \(503\): overloaded") as caught:
+        await backend(server, retries=2).complete(MESSAGES, role="seller")
+    assert len(server.requests) == 3 and server.url in str(caught.value)
+
+
+async def test_429_after_its_retries_says_rate_limited(server):
+    server.faults.extend([Fault(status=429, headers={"retry-after-ms": "1"})] * 2)
+    with pytest.raises(LLMError, match=r"rate limited \(429\) after 1 retries: Rate limit reached"):
+        await backend(server).complete(MESSAGES, role="seller")
+
+
+# -- errors that are not retried -------------------------------------------------------------------
+
+
+async def test_400_is_not_retried_and_keeps_the_servers_message(server):
+    server.faults.append(Fault(status=400, message="maximum context length is 2048 tokens"))
+    with pytest.raises(LLMError, match=r"request failed \(400\): maximum context length is 2048 tokens"):
+        await backend(server, retries=3).complete(MESSAGES, role="seller")
+    assert len(server.requests) == 1
+
+
+async def test_401_names_the_key_variable_and_is_not_retried(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-wrong")
+    async with FakeOpenAI(lambda body: ANSWER, api_key="sk-right") as fake:
+        with pytest.raises(LLMError, match=r"authentication failed \(401\): Incorrect API key provided.; set the key in \$OPENAI_API_KEY") as caught:
+            await backend(fake, retries=3).complete(MESSAGES, role="seller")
+        await aclose_clients()
+    assert len(fake.requests) == 1 and "sk-wrong" not in str(caught.value)
+
+
+async def test_403_and_404(server):
+    server.faults.append(Fault(status=403, message="no access"))
+    with pytest.raises(LLMError, match=r"permission denied \(403\): no access"):
+        await backend(server).complete(MESSAGES, role="seller")
+    with pytest.raises(LLMError, match=r"not found \(404\): The model `nope` does not exist.*GET .*/models"):
+        await backend(server, model="nope").complete(MESSAGES, role="seller")
+
+
+# -- timeouts and a server that is down ------------------------------------------------------------
+
+
+async def test_a_hang_is_retried_then_answers(server):
+    server.faults.append(Fault(delay=30))
+    began = time.perf_counter()
+    completion = await backend(server, timeout=0.3).complete(MESSAGES, role="seller")
+    assert completion.retries == 1 and completion.text == ANSWER and time.perf_counter() - began < 2.5
+
+
+async def test_hangs_past_the_retries_are_an_llm_timeout(server):
+    server.faults.extend([Fault(delay=30), Fault(delay=30)])
+    began = time.perf_counter()
+    with pytest.raises(LLMTimeout, match=r"no reply within 0.2s \(1 retries\)") as caught:
+        await backend(server, timeout=0.2).complete(MESSAGES, role="seller")
+    assert isinstance(caught.value, TimeoutError) and time.perf_counter() - began < 2.5 and len(server.requests) == 2
+
+
+async def test_a_refused_connection_says_cannot_reach_the_server():
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    began = time.perf_counter()
+    with pytest.raises(LLMError, match=r"cannot reach the server \(ConnectionRefusedError") as caught:
+        await backend(None, url=url, retries=1).complete(MESSAGES, role="seller")
+    await aclose_clients()
+    assert url in str(caught.value) and 0.3 < time.perf_counter() - began < 3  # retried once, after a backoff
+
+
+async def test_an_answer_that_is_not_json_is_an_llm_error():
+    from aiohttp import web
+
+    async def chat(request):
+        return web.Response(text="<html>proxy error</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
+    try:
+        with pytest.raises(LLMError, match="the server's answer is not JSON"):
+            await backend(None, url=url).complete(MESSAGES, role="seller")
+    finally:
+        await aclose_clients()
+        await runner.cleanup()
+
+
+# -- the in-flight bound ----------------------------------------------------------------------------
+
+
+async def test_the_limiter_is_fifo_resizable_and_survives_cancellation():
+    limiter = _Limiter(1)
+    order: list[int] = []
+    release = asyncio.Event()
+
+    async def hold(k: int):
+        async with limiter:
+            order.append(k)
+            await release.wait()
+
+    first = asyncio.create_task(hold(0))
+    await asyncio.sleep(0)
+    waiting = [asyncio.create_task(hold(k)) for k in (1, 2, 3)]
+    await asyncio.sleep(0.01)
+    assert order == [0] and limiter.borrowed_tokens == 1
+    waiting[0].cancel()  # a cancelled waiter gives up its place
+    await asyncio.sleep(0.01)
+    limiter.total_tokens = 2  # a larger bound wakes the next waiter at once
+    await asyncio.sleep(0.01)
+    assert order == [0, 2] and limiter.borrowed_tokens == 2
+    release.set()
+    await asyncio.gather(first, *waiting[1:])
+    assert order == [0, 2, 3] and limiter.borrowed_tokens == 0
+
+
+async def test_a_waiter_cancelled_after_its_grant_passes_the_slot_on():
+    limiter = _Limiter(1)
+    await limiter.__aenter__()
+    late = asyncio.create_task(limiter.__aenter__())
+    after = asyncio.create_task(limiter.__aenter__())
+    await asyncio.sleep(0)
+    await limiter.__aexit__(None, None, None)  # grants the slot to `late` ...
+    late.cancel()  # ... which is cancelled before it runs
+    await asyncio.sleep(0.01)
+    assert after.done() and limiter.borrowed_tokens == 1
+    await limiter.__aexit__(None, None, None)
+    assert limiter.borrowed_tokens == 0

@@ -70,6 +70,7 @@ __all__ = [
     "parse_openai_spec",
     "CLIENTS",
     "aclose_clients",
+    "set_max_inflight",
     "FORMATS",
     "SERVERS",
 ]
@@ -347,6 +348,16 @@ def _openai_client(base_url: str, key: str):
     return openai.AsyncOpenAI(api_key=key, base_url=base_url, http_client=http, max_retries=2, timeout=60.0)
 
 
+_INFLIGHT_OVERRIDE: int | None = None
+
+
+def set_max_inflight(limit: int | None) -> None:
+    """The ``--max-inflight`` flag: requests in flight per server for this process, overriding
+    every spec's ``max_inflight`` (None goes back to the specs)."""
+    global _INFLIGHT_OVERRIDE
+    _INFLIGHT_OVERRIDE = limit
+
+
 def _shared(options: OpenAIOptions) -> _Shared:
     loop = asyncio.get_running_loop()
     clients = _CLIENTS.get(loop)
@@ -354,8 +365,11 @@ def _shared(options: OpenAIOptions) -> _Shared:
         clients = _CLIENTS[loop] = {}
     key = os.environ.get(options.key_env) or "EMPTY"  # local servers take any key; vLLM's convention
     shared = clients.get((options.base_url, key))
+    limit = _INFLIGHT_OVERRIDE or options.max_inflight
     if shared is None:
-        shared = clients[(options.base_url, key)] = _Shared(options.base_url, key, _Limiter(options.max_inflight))
+        shared = clients[(options.base_url, key)] = _Shared(options.base_url, key, _Limiter(limit))
+    elif _INFLIGHT_OVERRIDE is not None:
+        shared.limiter.total_tokens = _INFLIGHT_OVERRIDE  # the command line wins
     elif shared.limiter.total_tokens != options.max_inflight and options.max_inflight != OpenAIOptions.max_inflight:
         shared.limiter.total_tokens = options.max_inflight  # an explicit max_inflight wins
     return shared

@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--resume", type=Path, metavar="DIR", help="finish an interrupted run in DIR (its run.json gives the settings)")
     serve.add_argument("--seller-timeout", type=float, default=120.0, help="seconds a seller may think before losing the turn")
     serve.add_argument("--reply-timeout", type=float, default=120.0, help="seconds a buyer may think before its silence counts as a reject")
+    serve.add_argument("--max-inflight", type=_positive, metavar="N",
+                       help="model requests in flight per server (openai: specs), overriding their max_inflight; "
+                            "the agents' timeouts include the wait for a slot")
     serve.add_argument("--fsync", action="store_true", help="fsync after every episode (survives power loss, slower)")
     serve.add_argument("--by", default="seller,split", help=f"table breakdown, from {', '.join(GROUP_KEYS)} (default: seller,split)")
     serve.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -91,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--baseline", help="seller the others are compared with, pair by pair (default: the first of --sellers)")
     evaluate.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
     evaluate.add_argument("--concurrency", type=_positive, default=256, help="episodes in flight at once (default: 256)")
+    evaluate.add_argument("--max-inflight", type=_positive, metavar="N",
+                       help="model requests in flight per server (openai: specs), overriding their max_inflight; "
+                            "the agents' timeouts include the wait for a slot")
     evaluate.add_argument("--out", type=Path, help="output folder (default: traces/eval-DATE-TIME)")
     evaluate.add_argument("--resume", type=Path, metavar="DIR", help="finish an interrupted evaluation in DIR")
     evaluate.add_argument("--seller-timeout", type=float, default=120.0, help="seconds a seller may think before losing the turn")
@@ -266,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console()
     configure(None)
+    if getattr(args, "max_inflight", None) is not None:
+        from negotiate.agents.backends import set_max_inflight
+
+        set_max_inflight(args.max_inflight)
     try:
         if args.command == "serve":
             return _serve(args, console)

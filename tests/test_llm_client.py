@@ -264,3 +264,28 @@ async def test_a_waiter_cancelled_after_its_grant_passes_the_slot_on():
     assert after.done() and limiter.borrowed_tokens == 1
     await limiter.__aexit__(None, None, None)
     assert limiter.borrowed_tokens == 0
+
+
+async def test_the_max_inflight_flag_overrides_every_spec():
+    from negotiate.agents import backends
+    from negotiate.agents.backends import parse_openai_spec, set_max_inflight
+
+    options = parse_openai_spec("m@http://127.0.0.1:9/v1?max_inflight=50", field="--seller", text="x")
+    set_max_inflight(3)
+    try:
+        assert backends._shared(options).limiter.total_tokens == 3
+    finally:
+        set_max_inflight(None)
+        await backends.aclose_clients()
+    assert backends._shared(options).limiter.total_tokens == 50
+    await backends.aclose_clients()
+
+
+def test_the_max_inflight_flag_reaches_the_backends(tmp_path, monkeypatch):
+    from negotiate.agents import backends
+    from negotiate.cli import main
+
+    seen = []
+    monkeypatch.setattr(backends, "set_max_inflight", seen.append)
+    assert main(["serve", "--seller", "greedy", "--episodes", "1", "--max-inflight", "7", "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    assert seen == [7]

@@ -68,6 +68,7 @@ __all__ = [
     "LLMError",
     "LLMTimeout",
     "parse_openai_spec",
+    "parse_query",
     "CLIENTS",
     "aclose_clients",
     "set_max_inflight",
@@ -146,6 +147,42 @@ _CHOICES = {"format": FORMATS, "server": SERVERS, "client": CLIENTS}
 _KEYS = (*_CHOICES, *_NUMBERS, *_FLAGS, "key_env")
 
 
+def parse_query(query: str, numbers: dict, choices: dict, flags, *, what: str, fail, special=None, keys=None) -> dict:
+    """Typed values of a spec's ``key=value`` pairs, each checked: numbers are (type, low, low
+    allowed, high), choices a tuple of words, flags 0/1. ``special(key, value)`` may claim a key
+    (return True; the raw value is kept) or refuse it by raising ``fail(...)``."""
+    values: dict = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key in values:
+            raise fail(f"key {key!r} is given twice")
+        if special is not None and special(key, value):
+            values[key] = value
+        elif key in choices:
+            if value not in choices[key]:
+                raise fail(f"{key}={value!r} is not one of {', '.join(choices[key])}")
+            values[key] = value
+        elif key in numbers:
+            kind, low, inclusive, high = numbers[key]
+            try:
+                number = float(value)
+            except ValueError:
+                raise fail(f"{key}={value!r} is not a number") from None
+            if not math.isfinite(number):
+                raise fail(f"{key}={value!r} is not a finite number")
+            if kind is int and number != int(number):
+                raise fail(f"{key}={value!r} is not a whole number")
+            if not ((number >= low) if inclusive else (number > low)) or number > high:
+                raise fail(f"{key}={value} is outside {'[' if inclusive else '('}{low}, {high}]")
+            values[key] = kind(number)
+        elif key in flags:
+            if value.lower() not in ("0", "1", "true", "false"):
+                raise fail(f"{key}={value!r} is not 0 or 1")
+            values[key] = value.lower() in ("1", "true")
+        else:
+            raise fail(f"unknown key {key!r}; {what} takes {', '.join(keys or (*choices, *numbers, *flags))}")
+    return values
+
+
 def parse_openai_spec(rest: str, *, field: str, text: str) -> OpenAIOptions:
     """Parse what follows ``openai:`` in an agent spec; raise a :class:`UserError` naming ``field`` and ``text``."""
 
@@ -164,43 +201,20 @@ def parse_openai_spec(rest: str, *, field: str, text: str) -> OpenAIOptions:
     values: dict = {"model": found["model"], "base_url": base_url}
     if url.netloc.split(":")[0].lower() == "api.openai.com":
         values["server"] = "openai"
-    seen: set[str] = set()
-    for key, value in parse_qsl(url.query, keep_blank_values=True):
-        if key in seen:
-            raise fail(f"key {key!r} is given twice")
-        seen.add(key)
+    def special(key: str, value: str) -> bool:
         if key in ("key", "api_key", "token"):
             raise fail("an API key never goes in a spec (specs are written into traces); "
                        f"put it in an environment variable, {DEFAULT_KEY_ENV} or one named with key_env=NAME")
-        if key in _CHOICES:
-            if value not in _CHOICES[key]:
-                raise fail(f"{key}={value!r} is not one of {', '.join(_CHOICES[key])}")
-            values[key] = value
-        elif key in _NUMBERS:
-            kind, low, inclusive, high = _NUMBERS[key]
-            try:
-                number = float(value)
-            except ValueError:
-                raise fail(f"{key}={value!r} is not a number") from None
-            if not math.isfinite(number):
-                raise fail(f"{key}={value!r} is not a finite number")
-            if kind is int and number != int(number):
-                raise fail(f"{key}={value!r} is not a whole number")
-            if not ((number >= low) if inclusive else (number > low)) or number > high:
-                raise fail(f"{key}={value} is outside {'[' if inclusive else '('}{low}, {high}]")
-            values[key] = kind(number)
-        elif key in _FLAGS:
-            if value.lower() not in ("0", "1", "true", "false"):
-                raise fail(f"{key}={value!r} is not 0 or 1")
-            values[key] = value.lower() in ("1", "true")
-        elif key == "key_env":
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
-                raise fail(f"key_env={value!r} is not an environment variable name")
-            if value not in os.environ:
-                raise fail(f"key_env={value}: that environment variable is not set")
-            values[key] = value
-        else:
-            raise fail(f"unknown key {key!r}; an openai agent takes {', '.join(_KEYS)}")
+        if key != "key_env":
+            return False
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise fail(f"key_env={value!r} is not an environment variable name")
+        if value not in os.environ:
+            raise fail(f"key_env={value}: that environment variable is not set")
+        return True
+
+    values.update(parse_query(url.query, _NUMBERS, _CHOICES, _FLAGS, what="an openai agent", fail=fail,
+                              special=special, keys=_KEYS))
     return OpenAIOptions(**values)
 
 

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import math
 import os
 import sys
 import threading
@@ -58,7 +57,6 @@ import uuid
 import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl
 
 import anyio
 import numpy as np
@@ -67,7 +65,7 @@ import structlog
 from negotiate.errors import UserError
 from negotiate.protocol import SELLER, json_schema
 
-from negotiate.agents.backends import FORMATS, Completion, LLMError
+from negotiate.agents.backends import FORMATS, Completion, LLMError, parse_query
 
 __all__ = [
     "HFOptions",
@@ -98,39 +96,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def _fail(message: str, field_name: str, text: str) -> UserError:
     return UserError(message, field=field_name, value=text)
-
-
-def _parse_query(query: str, numbers: dict, choices: dict, flags: tuple, *, what: str, fail) -> dict:
-    """Typed values of ``key=value`` pairs; numbers are (type, low, low allowed, high)."""
-    values: dict = {}
-    keys = (*choices, *numbers, *flags)
-    for key, value in parse_qsl(query, keep_blank_values=True):
-        if key in values:
-            raise fail(f"key {key!r} is given twice")
-        if key in choices:
-            if value not in choices[key]:
-                raise fail(f"{key}={value!r} is not one of {', '.join(choices[key])}")
-            values[key] = value
-        elif key in numbers:
-            kind, low, inclusive, high = numbers[key]
-            try:
-                number = float(value)
-            except ValueError:
-                raise fail(f"{key}={value!r} is not a number") from None
-            if not math.isfinite(number):
-                raise fail(f"{key}={value!r} is not a finite number")
-            if kind is int and number != int(number):
-                raise fail(f"{key}={value!r} is not a whole number")
-            if not ((number >= low) if inclusive else (number > low)) or number > high:
-                raise fail(f"{key}={value} is outside {'[' if inclusive else '('}{low}, {high}]")
-            values[key] = kind(number)
-        elif key in flags:
-            if value.lower() not in ("0", "1", "true", "false"):
-                raise fail(f"{key}={value!r} is not 0 or 1")
-            values[key] = value.lower() in ("1", "true")
-        else:
-            raise fail(f"unknown key {key!r}; {what} takes {', '.join(keys)}")
-    return values
 
 
 def _installed(name: str) -> bool:
@@ -197,7 +162,7 @@ def parse_hf_spec(rest: str, *, field: str, text: str) -> HFOptions:
     name, _, query = rest.strip().partition("?")
     if not name:
         raise fail("an hf agent is hf:PATH_OR_ALIAS[?key=value...], e.g. hf:smollm2 or hf:/models/my-seller")
-    values = _parse_query(query, _HF_NUMBERS, {"format": FORMATS, "dtype": DTYPES}, (), what="an hf agent", fail=fail)
+    values = parse_query(query, _HF_NUMBERS, {"format": FORMATS, "dtype": DTYPES}, (), what="an hf agent", fail=fail)
     missing = [pkg for pkg in ("torch", "transformers") if not _installed(pkg)]
     if missing:
         raise fail(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed; "
@@ -280,7 +245,7 @@ def parse_vllm_spec(rest: str, *, field: str, text: str) -> VLLMOptions:
     name, _, query = rest.strip().partition("?")
     if not name:
         raise fail("a vllm agent is vllm:MODEL[?key=value...], e.g. vllm:Qwen/Qwen3-8B?format=json")
-    values = _parse_query(query, _VLLM_NUMBERS, {"format": FORMATS, "dtype": ("auto", *DTYPES)}, ("logprobs", "think"),
+    values = parse_query(query, _VLLM_NUMBERS, {"format": FORMATS, "dtype": ("auto", *DTYPES)}, ("logprobs", "think"),
                           what="a vllm agent", fail=fail)
     if not _installed("vllm"):
         raise fail(VLLM_MISSING)

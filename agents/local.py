@@ -599,13 +599,15 @@ class VLLMBackend:
                 except ImportError:
                     raise LLMError(VLLM_MISSING) from None
                 args = vllm.AsyncEngineArgs(**self.engine_args())
-                try:
-                    # Minutes on a GPU: off the event loop (AsyncLLM starts its output handler on first use).
-                    engine = await anyio.to_thread.run_sync(vllm.AsyncLLMEngine.from_engine_args, args)
-                    tokenizer = await anyio.to_thread.run_sync(_load_tokenizer, self.settings.model)
-                except Exception as error:
-                    raise LLMError(f"vllm cannot start {self.settings.model}: {type(error).__name__}: {error}") from None
-                found = _ENGINES[key] = _Engine(engine, tokenizer)
+                # Minutes on a GPU, off the event loop, and shielded: the first agent call's deadline
+                # may pass meanwhile, but the engine, once built, must be kept (never built twice).
+                with anyio.CancelScope(shield=True):
+                    try:
+                        engine = await anyio.to_thread.run_sync(vllm.AsyncLLMEngine.from_engine_args, args)
+                        tokenizer = await anyio.to_thread.run_sync(_load_tokenizer, self.settings.model)
+                    except Exception as error:
+                        raise LLMError(f"vllm cannot start {self.settings.model}: {type(error).__name__}: {error}") from None
+                    found = _ENGINES[key] = _Engine(engine, tokenizer)
             return found
 
     async def complete(self, messages: list[dict], *, role: str, seed: int | None = None) -> Completion:

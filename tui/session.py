@@ -26,6 +26,8 @@ same market against identically seeded buyers, for comparison (not traced).
 
 from __future__ import annotations
 
+import sys
+
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -220,6 +222,8 @@ class PlaySession:
         )
         with TraceWriter(self.trace_path) as writer:
             writer.write(episode.events)
+        if "negotiate.agents.backends" in sys.modules:  # model agents played: close their HTTP clients
+            await sys.modules["negotiate.agents.backends"].aclose_clients()
         oracle = await self._oracle() if self.role == "seller" else None
         self.result = PlayResult(episode, oracle, self.trace_path)
         self.changed()

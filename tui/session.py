@@ -26,9 +26,8 @@ same market against identically seeded buyers, for comparison (not traced).
 
 from __future__ import annotations
 
-import sys
-
 import secrets
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path

@@ -402,15 +402,18 @@ async def aclose_clients() -> None:
 # -- the backend -------------------------------------------------------------------------
 
 
+def _message_in(data: dict) -> str | None:
+    """The message of an error object: ``message``, FastAPI's ``detail``, or a nested ``error``."""
+    message = data.get("message") or data.get("detail") or data.get("error")
+    if isinstance(message, dict):
+        message = message.get("message")
+    return str(message) if message else None
+
+
 def _error_message(error) -> str:
     body = getattr(error, "body", None)
-    if isinstance(body, dict):
-        message = body.get("message") or body.get("detail") or body.get("error")
-        if isinstance(message, dict):
-            message = message.get("message")
-        if message:
-            return str(message)
-    return str(getattr(error, "message", "") or error)
+    found = _message_in(body) if isinstance(body, dict) else None
+    return found or str(getattr(error, "message", "") or error)
 
 
 def _refused(error: BaseException) -> BaseException | None:
@@ -621,11 +624,9 @@ def _message(body: bytes) -> str:
     if isinstance(data, dict):
         inner = data.get("error", data)
         if isinstance(inner, dict):
-            message = inner.get("message") or inner.get("detail") or inner.get("error")
-            if isinstance(message, dict):
-                message = message.get("message")
-            if message:
-                return str(message)
+            found = _message_in(inner)
+            if found:
+                return found
         elif inner:
             return str(inner)
     return str(data)[:300]

@@ -314,9 +314,19 @@ class _LocalModel:
         except Exception as error:  # a corrupt file, an unknown architecture: the model's setup, not a bug here
             self._error = f"cannot load the model at {where}: {type(error).__name__}: {error}"
             raise LLMError(self._error) from None
+        try:
+            self._loaded = self._ready(torch, model, tokenizer, where)
+        except LLMError as error:
+            self._error = str(error)
+            raise
+        log.info("hf model loaded", path=where, dtype=self.dtype, seconds=round(time.perf_counter() - began, 2),
+                 parameters=sum(p.numel() for p in model.parameters()))
+        return self._loaded
+
+    @staticmethod
+    def _ready(torch, model, tokenizer, where: str) -> tuple:
         if not getattr(tokenizer, "chat_template", None):
-            self._error = f"the model at {where} has no chat template (its tokenizer's chat_template is empty)"
-            raise LLMError(self._error)
+            raise LLMError(f"the model at {where} has no chat template (its tokenizer's chat_template is empty)")
         model.eval()
         stops = set()
         for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
@@ -325,13 +335,18 @@ class _LocalModel:
             elif isinstance(source, (list, tuple)):
                 stops.update(int(t) for t in source)
         if not stops:
-            self._error = f"the model at {where} has no end-of-sequence token"
-            raise LLMError(self._error)
+            raise LLMError(f"the model at {where} has no end-of-sequence token")
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops)
-        self._loaded = (torch, model, tokenizer, frozenset(stops), pad)
-        log.info("hf model loaded", path=where, dtype=self.dtype, seconds=round(time.perf_counter() - began, 2),
-                 parameters=sum(p.numel() for p in model.parameters()))
-        return self._loaded
+        return (torch, model, tokenizer, frozenset(stops), pad)
+
+    @classmethod
+    def in_memory(cls, model, tokenizer, name: str = "in-memory") -> _LocalModel:
+        """Wrap a model already loaded (the trainer's, between updates): generation reads its current weights."""
+        import torch
+
+        local = cls(name, None, str(next(model.parameters()).dtype).removeprefix("torch."))
+        local._loaded = cls._ready(torch, model, tokenizer, name)
+        return local
 
     def encode(self, messages: list[dict]) -> list[int]:
         _torch, _model, tokenizer, _stops, _pad = self.load()

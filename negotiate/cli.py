@@ -52,6 +52,26 @@ def _positive(text: str) -> int:
     return value
 
 
+def _batch_arguments(parser: argparse.ArgumentParser, command: str, *, timeout: float) -> None:
+    """The flags serve and collect share."""
+    parser.add_argument("--buyers", default="threshold", help=f"buyer spec for every buyer: {', '.join(BUYERS)} (default: threshold)")
+    parser.add_argument("--split", default="train", help=f"split ({', '.join(SPLITS)}) or a TOML market spec file (default: train)")
+    parser.add_argument("--seed", type=int, default=0, help="run seed: market i is seeded from (seed, i)")
+    parser.add_argument("--concurrency", type=_positive, default=256, help="episodes in flight at once (default: 256)")
+    parser.add_argument("--shard", type=_shard, default=(1, 1), metavar="K/N", help="run the K-th of N disjoint slices of the episodes")
+    parser.add_argument("--out", type=Path, help=f"trace folder (default: traces/{command}-DATE-TIME)")
+    parser.add_argument("--resume", type=Path, metavar="DIR", help="finish an interrupted run in DIR (its run.json gives the settings)")
+    parser.add_argument("--seller-timeout", type=float, default=timeout, help=f"seconds a seller may think before losing the turn (default: {timeout:g})")
+    parser.add_argument("--reply-timeout", type=float, default=timeout,
+                        help=f"seconds a buyer may think before its silence counts as a reject (default: {timeout:g})")
+    parser.add_argument("--max-inflight", type=_positive, metavar="N",
+                        help="model requests in flight per server (openai: specs), overriding their max_inflight; "
+                             "the agents' timeouts include the wait for a slot")
+    parser.add_argument("--fsync", action="store_true", help="fsync after every episode (survives power loss, slower)")
+    parser.add_argument("--by", default="seller,split", help=f"table breakdown, from {', '.join(GROUP_KEYS)} (default: seller,split)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="negotiate", description="Multi-item bargaining: run episodes, read metrics from traces.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,22 +80,25 @@ def _parser() -> argparse.ArgumentParser:
                            description="Run a batch of episodes. With no arguments: every scripted seller on the train split, paired.")
     serve.add_argument("--seller", default=",".join(SELLERS),
                        help=f"comma-separated seller specs, [scripted:]NAME[?k=v] (default: all of {', '.join(SELLERS)})")
-    serve.add_argument("--buyers", default="threshold", help=f"buyer spec for every buyer: {', '.join(BUYERS)} (default: threshold)")
-    serve.add_argument("--split", default="train", help=f"split ({', '.join(SPLITS)}) or a TOML market spec file (default: train)")
     serve.add_argument("--episodes", type=_positive, default=200, help="episodes per seller (default: 200)")
-    serve.add_argument("--seed", type=int, default=0, help="run seed: episode i plays the market seeded from (seed, i)")
-    serve.add_argument("--concurrency", type=_positive, default=256, help="episodes in flight at once (default: 256)")
-    serve.add_argument("--shard", type=_shard, default=(1, 1), metavar="K/N", help="run the K-th of N disjoint slices of the episodes")
-    serve.add_argument("--out", type=Path, help="trace folder (default: traces/serve-DATE-TIME)")
-    serve.add_argument("--resume", type=Path, metavar="DIR", help="finish an interrupted run in DIR (its run.json gives the settings)")
-    serve.add_argument("--seller-timeout", type=float, default=120.0, help="seconds a seller may think before losing the turn")
-    serve.add_argument("--reply-timeout", type=float, default=120.0, help="seconds a buyer may think before its silence counts as a reject")
-    serve.add_argument("--max-inflight", type=_positive, metavar="N",
-                       help="model requests in flight per server (openai: specs), overriding their max_inflight; "
-                            "the agents' timeouts include the wait for a slot")
-    serve.add_argument("--fsync", action="store_true", help="fsync after every episode (survives power loss, slower)")
-    serve.add_argument("--by", default="seller,split", help=f"table breakdown, from {', '.join(GROUP_KEYS)} (default: seller,split)")
-    serve.add_argument("--quiet", action="store_true", help="no progress bar")
+    serve.add_argument("--group", type=_positive, default=1,
+                       help="episodes per market instance: the seller plays each market this many times, sampling afresh (default: 1)")
+    _batch_arguments(serve, "serve", timeout=120.0)
+
+    collect = sub.add_parser("collect", help="play each market G times for training groups (serve with --group)",
+                             description="Collect training data: every seller plays MARKETS markets, each GROUP times with a fresh "
+                                         "sampling seed (buyers identical), so group-relative advantages compare strategies on one market.")
+    collect.add_argument("--seller", required=True, help="comma-separated seller specs, e.g. hf:checkpoints/sft?temperature=1")
+    collect.add_argument("--markets", type=_positive, default=32, help="market instances (default: 32)")
+    collect.add_argument("--group", type=_positive, default=8, help="episodes per market (default: 8)")
+    _batch_arguments(collect, "collect", timeout=600.0)
+
+    from negotiate.train.options import add_train_arguments  # no torch: the flags come from the config dataclass
+
+    add_train_arguments(sub.add_parser(
+        "train", help="post-train a seller from traces (sft, offline-grpo) or from live episodes (online-grpo)",
+        description="Turn collected episodes into a better seller: a checkpoint folder that hf:OUT loads. "
+                    "Needs the train extra: pip install 'negotiate[train]'."))
 
     report = sub.add_parser("report", help="metrics table from trace files or folders alone",
                             description="Recompute every episode's metrics from its trace; merge shards; print a table.")
@@ -166,11 +189,13 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
         out = args.resume
         config = load_config(out)
     else:
+        collect = args.command == "collect"
         config = RunConfig(
-            sellers=_list(args.seller), buyers=args.buyers, split=args.split, episodes=args.episodes, seed=args.seed,
-            shard=args.shard, seller_timeout=args.seller_timeout, reply_timeout=args.reply_timeout,
+            sellers=_list(args.seller), buyers=args.buyers, split=args.split,
+            episodes=args.markets * args.group if collect else args.episodes, seed=args.seed,
+            shard=args.shard, seller_timeout=args.seller_timeout, reply_timeout=args.reply_timeout, group=args.group,
         )
-        out = args.out or Path("traces") / time.strftime("serve-%Y%m%d-%H%M%S")
+        out = args.out or Path("traces") / time.strftime(f"{args.command}-%Y%m%d-%H%M%S")
         if (out / "run.json").exists():
             raise UserError("already holds a run; pass --resume to finish it or choose another --out", source=str(out))
     by = _by(args.by)
@@ -180,9 +205,9 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     configure(out / "serve.log.jsonl")
     log.info("run", out=str(out), sellers=list(config.sellers), buyers=config.buyers, split=config.split,
              episodes=len(prepared.jobs), already_done=prepared.done, concurrency=args.concurrency, shard=f"{config.shard[0]}/{config.shard[1]}")
-    done, elapsed, interrupted = _run_all([(prepared, out)], args, console, "serve")
+    done, elapsed, interrupted = _run_all([(prepared, out)], args, console, args.command)
     if interrupted:
-        console.print(f"[yellow]interrupted:[/] {done + prepared.done} episodes kept in {out}; finish with: negotiate serve --resume {out}")
+        console.print(f"[yellow]interrupted:[/] {done + prepared.done} episodes kept in {out}; finish with: negotiate {args.command} --resume {out}")
         return 130
     log.info("done", episodes=done, seconds=round(elapsed, 2), out=str(out))
     rows = rows_from_traces([out])
@@ -277,8 +302,12 @@ def main(argv: list[str] | None = None) -> int:
 
         set_max_inflight(args.max_inflight)
     try:
-        if args.command == "serve":
+        if args.command in ("serve", "collect"):
             return _serve(args, console)
+        if args.command == "train":
+            from negotiate.train.options import run_train
+
+            return run_train(args, console)
         if args.command == "eval":
             return _eval(args, console)
         if args.command in ("play", "replay"):

@@ -72,6 +72,9 @@ class RunConfig:
     """(K, N): this run plays the K-th of N disjoint slices."""
     seller_timeout: float = 120.0
     reply_timeout: float = 120.0
+    group: int = 1
+    """Episodes per market instance: episodes ``i`` with the same ``i // group`` play one market,
+    the seller sampling with a different seed each time (``negotiate collect``; training groups)."""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -139,10 +142,12 @@ def prepare(config: RunConfig, out: Path, *, resume: bool) -> Prepared:
     return prepared
 
 
-def build_episode(spec: MarketSpec, seller: AgentSpec, buyers: AgentSpec, run_seed: int, index: int):
-    seed = market_seed(run_seed, index)
+def build_episode(spec: MarketSpec, seller: AgentSpec, buyers: AgentSpec, run_seed: int, index: int, group: int = 1):
+    """Episode ``index`` of a run: its market, seller and buyers. With ``group`` > 1, ``group``
+    consecutive indices share the market and the buyers' seeds; only the seller's seed differs."""
+    seed = market_seed(run_seed, index // group)
     market = generate(spec, seed)
-    seller_agent = seller.build(market, [seed, 2])
+    seller_agent = seller.build(market, [seed, 2] if group == 1 else [seed, 2, index % group])
     buyer_agents = {b.id: buyers.build(market, [seed, 1, k]) for k, b in enumerate(market.buyers)}
     return market, seller_agent, buyer_agents
 
@@ -150,15 +155,17 @@ def build_episode(spec: MarketSpec, seller: AgentSpec, buyers: AgentSpec, run_se
 async def play(prepared: Prepared, job: Job, *, opt_cache: dict | None = None) -> Episode:
     """Play one job of a run."""
     config = prepared.config
-    market, seller, buyers = build_episode(prepared.spec, job.seller, prepared.buyers, config.seed, job.index)
+    market, seller, buyers = build_episode(prepared.spec, job.seller, prepared.buyers, config.seed, job.index, config.group)
     cells = len(market.buyers) * len(market.products)
-    opt_value = opt_cache.get(job.index) if opt_cache is not None else None
+    opt_value = opt_cache.get(market.seed) if opt_cache is not None else None
     if opt_value is None:
         # Large assignment problems are solved off the event loop.
         opt_value = await anyio.to_thread.run_sync(opt, market) if cells >= 10_000 else opt(market)
         if opt_cache is not None:
-            opt_cache[job.index] = opt_value
+            opt_cache[market.seed] = opt_value
     labels = {"run_seed": config.seed, "index": job.index, "seed": market.seed, "seller": job.seller.text, "buyers": prepared.buyers.text}
+    if config.group > 1:
+        labels["group"], labels["repeat"] = config.group, job.index % config.group
     return await run_episode(
         market, seller, buyers,
         episode_id=f"{slug(job.seller.text)}-{job.index:06d}",

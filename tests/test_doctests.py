@@ -8,7 +8,8 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("name", ["negotiate.metrics", "negotiate.agents.scripted", "negotiate.runner"])
+@pytest.mark.parametrize("name", ["negotiate.metrics", "negotiate.agents.scripted", "negotiate.runner",
+                                  "negotiate.train.rewards", "negotiate.train.dataset"])
 def test_doctests_pass(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False, report=False)
@@ -21,3 +22,12 @@ def test_metrics_has_doctests():
     # STYLE.md item 7: every reward and metric function documents itself with a doctest.
     module = importlib.import_module("negotiate.metrics")
     assert doctest.testmod(module, optionflags=doctest.ELLIPSIS, report=False).attempted >= 2
+
+
+def test_every_reward_has_a_doctest():
+    from negotiate.train import rewards
+
+    finder = doctest.DocTestFinder()
+    for name, fn in rewards.REWARDS.items():
+        tests = finder.find(fn, name, globs={})
+        assert tests and tests[0].examples, f"reward {name} has no doctest"

@@ -29,6 +29,7 @@ from negotiate.errors import UserError
 from negotiate.market import Buyer, Market, MarketSpec, Product
 from negotiate.protocol import SELLER, Message, json_schema
 from negotiate.regulator import EpisodeState, observe
+from tiny_model import build_tiny_llama
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason=f"needs torch and transformers: {local.HF_INSTALL}")
@@ -365,39 +366,14 @@ async def test_a_failing_model_fails_every_request_of_the_batch_and_the_next_bat
 
 # -- a tiny random llama model, built here --------------------------------------------------------------
 
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-
-
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     if not HAVE_TORCH:
         pytest.skip(f"needs torch and transformers: {local.HF_INSTALL}")
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    from negotiate.agents.llm import render_buyer, render_seller
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    state = EpisodeState(market())
-    corpus = [m["content"] for m in render_seller(observe(state, SELLER), "tagged") + render_seller(observe(state, SELLER), "json")]
-    corpus += [m["content"] for m in render_buyer(observe(state, "b1"), "tagged")]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
-    tokenizer.chat_template = TEMPLATE
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=8192, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @needs_torch

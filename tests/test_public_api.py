@@ -39,7 +39,8 @@ def test_all_names_are_public():
      "negotiate.agents", "negotiate.agents.scripted", "negotiate.agents.registry", "negotiate.agents.base",
      "negotiate.runner", "negotiate.logs", "negotiate.report", "negotiate.plots",
      "negotiate.agents.human", "negotiate.tui.session", "negotiate.tui.transcript", "negotiate.tui.commands",
-     "negotiate.agents.llm", "negotiate.agents.backends"],
+     "negotiate.agents.llm", "negotiate.agents.backends",
+     "negotiate.train", "negotiate.train.rewards", "negotiate.train.dataset", "negotiate.train.options"],
 )
 def test_module_all_names_exist(module):
     mod = importlib.import_module(module)
@@ -61,3 +62,13 @@ def test_no_top_level_agents_package_is_installed(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "negotiate.agents"]
+
+
+def test_the_train_package_imports_without_torch():
+    # The core install has no torch: rewards, the dataset and the train command's flags must load without it.
+    import subprocess
+    import sys
+
+    code = ("import sys, negotiate.train, negotiate.train.options, negotiate.cli; "
+            "print(sorted(m for m in ('torch', 'transformers', 'peft', 'trl') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "[]"

@@ -1,0 +1,14 @@
+"""RLVR for the seller: rewards from traces, training data, and the trainer (``negotiate train``).
+
+``rewards`` and ``dataset`` need only the core install; ``trainer`` and ``online`` import
+torch, transformers, peft and TRL inside their functions (``pip install 'negotiate[train]'``).
+"""
+
+from negotiate.train.dataset import DataFilter, Decision, Episode, advantages, decisions, group_key, load_episodes, replay
+from negotiate.train.rewards import DEFAULT_REWARD, PENALTY, REWARDS, reward_fn
+from negotiate.train.trainer import METHODS, TrainConfig, train
+
+__all__ = [
+    "DataFilter", "Decision", "Episode", "advantages", "decisions", "group_key", "load_episodes", "replay",
+    "DEFAULT_REWARD", "PENALTY", "REWARDS", "reward_fn", "METHODS", "TrainConfig", "train",
+]

@@ -1,0 +1,230 @@
+"""Training data from traces: every seller decision, its episode's reward, and its group.
+
+A :class:`Decision` is one seller message: the prompt exactly as the model saw it (chat
+messages), the completion (the model's raw text), and, where the trace logged them, the
+prompt's and completion's token ids and the completion's log-probs.
+
+Sellers that do not log a prompt (scripted sellers, people at the TUI) are replayed: the
+episode's events are fed back through the regulator (:func:`replay`), and before each
+seller message the seller's observation is rendered with the LLM prompt
+(``render_seller``), and its message written in the four-part tagged form an LLM would
+write (``render_tagged``). A parse failure keeps its raw text.
+
+A **group** is the set of episodes played on one market instance (same spec and seed),
+e.g. ``negotiate collect --group 8``; group-relative advantages (:func:`advantages`)
+compare strategies on the same market, not luck of the draw.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from negotiate.errors import UserError
+from negotiate.market import Market, MarketSpec
+from negotiate.protocol import SELLER, Action, Message, ParseFailure, render_tagged
+from negotiate.regulator import EpisodeState, SellerObservation
+from negotiate.trace import read_episodes, trace_files
+
+from negotiate.train.rewards import DEFAULT_REWARD, reward_fn
+
+__all__ = ["Decision", "Episode", "load_episodes", "decisions", "replay", "group_key", "advantages", "DataFilter"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One seller message, as a training example."""
+
+    episode: str
+    """The episode id (``greedy-000042``), unique within a trace folder."""
+    group: str
+    """The market instance: a hash of the spec and the market seed."""
+    turn: int
+    """The seller turn this message spent (1-based)."""
+    prompt: list[dict]
+    """The chat messages the seller saw (system, user)."""
+    completion: str
+    """What the seller wrote: a model's raw text, or a scripted message rendered as tagged text."""
+    reward: float
+    """The episode's reward."""
+    valid: bool
+    """Whether the message parsed and kept the rules."""
+    prompt_ids: list[int] | None = None
+    """Token ids of the prompt as the model saw it (model sellers that logged them)."""
+    completion_ids: list[int] | None = None
+    """Token ids of the completion, stop token included."""
+    logprobs: list[float] | None = None
+    """Log-prob of each completion token under the policy that sampled it."""
+
+
+@dataclass
+class Episode:
+    """An episode's decisions with its labels and reward."""
+
+    id: str
+    group: str
+    seller: str
+    split: str
+    reward: float
+    metrics: dict
+    decisions: list[Decision] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DataFilter:
+    """Which episodes become training data."""
+
+    split: str | None = None
+    """Keep this split only (``train``...)."""
+    seller: str | None = None
+    """Keep episodes of this seller spec only (as written in the trace, e.g. ``greedy``)."""
+    min_group: int = 1
+    """Drop groups with fewer complete episodes."""
+
+    def keep(self, start: dict) -> bool:
+        return (self.split is None or start.get("split") == self.split) and (self.seller is None or start.get("seller") == self.seller)
+
+
+def group_key(start: dict) -> str:
+    """The market instance of an episode: spec and market seed (episodes of one group share it).
+
+    >>> a = {"spec": {"name": "train", "buyers": 2}, "seed": 7}
+    >>> group_key(a) == group_key(dict(a)) != group_key(a | {"seed": 8})
+    True
+    """
+    blob = orjson.dumps({"spec": start.get("spec"), "seed": start.get("seed")}, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha1(blob).hexdigest()[:16]
+
+
+def _message(event: dict) -> Message | ParseFailure:
+    action = event.get("action")
+    if action is None:
+        return ParseFailure(event.get("error") or "unparseable", event.get("raw") or "")
+    return Message(event["sender"], event["to"], event.get("talk") or "",
+                   Action(action["kind"], action.get("product"), action.get("price")), event.get("thought") or "")
+
+
+def _timeout_seconds(event: dict) -> float | None:
+    error = event.get("error") or ""
+    if event.get("action") is None and error.startswith("timeout after "):
+        try:
+            return float(error.removeprefix("timeout after ").rstrip("s"))
+        except ValueError:
+            return None
+    return None
+
+
+def replay(events: Sequence[dict]) -> tuple[list[tuple[SellerObservation, dict]], EpisodeState]:
+    """Feed an episode's messages back through the regulator: (the seller's observation before
+    each seller message, that message's event) in order, and the final state. The regulator is
+    deterministic, so the replay reaches the recorded states (the tests check that the replayed
+    events equal the trace's)."""
+    start = events[0]
+    market = Market.from_dict(MarketSpec.model_validate(start["spec"]), start["market"])
+    state = EpisodeState(market, clock=lambda: 0.0, episode=start["episode"])
+    seen: list[tuple[SellerObservation, dict]] = []
+    for event in events:
+        if event.get("type") != "message":
+            continue
+        seconds = _timeout_seconds(event)
+        if event["sender"] == SELLER:
+            seen.append((state.seller_observation(consume=True), event))
+            if seconds is not None:
+                state.seller_timeout(seconds)
+            else:
+                state.seller_send(_message(event), raw=event.get("raw"))
+        elif seconds is not None:
+            state.buyer_timeout(event["sender"], seconds)
+        else:
+            state.buyer_reply(event["sender"], _message(event), raw=event.get("raw"))
+    return seen, state
+
+
+def _completion(event: dict) -> str:
+    if event.get("raw") is not None:
+        return event["raw"]
+    if event.get("action") is None:
+        return ""
+    return render_tagged(_message(event))
+
+
+def decisions(events: Sequence[dict], reward: float, group: str, *, fmt: str = "tagged") -> list[Decision]:
+    """The seller decisions of one episode (timeouts skipped: the seller wrote nothing)."""
+    from negotiate.agents.llm import render_seller  # prompt files: loaded only when building data
+
+    out: list[Decision] = []
+    logged = any(e.get("type") == "message" and e["sender"] == SELLER and (e.get("extra") or {}).get("prompt") for e in events)
+    source = ((None, e) for e in events if e.get("type") == "message" and e["sender"] == SELLER) if logged else replay(events)[0]
+    for obs, event in source:
+        if _timeout_seconds(event) is not None:
+            continue
+        extra = event.get("extra") or {}
+        prompt = extra.get("prompt") if logged else render_seller(obs, fmt)
+        if not prompt:
+            continue
+        if logged and extra.get("reasks"):
+            prompt = prompt[:2]  # the re-ask's own turn is not the policy's first answer; keep the final reply to the original prompt
+        out.append(Decision(
+            episode=events[0]["episode"], group=group, turn=int(event.get("turn") or 0), prompt=list(prompt),
+            completion=_completion(event), reward=reward, valid=bool(event.get("valid")),
+            prompt_ids=extra.get("prompt_token_ids") if not extra.get("reasks") else None,
+            completion_ids=extra.get("token_ids"), logprobs=extra.get("logprobs"),
+        ))
+    return out
+
+
+def load_episodes(paths: Iterable[str | Path], *, reward: str = DEFAULT_REWARD, where: DataFilter = DataFilter(),
+                  fmt: str = "tagged") -> list[Episode]:
+    """Every complete, scorable episode under ``paths`` (files or folders) that passes ``where``, with its decisions."""
+    score = reward_fn(reward)
+    episodes: list[Episode] = []
+    seen: set[tuple[str, str]] = set()
+    for path in trace_files(paths):
+        for events in read_episodes(path, allow_partial=True):
+            start, end = events[0], events[-1]
+            if end.get("type") != "episode_end" or not where.keep(start):
+                continue
+            value = score(events)
+            if value is None:
+                continue
+            key = (start.get("seller", ""), start["episode"])
+            if key in seen:
+                raise UserError("the same episode appears twice (a trace folder merged with itself?)", source=str(path),
+                                field="episode", value=start["episode"])
+            seen.add(key)
+            group = group_key(start)
+            episodes.append(Episode(start["episode"], group, start.get("seller", ""), start.get("split", ""), value,
+                                    end.get("metrics") or {}, decisions(events, value, group, fmt=fmt)))
+    sizes = defaultdict(int)
+    for ep in episodes:
+        sizes[ep.group] += 1
+    return [ep for ep in episodes if sizes[ep.group] >= where.min_group]
+
+
+def advantages(episodes: Sequence[Episode], *, scale: bool = True, eps: float = 1e-6) -> dict[str, float]:
+    """Group-relative advantage of each episode: its reward minus its group's mean, divided by
+    the group's standard deviation (population) when ``scale``. A group of one, or one whose
+    rewards are all equal, gives 0 to each of its episodes.
+
+    >>> eps = [Episode("a", "g", "s", "t", 1.0, {}), Episode("b", "g", "s", "t", 0.0, {}), Episode("c", "h", "s", "t", 0.5, {})]
+    >>> advantages(eps)  # group g: mean 0.5, sd 0.5
+    {'a': 1.0, 'b': -1.0, 'c': 0.0}
+    """
+    groups: dict[str, list[Episode]] = defaultdict(list)
+    for ep in episodes:
+        groups[ep.group].append(ep)
+    out: dict[str, float] = {}
+    for members in groups.values():
+        rewards = [ep.reward for ep in members]
+        mean = sum(rewards) / len(rewards)
+        sd = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        for ep in members:
+            gap = ep.reward - mean
+            out[ep.id] = 0.0 if sd < eps else (gap / sd if scale else gap)
+    return {k: round(v, 6) for k, v in out.items()}

@@ -1,0 +1,172 @@
+"""``online-grpo``: TRL's GRPOTrainer, with a rollout function that plays real episodes in this runtime.
+
+The prompt dataset is a list of market instances (``market 17`` names market 17 of the run
+seeded ``config.seed`` on ``config.split``... or ``eval_split`` when no split is given).
+TRL repeats each prompt ``num_generations`` (= ``config.group``) times and calls
+:func:`rollout` with the repeated list; the rollout plays one full episode per entry with the
+policy's current weights as the seller (scripted buyers, the same for every repeat), and returns
+one seller decision per episode: its prompt ids, completion ids and sampling log-probs, with
+the episode's reward as an extra field that :func:`episode_reward` hands to TRL. The decision is
+drawn uniformly from the episode's turns (seeded), an unbiased sample of the episode's
+per-decision policy gradient: TRL takes exactly one completion per prompt entry.
+
+Generation runs through the ``hf`` backend on the trainer's own model (transformers, batched
+across the group's episodes). With LoRA, TRL wraps the model (``peft_config``) and its
+reference is the model with the adapter off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import structlog
+
+from negotiate.errors import UserError
+from negotiate.protocol import SELLER
+
+from negotiate.train.rewards import reward_fn
+from negotiate.train.trainer import MetricsLog, TrainConfig, evaluate_policy, load_policy, lora_config, play_episodes, save_policy
+from negotiate.train.trainer import summarize_episodes
+
+__all__ = ["train_online", "make_rollout", "episode_reward", "market_prompts"]
+
+log = structlog.get_logger("negotiate.train")
+
+
+def market_prompts(count: int) -> list[str]:
+    """The prompt dataset: one line per market instance (the rollout reads the index back)."""
+    return [f"market {i}" for i in range(count)]
+
+
+def _index(prompt) -> int:
+    text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+    try:
+        return int(text.rsplit(" ", 1)[-1])
+    except ValueError:
+        raise ValueError(f"not a market prompt: {text!r}") from None
+
+
+def episode_reward(prompts, completions, episode_reward, **kwargs) -> list[float]:
+    """TRL reward function: the reward the rollout computed from the whole episode."""
+    return list(episode_reward)
+
+
+def make_rollout(config: TrainConfig, tokenizer, *, split: str, record: list):
+    """The ``rollout_func`` for GRPOTrainer; ``record`` gathers each call's episode summary (the metrics log)."""
+    score = reward_fn(config.reward)
+    calls = {"n": 0}
+
+    def rollout(prompts: list, trainer) -> dict:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        indices = [_index(p) for p in prompts]
+        repeats, seen = [], {}
+        for index in indices:  # TRL lists each prompt num_generations times: number the copies
+            repeats.append(seen.get(index, 0))
+            seen[index] = repeats[-1] + 1
+        calls["n"] += 1
+        step = calls["n"]
+        jobs = [(index, repeat + config.group * step) for index, repeat in zip(indices, repeats)]  # fresh samples each step
+        played = play_episodes(model, tokenizer, config, jobs, run_seed=config.seed, split=split, group=config.group, label="rollout")
+        rng = random.Random(hash((config.seed, step)) & 0xFFFFFFFF)
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "episode_reward": [], "valid": []}
+        for events in played:
+            reward = score(events)
+            turns = [e for e in events if e.get("type") == "message" and e["sender"] == SELLER and (e.get("extra") or {}).get("token_ids")]
+            if not turns:
+                raise RuntimeError(f"episode {events[0]['episode']} has no seller reply with token ids ({events[-1].get('reason')})")
+            chosen = rng.choice(turns)
+            extra = chosen["extra"]
+            out["prompt_ids"].append(extra["prompt_token_ids"])
+            out["completion_ids"].append(extra["token_ids"])
+            out["logprobs"].append(extra["logprobs"])
+            out["episode_reward"].append(0.0 if reward is None else reward)
+            out["valid"].append(bool(chosen.get("valid")))
+        summary = summarize_episodes(played, config.reward)
+        record.append(summary)
+        return out
+
+    return rollout
+
+
+def train_online(config: TrainConfig, *, progress=None) -> dict:
+    """Run GRPOTrainer for ``config.max_steps`` steps (default: one pass over ``config.markets``)."""
+    import torch
+    from datasets import Dataset
+    from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    out = Path(config.out)
+    if (out / "train.json").exists():
+        raise UserError("already holds a trained checkpoint; choose another --out", source=str(out))
+    if config.group < 2:
+        raise UserError("online-grpo compares episodes of one market: --group must be 2 or more", field="--group", value=config.group)
+    if config.batch_size % config.group:
+        raise UserError(f"must be a multiple of --group ({config.group})", field="--batch-size", value=config.batch_size)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    began = time.perf_counter()
+    split = config.split or config.eval_split
+    model, tokenizer = load_policy(config, wrap=False)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = MetricsLog(out / "metrics.jsonl")
+    record: list[dict] = []
+    steps = config.max_steps or max(1, config.markets * config.group // config.batch_size)
+    args = GRPOConfig(
+        output_dir=str(out / "trl"), per_device_train_batch_size=config.batch_size, num_generations=config.group,
+        max_completion_length=config.max_tokens, learning_rate=config.lr, weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm, beta=config.kl_beta, epsilon=config.clip_eps, max_steps=steps,
+        temperature=config.temperature, scale_rewards="group" if config.scale_advantages else "none",
+        logging_steps=1, save_strategy="no", report_to="none", use_cpu=not torch.cuda.is_available(),
+        bf16=False, gradient_checkpointing=False, seed=config.seed, disable_tqdm=True,
+    )
+    dataset = Dataset.from_dict({"prompt": market_prompts(config.markets)})
+    rollout = make_rollout(config, tokenizer, split=split, record=record)
+
+    class Log(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "loss" not in logs:
+                return
+            episodes = record[-1] if record else {}
+            row = {"step": state.global_step, "loss": round(float(logs["loss"]), 6),
+                   "reward": episodes.get("reward"), "valid_rate": episodes.get("valid_rate"),
+                   "profit_ratio": episodes.get("profit_ratio"), "kl": logs.get("kl"), "seconds": round(time.perf_counter() - began, 1)}
+            metrics.write(row)
+            if progress is not None:
+                progress(state.global_step, steps, row)
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16; pinned, and tested here
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[episode_reward], args=args, train_dataset=dataset, processing_class=tokenizer,
+        peft_config=lora_config(config) if config.lora else None, rollout_func=rollout, callbacks=[Log()],
+    )
+    trainer.remove_callback(PrinterCallback)  # our progress bar and metrics.jsonl say it once
+    trainer.remove_callback(ProgressCallback)
+    evals: list[dict] = []
+
+    def run_eval(step: int) -> None:
+        if config.eval_episodes > 0:
+            played = evaluate_policy(trainer.model, tokenizer, config, out / "eval" / f"step-{step:05d}.jsonl",
+                                     episodes=config.eval_episodes, run_seed=config.eval_seed, split=config.eval_split, label=f"step-{step}")
+            row = {"step": step, "eval": summarize_episodes(played, config.reward)}
+            evals.append(row)
+            metrics.write(row)
+
+    try:
+        run_eval(0)
+        trainer.train()
+        run_eval(steps)
+        save_policy(trainer.model, tokenizer, out)
+    finally:
+        metrics.close()
+    from negotiate.train.curves import write_curve
+
+    curve = write_curve(metrics.rows, out / "curve.png", title=f"online-grpo from {config.model}")
+    summary = {"config": config.to_json(), "data": {"rollouts": len(record)}, "steps": steps,
+               "seconds": round(time.perf_counter() - began, 1), "evals": evals, "checkpoint": str(out),
+               "curve": str(curve), "load_as": f"hf:{out}"}
+    (out / "train.json").write_text(json.dumps(summary, indent=2))
+    return summary

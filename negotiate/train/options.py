@@ -1,0 +1,81 @@
+"""``negotiate train``: flags generated from :class:`TrainConfig` (one place for names, defaults and help)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+from rich.console import Console
+
+from negotiate.errors import UserError
+
+from negotiate.train.trainer import TrainConfig, config_fields
+
+__all__ = ["add_train_arguments", "config_from_args", "run_train", "TRAIN_INSTALL"]
+
+TRAIN_INSTALL = "pip install 'negotiate[train]'"
+_NEEDS = ("torch", "transformers", "peft")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    for name, kind, default, help_text in config_fields():
+        if name == "traces":
+            parser.add_argument("--traces", nargs="+", default=[], metavar="DIR", help=help_text)
+        elif kind == "bool":
+            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=default, help=f"{help_text} (default: {default})")
+        else:
+            convert = {"int": int, "int | None": int, "float": float}.get(kind, str)
+            parser.add_argument(_flag(name), type=convert, default=default, help=f"{help_text} (default: {default})")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    values = {name: getattr(args, name) for name, *_ in config_fields()}
+    values["traces"] = tuple(str(p) for p in values["traces"])
+    return TrainConfig(**values)
+
+
+def run_train(args: argparse.Namespace, console: Console) -> int:
+    config = config_from_args(args)
+    config.check()
+    missing = [name for name in _NEEDS if importlib.util.find_spec(name) is None]
+    if config.method == "online-grpo" and importlib.util.find_spec("trl") is None:
+        missing.append("trl")
+    if missing:
+        raise UserError(f"{', '.join(missing)} not installed; training needs them: {TRAIN_INSTALL}", field="--method", value=config.method)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from negotiate.logs import configure
+    from negotiate.train.trainer import train
+
+    from pathlib import Path
+
+    Path(config.out).mkdir(parents=True, exist_ok=True)
+    configure(Path(config.out) / "train.log.jsonl")
+    columns = (TextColumn(f"train {config.method}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, disable=args.quiet, transient=False) as progress:
+        task = progress.add_task("train", total=None, info="loading")
+
+        def tick(step: int, total: int, row: dict) -> None:
+            info = f"loss {row['loss']:.4f}" if "loss" in row else ""
+            if row.get("reward") is not None:
+                info += f"  reward {row['reward']:.3f}"
+            progress.update(task, completed=step, total=total, info=info)
+
+        summary = train(config, progress=tick)
+    for row in summary["evals"]:
+        e = row["eval"]
+        console.print(f"step {row['step']:>5}: reward {_fmt(e['reward'])}  adherence {_fmt(e['valid_rate'])}  "
+                      f"profit/OPT {_fmt(e['profit_ratio'])}  ({e['episodes']} episodes)")
+    console.print(f"checkpoint: {summary['checkpoint']}  ·  play it: --seller hf:{summary['checkpoint']}  ·  "
+                  f"curve: {summary['curve']}  ·  {summary['steps']} steps in {summary['seconds']:.0f}s")
+    return 0
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}"

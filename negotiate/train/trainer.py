@@ -1,0 +1,502 @@
+"""The trainer: traces in, a better seller out. Read top to bottom.
+
+1. :class:`TrainConfig` says everything a run does (``negotiate train`` builds it from flags).
+2. :func:`load_policy` loads the model named by ``--model`` (a folder, a ``.gguf`` file or the
+   ``smollm2`` alias, as the ``hf:`` backend resolves it), and wraps it with a LoRA adapter
+   (peft) unless ``lora`` is off.
+3. :func:`build_examples` turns episodes into token sequences: the prompt's ids (logged ones
+   when the trace has them, else the chat template's), the completion's ids and, where logged,
+   the log-probs of the policy that sampled them; plus a weight (the advantage).
+4. The loss, per method:
+
+   - ``sft``: mean negative log-likelihood of the completion tokens of the best episodes'
+     valid messages (``top``: the share of episodes kept, by reward);
+   - ``offline-grpo``: the clipped policy-gradient surrogate of GRPO on collected groups. Each
+     completion token ``t`` of a decision in episode ``e`` has ratio ``r = exp(logp_new - logp_old)``
+     against the logged log-prob (or, where none was logged, the policy's own before its first
+     update) and loss ``-min(r A_e, clip(r, 1 - eps, 1 + eps) A_e)``, averaged over tokens, with
+     ``A_e`` the group-relative advantage of the episode (``dataset.advantages``); plus
+     ``kl_beta`` times the k3 estimate of KL(policy || reference), the reference being the
+     model before training (the adapter switched off).
+   - ``online-grpo`` lives in :mod:`negotiate.train.online` (TRL's GRPOTrainer, rollouts played
+     by this runtime).
+
+5. Every step appends one line to ``OUT/metrics.jsonl``; with ``eval_episodes`` the current
+   policy plays that many held-out episodes before training, every ``eval_every`` steps and at
+   the end (traces under ``OUT/eval/``), and ``OUT/curve.png`` plots reward and adherence.
+6. :func:`save_policy` writes the merged weights and tokenizer to ``OUT`` (``hf:OUT`` loads it
+   as a seller; a vLLM server serves it as a model), and, with LoRA, the adapter alone to
+   ``OUT/adapter`` (for vLLM's ``/v1/load_lora_adapter`` on top of the same base model).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import structlog
+
+from negotiate.errors import UserError
+
+from negotiate.train.dataset import DataFilter, Decision, Episode, advantages, load_episodes
+from negotiate.train.rewards import DEFAULT_REWARD, REWARDS
+
+__all__ = ["TrainConfig", "METHODS", "train", "load_policy", "build_examples", "Example", "save_policy", "evaluate_policy", "play_episodes"]
+
+log = structlog.get_logger("negotiate.train")
+
+METHODS = ("sft", "offline-grpo", "online-grpo")
+
+
+def _help(text: str, **kw):
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass
+class TrainConfig:
+    """One training run. Each field is a ``negotiate train`` flag (``--epochs`` for ``epochs``)."""
+
+    traces: tuple[str, ...] = _help("trace files or folders to learn from (sft, offline-grpo)", default=())
+    model: str = _help("the starting model: a folder saved by transformers, a .gguf file, or smollm2", default="smollm2")
+    out: str = _help("checkpoint folder to write", default="checkpoints/seller")
+    method: str = _help(f"one of {', '.join(METHODS)}", default="sft")
+    reward: str = _help(f"reward function, one of {', '.join(REWARDS)}", default=DEFAULT_REWARD)
+    split: str | None = _help("use only episodes of this split", default=None)
+    seller: str | None = _help("use only episodes of this seller spec (as the trace names it)", default=None)
+    min_group: int = _help("drop groups with fewer episodes (offline-grpo needs 2 or more)", default=2)
+    top: float = _help("sft: the share of episodes kept, best rewards first", default=1.0)
+    lora: bool = _help("train a LoRA adapter (peft) instead of every weight", default=True)
+    lora_r: int = _help("LoRA rank", default=16)
+    lora_alpha: int = _help("LoRA alpha", default=32)
+    epochs: float = _help("passes over the examples", default=1.0)
+    max_steps: int | None = _help("stop after this many optimizer steps", default=None)
+    batch_size: int = _help("decisions per optimizer step (gradients accumulated one sequence at a time)", default=8)
+    lr: float = _help("AdamW learning rate", default=1e-4)
+    weight_decay: float = _help("AdamW weight decay", default=0.0)
+    max_grad_norm: float = _help("gradient clipping", default=1.0)
+    clip_eps: float = _help("offline-grpo: ratio clip epsilon", default=0.2)
+    kl_beta: float = _help("offline-grpo: weight of the KL to the starting model (0: none)", default=0.0)
+    scale_advantages: bool = _help("offline-grpo: divide advantages by the group's standard deviation", default=True)
+    max_length: int = _help("drop decisions longer than this many tokens", default=2048)
+    seed: int = _help("shuffling and sampling seed", default=0)
+    threads: int | None = _help("torch threads (default: torch's choice)", default=None)
+    eval_episodes: int = _help("held-out episodes the policy plays before, during and after training (0: none)", default=0)
+    eval_every: int = _help("steps between evaluations (0: only before and after)", default=0)
+    eval_split: str = _help("split (or TOML spec) of the evaluation markets", default="train")
+    eval_buyers: str = _help("buyer spec in evaluation and rollouts", default="threshold")
+    eval_seed: int = _help("run seed of the evaluation markets (keep it apart from the training runs' seeds)", default=1_000_003)
+    temperature: float = _help("sampling temperature in evaluation and rollouts", default=0.7)
+    max_tokens: int = _help("most tokens per seller reply in evaluation and rollouts", default=96)
+    gen_batch: int = _help("replies generated together in evaluation and rollouts", default=16)
+    markets: int = _help("online-grpo: markets in the prompt dataset", default=64)
+    group: int = _help("online-grpo: episodes per market per step (GRPO's num_generations)", default=4)
+
+    def check(self) -> None:
+        if self.method not in METHODS:
+            raise UserError(f"unknown method; choose from {', '.join(METHODS)}", field="--method", value=self.method)
+        if self.reward not in REWARDS:
+            raise UserError(f"unknown reward; choose from {', '.join(REWARDS)}", field="--reward", value=self.reward)
+        if self.method != "online-grpo" and not self.traces:
+            raise UserError(f"{self.method} learns from traces: give --traces DIR", field="--traces", value=None)
+        if not 0 < self.top <= 1:
+            raise UserError("must be in (0, 1]", field="--top", value=self.top)
+        for name in ("batch_size", "max_length", "lora_r", "group", "markets", "max_tokens", "gen_batch"):
+            if getattr(self, name) < 1:
+                raise UserError("must be at least 1", field="--" + name.replace("_", "-"), value=getattr(self, name))
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def config_fields():
+    """(name, type text, default, help) of every TrainConfig field, for the command line."""
+    return [(f.name, f.type, f.default, f.metadata.get("help", "")) for f in fields(TrainConfig)]
+
+
+# -- the policy -----------------------------------------------------------------------------------
+
+
+def resolve_model(name: str) -> tuple[str, str | None]:
+    """(folder, gguf file or None) for ``--model``, resolved exactly as the ``hf:`` backend resolves it."""
+    from negotiate.agents.local import parse_hf_spec
+
+    options = parse_hf_spec(name, field="--model", text=name)
+    return options.path, options.gguf_file
+
+
+def load_policy(config: TrainConfig, *, wrap: bool = True):
+    """(model, tokenizer): the starting model in float32, LoRA-wrapped when ``config.lora`` and ``wrap``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path, gguf = resolve_model(config.model)
+    kwargs = {"gguf_file": gguf} if gguf else {}
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
+    if gguf:  # dequantized on load: the weights are plain tensors now, and save_pretrained must not re-quantize
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    model.config.use_cache = False
+    if config.lora and wrap:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora_config(config))
+    return model, tokenizer
+
+
+def lora_config(config: TrainConfig):
+    from peft import LoraConfig
+
+    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def save_policy(model, tokenizer, out: Path) -> None:
+    """Merged weights and tokenizer in ``out``; the LoRA adapter alone in ``out/adapter``."""
+    out.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "merge_and_unload"):
+        model.save_pretrained(out / "adapter")
+        import copy
+
+        merged = copy.deepcopy(model).merge_and_unload()
+    else:
+        merged = model
+    merged.config.use_cache = True
+    merged.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+# -- examples ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Example:
+    """One decision as tokens, ready for the loss."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    weight: float
+    """sft: 1; offline-grpo: the episode's advantage."""
+    old_logprobs: list[float] | None
+    """Log-probs of the completion under the policy that sampled it (None: computed before the first update)."""
+    reward: float
+    valid: bool
+
+
+def _stops(model, tokenizer) -> set[int]:
+    stops = set()
+    for source in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(source, int):
+            stops.add(source)
+        elif isinstance(source, (list, tuple)):
+            stops.update(int(t) for t in source)
+    return stops
+
+
+def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
+    """The prompt's token ids, as the ``hf`` backend encodes them."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_completion(tokenizer, messages: list[dict], completion: str, stops: set[int]) -> list[int]:
+    """The completion's token ids, ending with the token that closes an assistant turn in the chat template."""
+    prefix = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    full = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": completion}], tokenize=False)
+    tail = full[len(prefix):] if full.startswith(prefix) else completion
+    ids = list(tokenizer(tail, add_special_tokens=False)["input_ids"])
+    for k, token in enumerate(ids):
+        if token in stops:
+            return ids[: k + 1]
+    return ids + [min(stops)] if stops else ids
+
+
+def select(config: TrainConfig, episodes: list[Episode]) -> list[tuple[Decision, float]]:
+    """(decision, weight) pairs for the method: sft keeps the valid messages of the best ``top`` share of
+    episodes (weight 1); offline-grpo keeps every decision whose episode has a nonzero advantage."""
+    if config.method == "sft":
+        ranked = sorted(episodes, key=lambda ep: ep.reward, reverse=True)
+        kept = ranked[: max(1, math.ceil(len(ranked) * config.top))] if ranked else []
+        return [(d, 1.0) for ep in kept for d in ep.decisions if d.valid]
+    adv = advantages(episodes, scale=config.scale_advantages)
+    return [(d, adv[ep.id]) for ep in episodes for d in ep.decisions if adv[ep.id] != 0.0]
+
+
+def build_examples(config: TrainConfig, episodes: list[Episode], model, tokenizer) -> tuple[list[Example], dict]:
+    """Tokenized examples and counts of what was kept and why the rest was dropped."""
+    stops = _stops(model, tokenizer)
+    out: list[Example] = []
+    counts = {"episodes": len(episodes), "decisions": sum(len(ep.decisions) for ep in episodes), "too_long": 0, "logged_tokens": 0}
+    for decision, weight in select(config, episodes):
+        logged = decision.prompt_ids is not None and decision.completion_ids is not None
+        prompt_ids = list(decision.prompt_ids) if logged else encode_prompt(tokenizer, decision.prompt)
+        completion_ids = list(decision.completion_ids) if logged else encode_completion(tokenizer, decision.prompt, decision.completion, stops)
+        if not completion_ids:
+            continue
+        if len(prompt_ids) + len(completion_ids) > config.max_length:
+            counts["too_long"] += 1
+            continue
+        old = list(decision.logprobs) if logged and decision.logprobs and len(decision.logprobs) == len(completion_ids) else None
+        counts["logged_tokens"] += logged
+        out.append(Example(prompt_ids, completion_ids, weight, old, decision.reward, decision.valid))
+    counts["examples"] = len(out)
+    return out, counts
+
+
+# -- the loss -------------------------------------------------------------------------------------
+
+
+def completion_logprobs(model, example: Example):
+    """Log-prob of each completion token under ``model`` (a 1-D tensor, differentiable)."""
+    import torch
+
+    ids = torch.tensor([example.prompt_ids + example.completion_ids])
+    start = len(example.prompt_ids)
+    logits = model(input_ids=ids).logits[0, start - 1 : -1].float()
+    targets = ids[0, start:]
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
+
+
+def example_loss(config: TrainConfig, model, example: Example, stats: dict):
+    """The summed (not averaged) token loss of one example; ``stats`` gathers what the step logs."""
+    import torch
+
+    logp = completion_logprobs(model, example)
+    if config.method == "sft":
+        return -logp.sum()
+    if example.old_logprobs is None:  # nothing logged: the policy before its first update samples the reference point
+        example.old_logprobs = logp.detach().tolist()
+    old = torch.tensor(example.old_logprobs)
+    ratio = torch.exp(logp - old)
+    adv = example.weight
+    clipped = torch.clamp(ratio, 1 - config.clip_eps, 1 + config.clip_eps)
+    loss = -torch.minimum(ratio * adv, clipped * adv)
+    stats["ratio"].append(float(ratio.detach().mean()))
+    stats["clipped"].append(float(((ratio.detach() - clipped.detach()).abs() > 1e-6).float().mean()))
+    if config.kl_beta > 0:
+        with torch.no_grad(), _reference(model):
+            ref = completion_logprobs(model, example)
+        delta = ref - logp
+        kl = torch.exp(delta) - delta - 1
+        stats["kl"].append(float(kl.detach().mean()))
+        loss = loss + config.kl_beta * kl
+    return loss.sum()
+
+
+class _reference:
+    """The starting model: the same weights with the LoRA adapter switched off."""
+
+    def __init__(self, model):
+        if not hasattr(model, "disable_adapter"):
+            raise UserError("a KL to the reference needs LoRA (the reference is the model with its adapter off)",
+                            field="--kl-beta", value=None)
+        self.context = model.disable_adapter()
+
+    def __enter__(self):
+        return self.context.__enter__()
+
+    def __exit__(self, *exc):
+        return self.context.__exit__(*exc)
+
+
+# -- evaluation: the policy plays episodes ------------------------------------------------------
+
+
+def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, int]], *, run_seed: int, split: str,
+                  group: int = 1, label: str = "policy") -> list[list[dict]]:
+    """Play one episode per ``(market index, repeat)`` job with the current weights as the seller
+    (tagged format), generation batched across episodes; return each episode's events. The market
+    of index ``m`` is the one ``negotiate serve --seed RUN_SEED`` plays as episode ``m`` (``group`` 1),
+    so scripted sellers can be compared on exactly these markets."""
+    import anyio
+    import numpy as np
+
+    from negotiate.agents.local import HFBackend, HFOptions, _LocalModel
+    from negotiate.agents.llm import LLMSeller
+    from negotiate.agents.registry import parse_agent
+    from negotiate.episode import run_episode
+    from negotiate.market import generate, resolve_spec
+    from negotiate.runner import market_seed
+
+    was_training = model.training
+    local = _LocalModel.in_memory(model, tokenizer, label)
+    local.batch = config.gen_batch
+    options = HFOptions(model=label, path=label, temperature=config.temperature, max_tokens=config.max_tokens, batch=config.gen_batch)
+    backend = HFBackend(options, model=local)
+    spec = resolve_spec(split)
+    buyers = parse_agent(config.eval_buyers, "buyer")
+    results: list = [None] * len(jobs)
+
+    async def one(k: int, index: int, repeat: int) -> None:
+        seed = market_seed(run_seed, index)
+        market = generate(spec, seed)
+        request_seed = int(np.random.default_rng([seed, 2, repeat]).integers(0, 2**31 - 1))
+        seller = LLMSeller(backend, fmt="tagged", seed=request_seed)
+        agents = {b.id: buyers.build(market, [seed, 1, j]) for j, b in enumerate(market.buyers)}
+        labels = {"run_seed": run_seed, "index": index * group + repeat, "seed": seed, "seller": label, "buyers": buyers.text}
+        if group > 1:
+            labels["group"], labels["repeat"] = group, repeat
+        episode = await run_episode(market, seller, agents, episode_id=f"{label}-{index:06d}-{repeat:02d}", labels=labels,
+                                    seller_timeout=3600.0, reply_timeout=3600.0)
+        results[k] = episode.events
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for k, (index, repeat) in enumerate(jobs):
+                tg.start_soon(one, k, index, repeat)
+
+    try:
+        anyio.run(main)
+    finally:
+        model.train(was_training)
+    return results
+
+
+def evaluate_policy(model, tokenizer, config: TrainConfig, out_file: Path, *, episodes: int, run_seed: int,
+                    split: str, label: str = "policy") -> list[list[dict]]:
+    """Play ``episodes`` held-out episodes with the current weights; write their trace to ``out_file``."""
+    from negotiate.trace import TraceWriter
+
+    played = play_episodes(model, tokenizer, config, [(i, 0) for i in range(episodes)], run_seed=run_seed, split=split, label=label)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    with TraceWriter(out_file) as writer:
+        for events in played:
+            writer.write(events)
+    return played
+
+
+def summarize_episodes(played: list[list[dict]], reward: str) -> dict:
+    """Mean reward, adherence (valid seller messages) and profit/OPT of played episodes."""
+    from negotiate.train.rewards import reward_fn
+
+    score = reward_fn(reward)
+    rewards = [r for r in (score(events) for events in played) if r is not None]
+    ends = [events[-1].get("metrics") or {} for events in played]
+    sent = sum(m.get("seller_messages", 0) for m in ends)
+    invalid = sum(m.get("seller_invalid", 0) for m in ends)
+    ratios = [m["profit_ratio"] for m in ends if m.get("profit_ratio") is not None]
+    return {
+        "reward": sum(rewards) / len(rewards) if rewards else None,
+        "valid_rate": (sent - invalid) / sent if sent else None,
+        "profit_ratio": sum(ratios) / len(ratios) if ratios else None,
+        "episodes": len(played),
+    }
+
+
+# -- the loop -------------------------------------------------------------------------------------
+
+
+class MetricsLog:
+    """``metrics.jsonl``: one JSON object per line, flushed at once (a killed run keeps its curve)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.rows: list[dict] = []
+        self._handle = open(path, "a", encoding="utf-8")
+
+    def write(self, row: dict) -> None:
+        self.rows.append(row)
+        self._handle.write(json.dumps(row) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def train(config: TrainConfig, *, progress=None) -> dict:
+    """Run ``config``; returns the summary also written to ``OUT/train.json``."""
+    config.check()
+    if config.method == "online-grpo":
+        from negotiate.train.online import train_online
+
+        return train_online(config, progress=progress)
+    import torch
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    out = Path(config.out)
+    if (out / "train.json").exists():
+        raise UserError("already holds a trained checkpoint; choose another --out", source=str(out))
+    where = DataFilter(split=config.split, seller=config.seller, min_group=config.min_group if config.method == "offline-grpo" else 1)
+    episodes = load_episodes(config.traces, reward=config.reward, where=where)
+    if not episodes:
+        raise UserError("no usable episodes (check --split, --seller and --min-group against the traces)", source=", ".join(config.traces))
+    began = time.perf_counter()
+    model, tokenizer = load_policy(config)
+    examples, counts = build_examples(config, episodes, model, tokenizer)
+    if not examples:
+        hint = " (every group's rewards are equal: collect with a sampling seller, --group 2 or more)" if config.method == "offline-grpo" else ""
+        raise UserError(f"no training examples{hint}", source=", ".join(config.traces))
+    out.mkdir(parents=True, exist_ok=True)
+    log.info("train", method=config.method, model=config.model, **counts, load_s=round(time.perf_counter() - began, 1))
+    metrics = MetricsLog(out / "metrics.jsonl")
+    rng = random.Random(config.seed)
+    total_steps = math.ceil(len(examples) * config.epochs / config.batch_size)
+    if config.max_steps is not None:
+        total_steps = min(total_steps, config.max_steps)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    evals: list[dict] = []
+
+    def run_eval(step: int) -> None:
+        if config.eval_episodes <= 0:
+            return
+        played = evaluate_policy(model, tokenizer, config, out / "eval" / f"step-{step:05d}.jsonl", episodes=config.eval_episodes,
+                                 run_seed=config.eval_seed, split=config.eval_split, label=f"step-{step}")
+        row = {"step": step, "eval": summarize_episodes(played, config.reward)}
+        evals.append(row)
+        metrics.write(row)
+        log.info("eval", step=step, **row["eval"])
+
+    order: list[int] = []
+    model.train()
+    run_eval(0)
+    try:
+        for step in range(1, total_steps + 1):
+            batch = []
+            while len(batch) < config.batch_size:
+                if not order:
+                    order = list(range(len(examples)))
+                    rng.shuffle(order)
+                batch.append(examples[order.pop()])
+            tokens = sum(len(ex.completion_ids) for ex in batch)
+            stats: dict[str, list] = {"ratio": [], "clipped": [], "kl": []}
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            tick = time.perf_counter()
+            for ex in batch:
+                loss = example_loss(config, model, ex, stats) / tokens
+                loss.backward()
+                loss_sum += float(loss.detach())
+            norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+            optimizer.step()
+            row = {"step": step, "epoch": round(step * config.batch_size / len(examples), 3), "loss": round(loss_sum, 6),
+                   "grad_norm": round(float(norm), 4), "tokens": tokens, "seconds": round(time.perf_counter() - tick, 3),
+                   "batch_reward": round(sum(ex.reward for ex in batch) / len(batch), 6),
+                   "batch_valid": round(sum(ex.valid for ex in batch) / len(batch), 4)}
+            for key, values in stats.items():
+                if values:
+                    row[key] = round(sum(values) / len(values), 6)
+            metrics.write(row)
+            if progress is not None:
+                progress(step, total_steps, row)
+            if config.eval_every and step % config.eval_every == 0 and step < total_steps:
+                run_eval(step)
+        run_eval(total_steps)
+        save_policy(model, tokenizer, out)
+    finally:
+        metrics.close()
+    from negotiate.train.curves import write_curve
+
+    curve = write_curve(metrics.rows, out / "curve.png", title=f"{config.method} from {config.model}")
+    summary = {"config": config.to_json(), "data": counts, "steps": total_steps, "seconds": round(time.perf_counter() - began, 1),
+               "evals": evals, "checkpoint": str(out), "curve": str(curve),
+               "load_as": f"hf:{out}"}
+    (out / "train.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,327 @@
+"""negotiate.train: rewards, the dataset from traces, advantages, the losses, TRL's GRPO step, checkpoints.
+
+Always run: rewards, the replay of scripted episodes into prompts and completions, the
+groups of ``negotiate collect``, advantages worked out by hand. With torch, transformers and
+peft (``pip install 'negotiate[train]'``): a tiny llama model built here (a tokenizer trained on
+the spot), one thread, float32: SFT lowers the loss of what it trains on, one offline-GRPO step
+moves log-probs in the sign of the advantage, a TRL GRPO step through the rollout function,
+and a saved checkpoint reloads as an ``hf:`` seller that plays an episode.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import anyio
+import orjson
+import pytest
+
+from negotiate.agents.llm import render_seller
+from negotiate.agents.registry import parse_agent
+from negotiate.cli import main
+from negotiate.episode import run_episode
+from negotiate.protocol import SELLER, render_tagged
+from negotiate.trace import TraceWriter, read_episodes
+from negotiate.train.dataset import DataFilter, Episode, advantages, decisions, group_key, load_episodes, replay
+from negotiate.train.rewards import REWARDS, profit_penalized, profit_share, reward_fn
+
+from tiny_model import build_tiny_llama, small_market
+
+HAVE_TRAIN = all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers", "peft"))
+HAVE_TRL = HAVE_TRAIN and importlib.util.find_spec("trl") is not None and importlib.util.find_spec("datasets") is not None
+needs_train = pytest.mark.skipif(not HAVE_TRAIN, reason="needs the train extra: pip install 'negotiate[train]'")
+
+
+def play(seller: str = "greedy", buyers: str = "threshold", market=None, seed=0) -> list[dict]:
+    market = market or small_market()
+    s = parse_agent(seller, "seller").build(market, [seed, 2])
+    b = {x.id: parse_agent(buyers, "buyer").build(market, [seed, 1, k]) for k, x in enumerate(market.buyers)}
+    return anyio.run(lambda: run_episode(market, s, b, episode_id=f"{seller}-{seed}", labels={"seller": seller, "seed": market.seed})).events
+
+
+def strip_ts(events):
+    return [{k: v for k, v in e.items() if k not in ("ts", "time", "wall_s", "episode")} for e in events]
+
+
+# -- rewards -----------------------------------------------------------------------------------------
+
+
+def test_rewards_by_hand_on_a_played_episode():
+    events = play()
+    deals = [e for e in events if e["type"] == "deal"]
+    # small_market: p1 cost 200, p2 cost 300; b1 values (500, 650), b2 (450, 700). OPT: b1-p1 300 + b2-p2 400 = 700.
+    profit = sum(d["price"] - d["cost"] for d in deals)
+    violations = sum(1 for e in events if e["type"] == "violation" and e["who"] == SELLER)
+    assert profit_share(events) == pytest.approx(profit / 700)
+    assert profit_penalized(events) == pytest.approx(profit / 700 - 0.1 * violations)
+    assert 0 < profit_share(events) <= 1
+
+
+def test_a_failed_episode_has_no_reward_and_unknown_names_are_refused():
+    events = play()
+    events[-1] = events[-1] | {"outcome": "failed", "metrics": None}
+    assert all(fn(events) is None for fn in REWARDS.values())
+    with pytest.raises(ValueError, match="unknown reward 'nope'; choose from profit-penalized"):
+        reward_fn("nope")
+
+
+def test_rewards_read_the_events_not_the_logged_metrics():
+    events = play()
+    events[-1] = events[-1] | {"metrics": {"profit_ratio": 123.0}}  # a forged end line changes nothing
+    assert profit_share(events) <= 1
+
+
+# -- the dataset -----------------------------------------------------------------------------------
+
+
+def test_replay_reaches_the_recorded_events():
+    for seller, buyers in (("greedy", "threshold"), ("random", "random"), ("concession", "stubborn")):
+        events = play(seller, buyers, seed=3)
+        seen, state = replay(events)
+        assert strip_ts(state.events) == strip_ts([e for e in events if e["type"] not in ("episode_start", "episode_end")])
+        assert len(seen) == sum(1 for e in events if e["type"] == "message" and e["sender"] == SELLER)
+
+
+def test_scripted_decisions_are_the_prompt_an_llm_would_see_and_tagged_text():
+    events = play()
+    ds = decisions(events, reward=0.5, group="g")
+    sent = [e for e in events if e["type"] == "message" and e["sender"] == SELLER]
+    assert len(ds) == len(sent) >= 2
+    first = ds[0]
+    from negotiate.regulator import EpisodeState, observe
+
+    assert first.prompt == render_seller(observe(EpisodeState(small_market()), SELLER), "tagged")
+    m = sent[0]
+    assert first.completion == f"To: {m['to']}\nTalk: {m['talk']}\nAction: [OFFER] {m['action']['product']} ${m['action']['price']}"
+    assert first.turn == 1 and first.valid and first.reward == 0.5 and first.prompt_ids is None
+    # The second prompt shows the first offer and the buyer's answer in its thread.
+    assert f"you: [OFFER] {m['action']['product']} ${m['action']['price']}" in ds[1].prompt[1]["content"]
+
+
+def test_logged_llm_decisions_keep_the_prompt_tokens_and_logprobs_as_logged():
+    events = play()
+    prompt = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    for e in events:
+        if e["type"] == "message" and e["sender"] == SELLER:
+            e["raw"] = "Thought: x\n" + render_tagged_from(e)
+            e["extra"] = {"prompt": prompt, "prompt_token_ids": [1, 2, 3], "token_ids": [7, 8], "logprobs": [-0.5, -0.25]}
+    ds = decisions(events, reward=1.0, group="g")
+    assert [d.completion for d in ds] == [e["raw"] for e in events if e["type"] == "message" and e["sender"] == SELLER]
+    assert all(d.prompt == prompt and d.prompt_ids == [1, 2, 3] and d.completion_ids == [7, 8] and d.logprobs == [-0.5, -0.25] for d in ds)
+
+
+def render_tagged_from(event):
+    from negotiate.protocol import Action, Message
+
+    a = event["action"]
+    return render_tagged(Message(SELLER, event["to"], event["talk"], Action(a["kind"], a.get("product"), a.get("price"))))
+
+
+def test_advantages_worked_out_by_hand():
+    eps = [Episode(name, group, "s", "train", r, {}) for name, group, r in
+           [("a", "g1", 0.2), ("b", "g1", 0.6), ("c", "g1", 1.0), ("d", "g2", 0.5), ("e", "g2", 0.5), ("f", "g3", 0.9)]]
+    # g1: mean 0.6, population sd sqrt((0.16 + 0 + 0.16) / 3) = 0.326599
+    adv = advantages(eps)
+    assert adv["a"] == pytest.approx(-0.4 / 0.326599, abs=1e-5) and adv["b"] == 0 and adv["c"] == pytest.approx(1.224745, abs=1e-5)
+    assert adv["d"] == adv["e"] == adv["f"] == 0  # equal rewards, and a group of one: no signal
+    assert advantages(eps, scale=False)["c"] == pytest.approx(0.4)
+
+
+def test_collect_plays_each_market_group_times_and_the_loader_groups_them(tmp_path):
+    out = tmp_path / "c"
+    assert main(["collect", "--seller", "random,greedy", "--markets", "3", "--group", "4", "--seed", "7", "--out", str(out), "--quiet"]) == 0
+    starts = [events[0] for events in read_episodes(out / "random.jsonl")]
+    assert [s["index"] for s in starts] == list(range(12)) and [s["repeat"] for s in starts] == [0, 1, 2, 3] * 3
+    for g in range(3):
+        members = starts[4 * g: 4 * g + 4]
+        assert len({s["seed"] for s in members}) == 1 and len({group_key(s) for s in members}) == 1
+        assert len({orjson.dumps(s["market"]) for s in members}) == 1
+    random_runs = [[e.get("action") for e in events if e.get("sender") == SELLER] for events in read_episodes(out / "random.jsonl")]
+    assert len({orjson.dumps(r) for r in random_runs[:4]}) > 1  # the seller samples afresh in each repeat
+    greedy_runs = [[e.get("action") for e in events if e.get("sender") == SELLER] for events in read_episodes(out / "greedy.jsonl")]
+    assert len({orjson.dumps(r) for r in greedy_runs[:4]}) == 1  # deterministic seller, identical buyers: identical episodes
+    episodes = load_episodes([out], where=DataFilter(seller="random", min_group=4))
+    assert len(episodes) == 12 and len({ep.group for ep in episodes}) == 3
+    assert load_episodes([out], where=DataFilter(seller="random", min_group=5)) == []
+    assert {ep.seller for ep in load_episodes([out], where=DataFilter(seller="greedy"))} == {"greedy"}
+
+
+def test_serve_without_group_is_unchanged(tmp_path):
+    # group 1 keeps the markets and seller seeds of earlier runs: episode i plays market_seed(seed, i).
+    from negotiate.runner import market_seed
+
+    assert main(["serve", "--seller", "random", "--episodes", "3", "--seed", "2", "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    starts = [events[0] for events in read_episodes(tmp_path / "s" / "random.jsonl")]
+    assert [s["seed"] for s in starts] == [market_seed(2, i) for i in range(3)] and all("repeat" not in s for s in starts)
+
+
+# -- the trainer (torch) ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    if not HAVE_TRAIN:
+        pytest.skip("needs the train extra: pip install 'negotiate[train]'")
+    import torch
+
+    torch.set_num_threads(1)
+    completions = [render_tagged_from(e) for seed in range(4) for e in play(seed=seed) if e["type"] == "message" and e["sender"] == SELLER]
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-train"), tuple(completions), vocab=600)
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    out = tmp_path_factory.mktemp("traces")
+    spec = out / "small.toml"
+    spec.write_text('split = "train"\nname = "small"\nbuyers = 2\nproducts = 2\n')
+    assert main(["collect", "--seller", "greedy,random", "--split", str(spec), "--markets", "4", "--group", "3",
+                 "--out", str(out / "run"), "--quiet"]) == 0
+    return out
+
+
+def config(tiny, out, **kw):
+    from negotiate.train.trainer import TrainConfig
+
+    base = dict(model=str(tiny), out=str(out), threads=1, max_tokens=12, gen_batch=8, batch_size=4)
+    return TrainConfig(**(base | kw))
+
+
+@needs_train
+def test_sft_lowers_the_loss_of_the_greedy_sellers_messages(tiny, traces, tmp_path):
+    import torch
+
+    from negotiate.train.trainer import build_examples, completion_logprobs, load_episodes as _le, load_policy, train
+
+    cfg = config(tiny, tmp_path / "sft", traces=(str(traces / "run"),), seller="greedy", lr=3e-3, max_steps=12, lora=False)
+    model, tokenizer = load_policy(cfg)
+    examples, counts = build_examples(cfg, _le(cfg.traces, where=DataFilter(seller="greedy")), model, tokenizer)
+    assert counts["examples"] == len(examples) > 0 and all(ex.weight == 1.0 for ex in examples)
+    # The completion ends with the chat template's end-of-turn token, as generation would.
+    assert all(ex.completion_ids[-1] == tokenizer.eos_token_id for ex in examples)
+
+    def nll() -> float:
+        with torch.no_grad():
+            return sum(-float(completion_logprobs(model, ex).sum()) for ex in examples[:6])
+
+    before = nll()
+    summary = train(cfg)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "sft")  # the merged checkpoint
+    after = nll()
+    assert after < before * 0.8, (before, after)
+    rows = [orjson.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_bytes().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 13)) and all(r["tokens"] > 0 for r in rows)
+    assert (tmp_path / "sft" / "curve.png").stat().st_size > 1000 and not (tmp_path / "sft" / "adapter").exists()  # a full fine-tune
+    assert summary["load_as"] == f"hf:{tmp_path / 'sft'}"
+
+
+@needs_train
+def test_one_offline_grpo_step_moves_logprobs_in_the_sign_of_the_advantage(tiny, tmp_path):
+    import torch
+
+    from negotiate.train.trainer import Example, completion_logprobs, example_loss, load_policy
+
+    cfg = config(tiny, tmp_path / "pg", method="offline-grpo", traces=("x",), lr=1e-2)
+    model, tokenizer = load_policy(cfg)
+    prompt = list(tokenizer("Turn budget: 6 of 6 messages left.", add_special_tokens=False)["input_ids"])
+    good = Example(prompt, list(tokenizer("To: b1\nAction: [OFFER] p1 $600", add_special_tokens=False)["input_ids"]), +1.0, None, 1.0, True)
+    bad = Example(prompt, list(tokenizer("To: b2\nAction: [END]", add_special_tokens=False)["input_ids"]), -1.0, None, 0.0, True)
+    with torch.no_grad():
+        before = [float(completion_logprobs(model, ex).sum()) for ex in (good, bad)]
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    stats = {"ratio": [], "clipped": [], "kl": []}
+    tokens = len(good.completion_ids) + len(bad.completion_ids)
+    for ex in (good, bad):
+        (example_loss(cfg, model, ex, stats) / tokens).backward()
+    optimizer.step()
+    assert stats["ratio"] == pytest.approx([1.0, 1.0])  # the first update: ratio 1 against the policy's own log-probs
+    with torch.no_grad():
+        after = [float(completion_logprobs(model, ex).sum()) for ex in (good, bad)]
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+@needs_train
+def test_the_clip_stops_the_push_once_the_ratio_leaves_the_band(tiny, tmp_path):
+    import torch
+
+    from negotiate.train.trainer import Example, example_loss, load_policy
+
+    cfg = config(tiny, tmp_path / "clip", method="offline-grpo", traces=("x",), clip_eps=0.2)
+    model, tokenizer = load_policy(cfg)
+    ids = list(tokenizer("To: b1", add_special_tokens=False)["input_ids"])
+    from negotiate.train.trainer import completion_logprobs
+
+    with torch.no_grad():
+        now = completion_logprobs(model, Example(ids, ids, 1.0, None, 0, True)).tolist()
+    # Logged log-probs far below the current ones: ratio e^2 > 1.2, positive advantage, clipped: no gradient.
+    ex = Example(ids, ids, 1.0, [lp - 2.0 for lp in now], 0, True)
+    stats = {"ratio": [], "clipped": [], "kl": []}
+    example_loss(cfg, model, ex, stats).backward()
+    assert stats["clipped"] == [1.0] and stats["ratio"][0] == pytest.approx(math.exp(2), rel=1e-4)
+    assert all(p.grad is None or float(p.grad.abs().max()) == 0 for p in model.parameters() if p.requires_grad)
+
+
+@needs_train
+def test_offline_grpo_from_collected_groups_and_the_checkpoint_plays_as_a_seller(tiny, traces, tmp_path):
+    from negotiate.train.trainer import train
+
+    cfg = config(tiny, tmp_path / "grpo", method="offline-grpo", traces=(str(traces / "run"),), seller="random", min_group=3,
+                 max_steps=3, kl_beta=0.05, eval_episodes=2, eval_split=str(traces / "small.toml"))
+    summary = train(cfg)
+    assert summary["data"]["examples"] > 0 and [e["step"] for e in summary["evals"]] == [0, 3]
+    rows = [orjson.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_bytes().splitlines()]
+    assert all("ratio" in r and "kl" in r for r in rows if "loss" in r)
+    assert len(list(read_episodes(tmp_path / "grpo" / "eval" / "step-00003.jsonl"))) == 2
+    assert (tmp_path / "grpo" / "adapter" / "adapter_config.json").exists()  # LoRA: the adapter alone, beside the merged weights
+    # The checkpoint is an hf: seller.
+    out = tmp_path / "play"
+    assert main(["serve", "--seller", f"hf:{tmp_path / 'grpo'}?max_tokens=8&temperature=1", "--split", str(traces / "small.toml"),
+                 "--episodes", "1", "--out", str(out), "--quiet"]) == 0
+    (events,) = read_episodes(next(out.glob("hf-*.jsonl")))
+    assert events[-1]["outcome"] in ("terminated", "truncated")
+    assert events[1]["extra"]["token_ids"] and events[1]["extra"]["model"].endswith("grpo")
+
+
+@pytest.mark.skipif(not HAVE_TRL, reason="needs trl and datasets: pip install 'negotiate[train]'")
+def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, monkeypatch):
+    import torch
+
+    from negotiate.train import online
+    from negotiate.train.trainer import train
+
+    # A random tiny model breaks every rule alike; reward something its samples vary in, so the step has a signal.
+    def characters(events):
+        return float(sum(len(e.get("raw", "")) for e in events if e["type"] == "message" and e["sender"] == SELLER))
+
+    monkeypatch.setitem(REWARDS, "characters", characters)
+    calls = []
+    real = online.make_rollout
+
+    def spy(*args, **kwargs):
+        rollout = real(*args, **kwargs)
+
+        def wrapped(prompts, trainer):
+            result = rollout(prompts, trainer)
+            calls.append((list(prompts), result))
+            return result
+
+        return wrapped
+
+    monkeypatch.setattr(online, "make_rollout", spy)
+    cfg = config(tiny, tmp_path / "online", method="online-grpo", reward="characters", split=str(traces / "small.toml"),
+                 markets=2, group=2, batch_size=4, max_steps=1, lr=1e-2, temperature=1.5)
+    summary = train(cfg)
+    (prompts, result), = calls
+    assert sorted(prompts) == ["market 0", "market 0", "market 1", "market 1"]  # each market num_generations times
+    assert len(result["completion_ids"]) == len(result["prompt_ids"]) == len(result["logprobs"]) == len(result["episode_reward"]) == 4
+    assert all(len(c) == len(lp) > 0 for c, lp in zip(result["completion_ids"], result["logprobs"]))
+    rows = [orjson.loads(line) for line in (tmp_path / "online" / "metrics.jsonl").read_bytes().splitlines()]
+    assert rows[-1]["step"] == 1 and rows[-1]["reward"] is not None
+    assert summary["steps"] == 1 and (tmp_path / "online" / "config.json").exists()
+    from transformers import AutoModelForCausalLM
+
+    start, trained = AutoModelForCausalLM.from_pretrained(tiny), AutoModelForCausalLM.from_pretrained(tmp_path / "online")
+    moved = max(float((a - b).detach().abs().max()) for a, b in zip(start.parameters(), trained.parameters()))
+    assert moved > 0  # rewards differed within a group: the step changed the weights

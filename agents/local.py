@@ -384,31 +384,39 @@ class _LocalModel:
     @staticmethod
     def _decode(torch, model, jobs: list[_Job], stops: frozenset, pad: int) -> list[tuple[list[int], list[float], str]]:
         n = len(jobs)
-        width = max(len(job.prompt_ids) for job in jobs)
+        device = model.device
+        # The prompts of a batch share a long prefix (the system prompt): its keys and values are
+        # computed once and repeated per row; each row's own part follows, left-padded after it.
+        shared = _common_prefix([job.prompt_ids for job in jobs]) if n > 1 else 0
+        shared = shared if shared >= SHARED_PREFIX_MIN else 0
+        cache = None
+        if shared:
+            cache = _forward(model, torch.tensor([jobs[0].prompt_ids[:shared]], device=device)).past_key_values
+            cache.batch_repeat_interleave(n)
+        width = max(len(job.prompt_ids) for job in jobs) - shared
         input_ids = torch.full((n, width), pad, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
+        mask = torch.zeros((n, shared + width), dtype=torch.long)
+        mask[:, :shared] = 1
         for i, job in enumerate(jobs):
-            ids = job.prompt_ids
+            ids = job.prompt_ids[shared:]
             input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            mask[i, width - len(ids):] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            mask[i, shared + width - len(ids):] = 1
+        input_ids, mask = input_ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
         generators = []
         for job in jobs:
-            g = torch.Generator()
+            g = torch.Generator(device=device)
             g.manual_seed(job.seed if job.seed is not None else int.from_bytes(os.urandom(7), "little"))
             generators.append(g)
         tokens: list[list[int]] = [[] for _ in jobs]
         logprobs: list[list[float]] = [[] for _ in jobs]
         reasons: list[str | None] = [None] * n
         steps = max(job.max_tokens for job in jobs)
-        try:  # only the last position's logits: the full (batch, prompt, vocab) tensor costs more than the rest of prefill
-            output = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        except TypeError:  # a model class without logits_to_keep
-            output = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        output = _forward(model, input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
         for _step in range(steps):
             logits = output.logits[:, -1, :].float()
             log_p = torch.log_softmax(logits, dim=-1)
-            chosen = torch.full((n,), pad, dtype=torch.long)
+            chosen = torch.full((n,), pad, dtype=torch.long, device=device)
             for i, job in enumerate(jobs):
                 if reasons[i] is not None:
                     continue
@@ -430,7 +438,7 @@ class _LocalModel:
                     reasons[i] = "length"
             if all(r is not None for r in reasons):
                 break
-            mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=-1)
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long, device=device)], dim=-1)
             positions = positions[:, -1:] + 1
             output = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=positions,
                            past_key_values=output.past_key_values, use_cache=True)
@@ -442,6 +450,29 @@ class _LocalModel:
         if batcher is None:
             batcher = self._batchers[loop] = _Batcher(self)
         return batcher
+
+
+SHARED_PREFIX_MIN = 16
+"""Shortest common prompt prefix worth computing once per batch (tokens)."""
+
+
+def _common_prefix(prompts: list[list[int]]) -> int:
+    """Length of the prefix every prompt shares, leaving each at least one token of its own."""
+    first = prompts[0]
+    limit = min(len(p) for p in prompts) - 1
+    k = 0
+    while k < limit and all(p[k] == first[k] for p in prompts):
+        k += 1
+    return k
+
+
+def _forward(model, input_ids, **kwargs):
+    """A forward pass keeping only the last position's logits (the full (batch, prompt, vocab)
+    tensor costs more than the rest of prefill), for model classes that allow it."""
+    try:
+        return model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **kwargs)
+    except TypeError:
+        return model(input_ids=input_ids, use_cache=True, **kwargs)
 
 
 class _Batcher:

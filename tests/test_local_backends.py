@@ -376,12 +376,20 @@ def tiny_llama(tmp_path_factory):
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
+SYSTEM = {"role": "system", "content": "You are the seller in a market. Every message you send costs one turn. " * 3}
+
+
 @needs_torch
-async def test_batched_decoding_matches_a_plain_forward_pass(tiny_llama):
+@pytest.mark.parametrize("shared", [False, True], ids=["own-prompts", "shared-system-prompt"])
+async def test_batched_decoding_matches_a_plain_forward_pass(tiny_llama, shared):
     import torch
 
     backend = parse_agent(f"hf:{tiny_llama}?temperature=1&max_tokens=12&batch=8", "buyer").build(market(), 0).backend
-    prompts = [[{"role": "user", "content": "hi " * k}] for k in (1, 7, 30)]  # different lengths: left padding matters
+    # different lengths: left padding matters; with a shared system prompt its keys and values are computed once
+    prompts = [([SYSTEM] if shared else []) + [{"role": "user", "content": "hi " * k}] for k in (1, 7, 30)]
+    if shared:
+        ids = [backend.model.encode(p) for p in prompts]
+        assert local._common_prefix(ids) >= local.SHARED_PREFIX_MIN
     async with anyio.create_task_group() as tg:
         out: dict[int, Completion] = {}
 

@@ -138,6 +138,8 @@ def load_policy(config: TrainConfig, *, wrap: bool = True):
     kwargs = {"gguf_file": gguf} if gguf else {}
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
+    if torch.cuda.is_available():
+        model.to("cuda")
     if gguf:  # dequantized on load: the weights are plain tensors now, and save_pretrained must not re-quantize
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
@@ -255,7 +257,7 @@ def completion_logprobs(model, example: Example):
     """Log-prob of each completion token under ``model`` (a 1-D tensor, differentiable)."""
     import torch
 
-    ids = torch.tensor([example.prompt_ids + example.completion_ids])
+    ids = torch.tensor([example.prompt_ids + example.completion_ids], device=model.device)
     start = len(example.prompt_ids)
     logits = model(input_ids=ids).logits[0, start - 1 : -1].float()
     targets = ids[0, start:]
@@ -271,7 +273,7 @@ def example_loss(config: TrainConfig, model, example: Example, stats: dict):
         return -logp.sum()
     if example.old_logprobs is None:  # nothing logged: the policy before its first update samples the reference point
         example.old_logprobs = logp.detach().tolist()
-    old = torch.tensor(example.old_logprobs)
+    old = torch.tensor(example.old_logprobs, device=logp.device)
     ratio = torch.exp(logp - old)
     adv = example.weight
     clipped = torch.clamp(ratio, 1 - config.clip_eps, 1 + config.clip_eps)

@@ -111,6 +111,20 @@ def test_logged_llm_decisions_keep_the_prompt_tokens_and_logprobs_as_logged():
     assert all(d.prompt == prompt and d.prompt_ids == [1, 2, 3] and d.completion_ids == [7, 8] and d.logprobs == [-0.5, -0.25] for d in ds)
 
 
+def test_a_reasked_reply_is_learned_against_the_original_prompt_without_its_logprobs():
+    events = play()
+    seller = [e for e in events if e["type"] == "message" and e["sender"] == SELLER]
+    original = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    for e in seller:
+        e["raw"] = render_tagged_from(e)
+        e["extra"] = {"prompt": original, "prompt_token_ids": [1], "token_ids": [2], "logprobs": [-1.0]}
+    seller[0]["extra"] = {"prompt": original + [{"role": "assistant", "content": "junk"}, {"role": "user", "content": "again"}],
+                          "prompt_token_ids": [1, 9, 9], "token_ids": [2], "logprobs": [-1.0], "reasks": 1}
+    first, second = decisions(events, reward=0.0, group="g")[:2]
+    assert first.prompt == original and first.prompt_ids is None and first.logprobs is None and first.completion_ids is None
+    assert second.prompt_ids == [1] and second.logprobs == [-1.0]
+
+
 def render_tagged_from(event):
     from negotiate.protocol import Action, Message
 

@@ -168,13 +168,15 @@ def decisions(events: Sequence[dict], reward: float, group: str, *, fmt: str = "
         prompt = extra.get("prompt") if logged else render_seller(obs, fmt)
         if not prompt:
             continue
+        tokens = {"prompt_ids": extra.get("prompt_token_ids"), "completion_ids": extra.get("token_ids"), "logprobs": extra.get("logprobs")}
         if logged and extra.get("reasks"):
-            prompt = prompt[:2]  # the re-ask's own turn is not the policy's first answer; keep the final reply to the original prompt
+            # The final reply answered the re-ask conversation: learn it as the answer to the original
+            # prompt (re-tokenized), without log-probs that belong to another context.
+            prompt = prompt[:2]
+            tokens = {}
         out.append(Decision(
             episode=events[0]["episode"], group=group, turn=int(event.get("turn") or 0), prompt=list(prompt),
-            completion=_completion(event), reward=reward, valid=bool(event.get("valid")),
-            prompt_ids=extra.get("prompt_token_ids") if not extra.get("reasks") else None,
-            completion_ids=extra.get("token_ids"), logprobs=extra.get("logprobs"),
+            completion=_completion(event), reward=reward, valid=bool(event.get("valid")), **tokens,
         ))
     return out
 

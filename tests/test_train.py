@@ -339,3 +339,35 @@ def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, mo
     start, trained = AutoModelForCausalLM.from_pretrained(tiny), AutoModelForCausalLM.from_pretrained(tmp_path / "online")
     moved = max(float((a - b).detach().abs().max()) for a, b in zip(start.parameters(), trained.parameters()))
     assert moved > 0  # rewards differed within a group: the step changed the weights
+
+
+# -- the command line ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "ppo", "--traces", "x"], "--method: 'ppo': unknown method; choose from sft, offline-grpo, online-grpo"),
+    (["--method", "sft"], "--traces: sft learns from traces: give --traces DIR"),
+    (["--traces", "x", "--reward", "money"], "--reward: 'money': unknown reward"),
+    (["--traces", "x", "--top", "0"], "--top: 0.0: must be in (0, 1]"),
+    (["--traces", "x", "--batch-size", "0"], "--batch-size: 0: must be at least 1"),
+])
+def test_train_flags_are_checked_before_anything_loads(argv, message, capsys, tmp_path):
+    assert main(["train", "--out", str(tmp_path / "o"), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@needs_train
+def test_train_refuses_missing_traces_and_a_finished_checkpoint(capsys, tmp_path):
+    assert main(["train", "--traces", str(tmp_path / "nothing"), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert "no such trace file or folder" in capsys.readouterr().err
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "train.json").write_text("{}")
+    assert main(["train", "--traces", str(tmp_path), "--out", str(tmp_path / "done"), "--quiet"]) == 2
+    assert "already holds a trained checkpoint" in capsys.readouterr().err
+
+
+def test_every_train_flag_is_a_config_field_with_help():
+    from negotiate.train.trainer import config_fields
+
+    for name, _kind, _default, help_text in config_fields():
+        assert help_text, f"TrainConfig.{name} has no help text"

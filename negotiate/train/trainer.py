@@ -399,7 +399,7 @@ class MetricsLog:
     def __init__(self, path: Path):
         self.path = path
         self.rows: list[dict] = []
-        self._handle = open(path, "a", encoding="utf-8")
+        self._handle = open(path, "w", encoding="utf-8")  # a rerun into the same folder starts a fresh log
 
     def write(self, row: dict) -> None:
         self.rows.append(row)

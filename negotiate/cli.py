@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     collect.add_argument("--group", type=_positive, default=8, help="episodes per market (default: 8)")
     _batch_arguments(collect, "collect", timeout=600.0)
 
-    from negotiate.train.options import add_train_arguments  # no torch: the flags come from the config dataclass
+    from negotiate.training.options import add_train_arguments  # no torch: the flags come from the config dataclass
 
     add_train_arguments(sub.add_parser(
         "train", help="post-train a seller from traces (sft, offline-grpo) or from live episodes (online-grpo)",
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("serve", "collect"):
             return _serve(args, console)
         if args.command == "train":
-            from negotiate.train.options import run_train
+            from negotiate.training.options import run_train
 
             return run_train(args, console)
         if args.command == "eval":

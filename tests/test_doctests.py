@@ -9,7 +9,7 @@ import pytest
 
 
 @pytest.mark.parametrize("name", ["negotiate.metrics", "negotiate.agents.scripted", "negotiate.runner",
-                                  "negotiate.train.rewards", "negotiate.train.dataset"])
+                                  "negotiate.training.rewards", "negotiate.training.dataset"])
 def test_doctests_pass(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False, report=False)
@@ -25,7 +25,7 @@ def test_metrics_has_doctests():
 
 
 def test_every_reward_has_a_doctest():
-    from negotiate.train import rewards
+    from negotiate.training import rewards
 
     finder = doctest.DocTestFinder()
     for name, fn in rewards.REWARDS.items():

@@ -40,7 +40,7 @@ def test_all_names_are_public():
      "negotiate.runner", "negotiate.logs", "negotiate.report", "negotiate.plots",
      "negotiate.agents.human", "negotiate.tui.session", "negotiate.tui.transcript", "negotiate.tui.commands",
      "negotiate.agents.llm", "negotiate.agents.backends",
-     "negotiate.train", "negotiate.train.rewards", "negotiate.train.dataset", "negotiate.train.options"],
+     "negotiate.training", "negotiate.training.rewards", "negotiate.training.dataset", "negotiate.training.options"],
 )
 def test_module_all_names_exist(module):
     mod = importlib.import_module(module)
@@ -57,11 +57,12 @@ def test_no_top_level_agents_package_is_installed(tmp_path):
     import subprocess
     import sys
 
-    code = ("import importlib.util, negotiate.agents; "
-            "print(importlib.util.find_spec('agents') is None, negotiate.agents.__name__)")
+    code = ("import importlib.util, negotiate.agents, negotiate.training; "
+            "print(importlib.util.find_spec('agents') is None, importlib.util.find_spec('training') is None, "
+            "negotiate.agents.__name__, negotiate.training.__name__)")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "negotiate.agents"]
+    assert done.stdout.split() == ["True", "True", "negotiate.agents", "negotiate.training"]
 
 
 def test_the_train_package_imports_without_torch():
@@ -69,6 +70,6 @@ def test_the_train_package_imports_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, negotiate.train, negotiate.train.options, negotiate.cli; "
+    code = ("import sys, negotiate.training, negotiate.training.options, negotiate.cli; "
             "print(sorted(m for m in ('torch', 'transformers', 'peft', 'trl') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "[]"

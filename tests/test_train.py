@@ -1,4 +1,4 @@
-"""negotiate.train: rewards, the dataset from traces, advantages, the losses, TRL's GRPO step, checkpoints.
+"""negotiate.training: rewards, the dataset from traces, advantages, the losses, TRL's GRPO step, checkpoints.
 
 Always run: rewards, the replay of scripted episodes into prompts and completions, the
 groups of ``negotiate collect``, advantages worked out by hand. With torch, transformers and
@@ -23,8 +23,8 @@ from negotiate.cli import main
 from negotiate.episode import run_episode
 from negotiate.protocol import SELLER, render_tagged
 from negotiate.trace import TraceWriter, read_episodes
-from negotiate.train.dataset import DataFilter, Episode, advantages, decisions, group_key, load_episodes, replay
-from negotiate.train.rewards import REWARDS, profit_penalized, profit_share, reward_fn
+from negotiate.training.dataset import DataFilter, Episode, advantages, decisions, group_key, load_episodes, replay
+from negotiate.training.rewards import REWARDS, profit_penalized, profit_share, reward_fn
 
 from tiny_model import build_tiny_llama, small_market
 
@@ -195,7 +195,7 @@ def traces(tmp_path_factory):
 
 
 def config(tiny, out, **kw):
-    from negotiate.train.trainer import TrainConfig
+    from negotiate.training.trainer import TrainConfig
 
     base = dict(model=str(tiny), out=str(out), threads=1, max_tokens=12, gen_batch=8, batch_size=4)
     return TrainConfig(**(base | kw))
@@ -205,7 +205,7 @@ def config(tiny, out, **kw):
 def test_sft_lowers_the_loss_of_the_greedy_sellers_messages(tiny, traces, tmp_path):
     import torch
 
-    from negotiate.train.trainer import build_examples, completion_logprobs, load_episodes as _le, load_policy, train
+    from negotiate.training.trainer import build_examples, completion_logprobs, load_episodes as _le, load_policy, train
 
     cfg = config(tiny, tmp_path / "sft", traces=(str(traces / "run"),), seller="greedy", lr=3e-3, max_steps=12, lora=False)
     model, tokenizer = load_policy(cfg)
@@ -235,7 +235,7 @@ def test_sft_lowers_the_loss_of_the_greedy_sellers_messages(tiny, traces, tmp_pa
 def test_one_offline_grpo_step_moves_logprobs_in_the_sign_of_the_advantage(tiny, tmp_path):
     import torch
 
-    from negotiate.train.trainer import Example, completion_logprobs, example_loss, load_policy
+    from negotiate.training.trainer import Example, completion_logprobs, example_loss, load_policy
 
     cfg = config(tiny, tmp_path / "pg", method="offline-grpo", traces=("x",), lr=1e-2)
     model, tokenizer = load_policy(cfg)
@@ -260,12 +260,12 @@ def test_one_offline_grpo_step_moves_logprobs_in_the_sign_of_the_advantage(tiny,
 def test_the_clip_stops_the_push_once_the_ratio_leaves_the_band(tiny, tmp_path):
     import torch
 
-    from negotiate.train.trainer import Example, example_loss, load_policy
+    from negotiate.training.trainer import Example, example_loss, load_policy
 
     cfg = config(tiny, tmp_path / "clip", method="offline-grpo", traces=("x",), clip_eps=0.2)
     model, tokenizer = load_policy(cfg)
     ids = list(tokenizer("To: b1", add_special_tokens=False)["input_ids"])
-    from negotiate.train.trainer import completion_logprobs
+    from negotiate.training.trainer import completion_logprobs
 
     with torch.no_grad():
         now = completion_logprobs(model, Example(ids, ids, 1.0, None, 0, True)).tolist()
@@ -279,7 +279,7 @@ def test_the_clip_stops_the_push_once_the_ratio_leaves_the_band(tiny, tmp_path):
 
 @needs_train
 def test_offline_grpo_from_collected_groups_and_the_checkpoint_plays_as_a_seller(tiny, traces, tmp_path):
-    from negotiate.train.trainer import train
+    from negotiate.training.trainer import train
 
     cfg = config(tiny, tmp_path / "grpo", method="offline-grpo", traces=(str(traces / "run"),), seller="random", min_group=3,
                  max_steps=3, kl_beta=0.05, eval_episodes=2, eval_split=str(traces / "small.toml"))
@@ -302,8 +302,8 @@ def test_offline_grpo_from_collected_groups_and_the_checkpoint_plays_as_a_seller
 def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, monkeypatch):
     import torch
 
-    from negotiate.train import online
-    from negotiate.train.trainer import train
+    from negotiate.training import online
+    from negotiate.training.trainer import train
 
     # A random tiny model breaks every rule alike; reward something its samples vary in, so the step has a signal.
     def characters(events):
@@ -367,7 +367,7 @@ def test_train_refuses_missing_traces_and_a_finished_checkpoint(capsys, tmp_path
 
 
 def test_every_train_flag_is_a_config_field_with_help():
-    from negotiate.train.trainer import config_fields
+    from negotiate.training.trainer import config_fields
 
     for name, _kind, _default, help_text in config_fields():
         assert help_text, f"TrainConfig.{name} has no help text"

@@ -41,7 +41,7 @@ def _share(numerator: float, opt: float) -> float:
 def profit_share(events: Sequence[dict]) -> float | None:
     """Seller profit / OPT, in [0, 1]; 0 when OPT is 0.
 
-    >>> from negotiate.train.rewards import _doctest_episode
+    >>> from negotiate.training.rewards import _doctest_episode
     >>> profit_share(_doctest_episode(price=400, invalid=0))  # (400 - 100) / (700 - 100)
     0.5
     """
@@ -52,7 +52,7 @@ def profit_share(events: Sequence[dict]) -> float | None:
 def profit_penalized(events: Sequence[dict], penalty: float = PENALTY) -> float | None:
     """profit / OPT minus ``penalty`` per seller violation (total penalty capped at 1); the default reward.
 
-    >>> from negotiate.train.rewards import _doctest_episode
+    >>> from negotiate.training.rewards import _doctest_episode
     >>> round(profit_penalized(_doctest_episode(price=400, invalid=2)), 6)  # 0.5 - 2 * 0.1
     0.3
     >>> profit_penalized(_doctest_episode(price=None, invalid=30))  # no deal, penalty capped at 1
@@ -68,7 +68,7 @@ def profit_penalized(events: Sequence[dict], penalty: float = PENALTY) -> float 
 def welfare_share(events: Sequence[dict]) -> float | None:
     """Welfare (sum of value - cost over deals) / OPT: allocation quality, whoever gets the surplus.
 
-    >>> from negotiate.train.rewards import _doctest_episode
+    >>> from negotiate.training.rewards import _doctest_episode
     >>> welfare_share(_doctest_episode(price=400, invalid=0))  # (700 - 100) / 600
     1.0
     """
@@ -79,7 +79,7 @@ def welfare_share(events: Sequence[dict]) -> float | None:
 def adherence(events: Sequence[dict]) -> float | None:
     """Share of the seller's messages that were valid (format and rules); 1 when it sent none.
 
-    >>> from negotiate.train.rewards import _doctest_episode
+    >>> from negotiate.training.rewards import _doctest_episode
     >>> adherence(_doctest_episode(price=400, invalid=1))  # 1 valid offer of 2 messages
     0.5
     """

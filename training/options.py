@@ -9,7 +9,7 @@ from rich.console import Console
 
 from negotiate.errors import UserError
 
-from negotiate.train.trainer import TrainConfig, config_fields
+from negotiate.training.trainer import TrainConfig, config_fields
 
 __all__ = ["add_train_arguments", "config_from_args", "run_train", "TRAIN_INSTALL"]
 
@@ -50,7 +50,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from negotiate.logs import configure
-    from negotiate.train.trainer import train
+    from negotiate.training.trainer import train
 
     from pathlib import Path
 

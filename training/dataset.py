@@ -32,7 +32,7 @@ from negotiate.protocol import SELLER, Action, Message, ParseFailure, render_tag
 from negotiate.regulator import EpisodeState, SellerObservation
 from negotiate.trace import read_episodes, trace_files
 
-from negotiate.train.rewards import DEFAULT_REWARD, reward_fn
+from negotiate.training.rewards import DEFAULT_REWARD, reward_fn
 
 __all__ = ["Decision", "Episode", "load_episodes", "decisions", "replay", "group_key", "advantages", "DataFilter"]
 

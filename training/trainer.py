@@ -18,7 +18,7 @@
      ``A_e`` the group-relative advantage of the episode (``dataset.advantages``); plus
      ``kl_beta`` times the k3 estimate of KL(policy || reference), the reference being the
      model before training (the adapter switched off).
-   - ``online-grpo`` lives in :mod:`negotiate.train.online` (TRL's GRPOTrainer, rollouts played
+   - ``online-grpo`` lives in :mod:`negotiate.training.online` (TRL's GRPOTrainer, rollouts played
      by this runtime).
 
 5. Every step appends one line to ``OUT/metrics.jsonl``; with ``eval_episodes`` the current
@@ -43,12 +43,12 @@ import structlog
 
 from negotiate.errors import UserError
 
-from negotiate.train.dataset import DataFilter, Decision, Episode, advantages, load_episodes
-from negotiate.train.rewards import DEFAULT_REWARD, REWARDS
+from negotiate.training.dataset import DataFilter, Decision, Episode, advantages, load_episodes
+from negotiate.training.rewards import DEFAULT_REWARD, REWARDS
 
 __all__ = ["TrainConfig", "METHODS", "train", "load_policy", "build_examples", "Example", "save_policy", "evaluate_policy", "play_episodes"]
 
-log = structlog.get_logger("negotiate.train")
+log = structlog.get_logger("negotiate.training")
 
 METHODS = ("sft", "offline-grpo", "online-grpo")
 
@@ -374,7 +374,7 @@ def evaluate_policy(model, tokenizer, config: TrainConfig, out_file: Path, *, ep
 
 def summarize_episodes(played: list[list[dict]], reward: str) -> dict:
     """Mean reward, adherence (valid seller messages) and profit/OPT of played episodes."""
-    from negotiate.train.rewards import reward_fn
+    from negotiate.training.rewards import reward_fn
 
     score = reward_fn(reward)
     rewards = [r for r in (score(events) for events in played) if r is not None]
@@ -414,7 +414,7 @@ def train(config: TrainConfig, *, progress=None) -> dict:
     """Run ``config``; returns the summary also written to ``OUT/train.json``."""
     config.check()
     if config.method == "online-grpo":
-        from negotiate.train.online import train_online
+        from negotiate.training.online import train_online
 
         return train_online(config, progress=progress)
     import torch
@@ -494,7 +494,7 @@ def train(config: TrainConfig, *, progress=None) -> dict:
         save_policy(model, tokenizer, out)
     finally:
         metrics.close()
-    from negotiate.train.curves import write_curve
+    from negotiate.training.curves import write_curve
 
     curve = write_curve(metrics.rows, out / "curve.png", title=f"{config.method} from {config.model}")
     summary = {"config": config.to_json(), "data": counts, "steps": total_steps, "seconds": round(time.perf_counter() - began, 1),

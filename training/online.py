@@ -28,13 +28,13 @@ import structlog
 from negotiate.errors import UserError
 from negotiate.protocol import SELLER
 
-from negotiate.train.rewards import reward_fn
-from negotiate.train.trainer import MetricsLog, TrainConfig, evaluate_policy, load_policy, lora_config, play_episodes, save_policy
-from negotiate.train.trainer import summarize_episodes
+from negotiate.training.rewards import reward_fn
+from negotiate.training.trainer import MetricsLog, TrainConfig, evaluate_policy, load_policy, lora_config, play_episodes, save_policy
+from negotiate.training.trainer import summarize_episodes
 
 __all__ = ["train_online", "make_rollout", "episode_reward", "market_prompts"]
 
-log = structlog.get_logger("negotiate.train")
+log = structlog.get_logger("negotiate.training")
 
 
 def market_prompts(count: int) -> list[str]:
@@ -162,7 +162,7 @@ def train_online(config: TrainConfig, *, progress=None) -> dict:
         save_policy(trainer.model, tokenizer, out)
     finally:
         metrics.close()
-    from negotiate.train.curves import write_curve
+    from negotiate.training.curves import write_curve
 
     curve = write_curve(metrics.rows, out / "curve.png", title=f"online-grpo from {config.model}")
     summary = {"config": config.to_json(), "data": {"rollouts": len(record)}, "steps": steps,

@@ -4,9 +4,9 @@
 torch, transformers, peft and TRL inside their functions (``pip install 'negotiate[train]'``).
 """
 
-from negotiate.train.dataset import DataFilter, Decision, Episode, advantages, decisions, group_key, load_episodes, replay
-from negotiate.train.rewards import DEFAULT_REWARD, PENALTY, REWARDS, reward_fn
-from negotiate.train.trainer import METHODS, TrainConfig, train
+from negotiate.training.dataset import DataFilter, Decision, Episode, advantages, decisions, group_key, load_episodes, replay
+from negotiate.training.rewards import DEFAULT_REWARD, PENALTY, REWARDS, reward_fn
+from negotiate.training.trainer import METHODS, TrainConfig, train
 
 __all__ = [
     "DataFilter", "Decision", "Episode", "advantages", "decisions", "group_key", "load_episodes", "replay",

@@ -26,6 +26,9 @@ def write_curve(rows: list[dict], path: Path, *, title: str = "training") -> Pat
         points = [(s, e[key]) for s, e in evals if e.get(key) is not None]
         if points:
             right.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label, color=color)
+    if not evals:
+        right.text(0.5, 0.5, "no evaluation in this run\n(--eval-episodes N plays held-out markets)", ha="center", va="center",
+                   transform=right.transAxes, color="tab:gray")
     right.set_xlabel("step")
     right.set_title("policy")
     right.set_ylim(-1.05, 1.05)

@@ -280,6 +280,9 @@ class _Generated:
     seconds: float
 
 
+_LOAD_LOCK = threading.Lock()
+
+
 class _LocalModel:
     """A transformers causal LM and its tokenizer, loaded once, generating one batch at a time."""
 
@@ -294,7 +297,15 @@ class _LocalModel:
         """event loop -> _Batcher."""
 
     # Loading happens in the worker thread, on the first batch: seconds, never on the event loop.
+    # One load at a time in the process: two models loading in two threads (two hf sellers in one
+    # eval) raced in transformers, once in its lazy imports, once leaving a tied lm_head untied and random.
     def load(self):
+        if self._loaded is not None:
+            return self._loaded
+        with _LOAD_LOCK:
+            return self._load()
+
+    def _load(self):
         if self._loaded is not None:
             return self._loaded
         if self._error is not None:

@@ -533,3 +533,42 @@ async def test_smollm2_as_buyers_against_a_scripted_seller(smollm2_loaded):
     with anyio.fail_after(300):  # a hang guard, generous for a busy 2-core machine
         ep = await run_episode(m, seller, buyers, seller_timeout=120, reply_timeout=120)
     _check_episode(ep, "buyer")
+
+
+@needs_torch
+def test_models_load_one_at_a_time_and_keep_tied_weights(tiny_llama, tmp_path, monkeypatch):
+    # Two hf sellers in one eval load in two worker threads; concurrent from_pretrained calls raced in
+    # transformers (a tied lm_head came back untied and random), so loads are serialized.
+    import threading
+
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    tied = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    tied.config.tie_word_embeddings = True
+    tied.tie_weights()
+    tied.save_pretrained(tmp_path / "tied")
+    transformers.AutoTokenizer.from_pretrained(tiny_llama).save_pretrained(tmp_path / "tied")
+    real = AutoModelForCausalLM.from_pretrained
+    inside, most = [0], [0]
+
+    def watched(*args, **kwargs):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.2)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", watched)
+    models = [local._LocalModel(str(tmp_path / "tied"), None, "float32") for _ in range(2)]
+    threads = [threading.Thread(target=m.load) for m in models]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1
+    for m in models:
+        model = m.load()[1]
+        assert model.lm_head.weight is model.model.embed_tokens.weight

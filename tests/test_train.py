@@ -16,6 +16,8 @@ import math
 import anyio
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from negotiate.agents.llm import render_seller
 from negotiate.agents.registry import parse_agent
@@ -56,6 +58,19 @@ def test_rewards_by_hand_on_a_played_episode():
     assert profit_share(events) == pytest.approx(profit / 700)
     assert profit_penalized(events) == pytest.approx(profit / 700 - 0.1 * violations)
     assert 0 < profit_share(events) <= 1
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32), seller=st.sampled_from(["random", "greedy", "concession", "dutch"]),
+       buyers=st.sampled_from(["random", "threshold", "stubborn"]), split=st.sampled_from(["train", "shapes", "correlated"]))
+def test_rewards_stay_in_their_ranges(seed, seller, buyers, split):
+    from negotiate.market import SPLITS, generate
+
+    events = play(seller, buyers, market=generate(SPLITS[split], seed), seed=seed)
+    assert 0.0 <= profit_share(events) <= 1.0
+    assert -1.0 <= profit_penalized(events) <= 1.0
+    assert profit_penalized(events) <= profit_share(events)
+    assert 0.0 <= REWARDS["welfare"](events) <= 1.0 and 0.0 <= REWARDS["adherence"](events) <= 1.0
 
 
 def test_a_failed_episode_has_no_reward_and_unknown_names_are_refused():

@@ -52,6 +52,26 @@ def _positive(text: str) -> int:
     return value
 
 
+LOCAL_TIMEOUT = 3600.0
+"""Default agent deadline when a local model (hf:, vllm:) plays: on a CPU a reply can wait minutes for its batch."""
+
+
+def _timeout_arguments(parser: argparse.ArgumentParser, timeout: float) -> None:
+    local = f"(default: {timeout:g}, or {LOCAL_TIMEOUT:g} when an hf: or vllm: model plays)"
+    parser.add_argument("--seller-timeout", type=float, default=None, help=f"seconds a seller may think before losing the turn {local}")
+    parser.add_argument("--reply-timeout", type=float, default=None,
+                        help=f"seconds a buyer may think before its silence counts as a reject {local}")
+    parser.set_defaults(base_timeout=timeout)
+
+
+def _timeouts(args: argparse.Namespace, specs) -> dict:
+    """The agents' deadlines: as given, else the command's default, longer when a local model plays."""
+    local = any(spec.strip().startswith(("hf:", "vllm:")) for spec in specs)
+    default = max(args.base_timeout, LOCAL_TIMEOUT) if local else args.base_timeout
+    return {"seller_timeout": args.seller_timeout if args.seller_timeout is not None else default,
+            "reply_timeout": args.reply_timeout if args.reply_timeout is not None else default}
+
+
 def _batch_arguments(parser: argparse.ArgumentParser, command: str, *, timeout: float) -> None:
     """The flags serve and collect share."""
     parser.add_argument("--buyers", default="threshold", help=f"buyer spec for every buyer: {', '.join(BUYERS)} (default: threshold)")
@@ -61,9 +81,7 @@ def _batch_arguments(parser: argparse.ArgumentParser, command: str, *, timeout: 
     parser.add_argument("--shard", type=_shard, default=(1, 1), metavar="K/N", help="run the K-th of N disjoint slices of the episodes")
     parser.add_argument("--out", type=Path, help=f"trace folder (default: traces/{command}-DATE-TIME)")
     parser.add_argument("--resume", type=Path, metavar="DIR", help="finish an interrupted run in DIR (its run.json gives the settings)")
-    parser.add_argument("--seller-timeout", type=float, default=timeout, help=f"seconds a seller may think before losing the turn (default: {timeout:g})")
-    parser.add_argument("--reply-timeout", type=float, default=timeout,
-                        help=f"seconds a buyer may think before its silence counts as a reject (default: {timeout:g})")
+    _timeout_arguments(parser, timeout)
     parser.add_argument("--max-inflight", type=_positive, metavar="N",
                         help="model requests in flight per server (openai: specs), overriding their max_inflight; "
                              "the agents' timeouts include the wait for a slot")
@@ -122,8 +140,7 @@ def _parser() -> argparse.ArgumentParser:
                             "the agents' timeouts include the wait for a slot")
     evaluate.add_argument("--out", type=Path, help="output folder (default: traces/eval-DATE-TIME)")
     evaluate.add_argument("--resume", type=Path, metavar="DIR", help="finish an interrupted evaluation in DIR")
-    evaluate.add_argument("--seller-timeout", type=float, default=120.0, help="seconds a seller may think before losing the turn")
-    evaluate.add_argument("--reply-timeout", type=float, default=120.0, help="seconds a buyer may think before its silence counts as a reject")
+    _timeout_arguments(evaluate, 120.0)
     evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
 
     play = sub.add_parser("play", help="bargain yourself in the terminal UI, as a buyer or as the seller",
@@ -193,7 +210,7 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
         config = RunConfig(
             sellers=_list(args.seller), buyers=args.buyers, split=args.split,
             episodes=args.markets * args.group if collect else args.episodes, seed=args.seed,
-            shard=args.shard, seller_timeout=args.seller_timeout, reply_timeout=args.reply_timeout, group=args.group,
+            shard=args.shard, group=args.group, **_timeouts(args, (*_list(args.seller), args.buyers)),
         )
         out = args.out or Path("traces") / time.strftime(f"{args.command}-%Y%m%d-%H%M%S")
         if (out / "run.json").exists():
@@ -239,7 +256,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
         if (out / "eval.json").exists():
             raise UserError("already holds an evaluation; pass --resume to finish it or choose another --out", source=str(out))
         configs = [RunConfig(sellers=tuple(sellers), buyers=args.buyers, split=split, episodes=args.episodes, seed=args.seed,
-                             seller_timeout=args.seller_timeout, reply_timeout=args.reply_timeout) for split in splits]
+                             **_timeouts(args, (*sellers, args.buyers))) for split in splits]
     runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None), out / split_dir(config.split))
             for config in configs]  # every spec and agent is checked before anything runs
     out.mkdir(parents=True, exist_ok=True)

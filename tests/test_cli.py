@@ -169,3 +169,24 @@ def test_serve_then_resume_after_an_interruption(tmp_path, capsys):
     assert main(["serve", "--resume", str(out), "--quiet"]) == 0
     assert sorted(e[0]["index"] for e in read_episodes(path)) == [0, 1, 2, 3]
     assert sorted(e[0]["index"] for e in read_episodes(out / "random.jsonl")) == [0, 1, 2, 3]
+
+
+def test_agent_deadlines_default_longer_when_a_local_model_plays(tmp_path):
+    import argparse
+    import json
+
+    from negotiate.cli import LOCAL_TIMEOUT, _timeouts
+
+    args = argparse.Namespace(seller_timeout=None, reply_timeout=None, base_timeout=120.0)
+    assert _timeouts(args, ("greedy", "threshold")) == {"seller_timeout": 120.0, "reply_timeout": 120.0}
+    assert _timeouts(args, ("hf:smollm2?max_tokens=40", "threshold"))["seller_timeout"] == LOCAL_TIMEOUT == 3600.0
+    assert _timeouts(args, ("greedy", " vllm:Qwen/Qwen3-8B"))["reply_timeout"] == LOCAL_TIMEOUT
+    given = argparse.Namespace(seller_timeout=5.0, reply_timeout=None, base_timeout=120.0)
+    assert _timeouts(given, ("hf:x",)) == {"seller_timeout": 5.0, "reply_timeout": LOCAL_TIMEOUT}
+    assert main(["serve", "--seller", "greedy", "--episodes", "1", "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    saved = json.loads((tmp_path / "s" / "run.json").read_text())
+    assert saved["seller_timeout"] == saved["reply_timeout"] == 120.0
+    assert main(["collect", "--seller", "greedy", "--markets", "1", "--group", "2", "--reply-timeout", "7",
+                 "--out", str(tmp_path / "c"), "--quiet"]) == 0
+    saved = json.loads((tmp_path / "c" / "run.json").read_text())
+    assert saved["seller_timeout"] == 600.0 and saved["reply_timeout"] == 7.0 and saved["group"] == 2

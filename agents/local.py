@@ -283,6 +283,23 @@ class _Generated:
 _LOAD_LOCK = threading.Lock()
 
 
+def stop_tokens(model, tokenizer) -> set[int]:
+    """The token ids that end a reply: the tokenizer's eos and the generation config's."""
+    stops: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(source, int):
+            stops.add(source)
+        elif isinstance(source, (list, tuple)):
+            stops.update(int(t) for t in source)
+    return stops
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """A chat prompt's token ids, ready for the assistant's reply (what generation and training both see)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 class _LocalModel:
     """A transformers causal LM and its tokenizer, loaded once, generating one batch at a time."""
 
@@ -339,12 +356,7 @@ class _LocalModel:
         if not getattr(tokenizer, "chat_template", None):
             raise LLMError(f"the model at {where} has no chat template (its tokenizer's chat_template is empty)")
         model.eval()
-        stops = set()
-        for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-            if isinstance(source, int):
-                stops.add(source)
-            elif isinstance(source, (list, tuple)):
-                stops.update(int(t) for t in source)
+        stops = stop_tokens(model, tokenizer)
         if not stops:
             raise LLMError(f"the model at {where} has no end-of-sequence token")
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops)
@@ -360,9 +372,7 @@ class _LocalModel:
         return local
 
     def encode(self, messages: list[dict]) -> list[int]:
-        _torch, _model, tokenizer, _stops, _pad = self.load()
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return encode_chat(self.load()[2], messages)
 
     def generate(self, jobs: list[_Job]) -> list[_Generated | LLMError]:
         """Generate every job's reply in one left-padded batch (runs in a worker thread)."""

@@ -28,7 +28,7 @@ from negotiate.market import MarketSpec, generate, resolve_spec
 from negotiate.metrics import opt
 from negotiate.trace import TraceWriter, scan
 
-__all__ = ["RunConfig", "market_seed", "prepare", "run_batch", "slug", "play", "build_episode", "save_config", "load_config"]
+__all__ = ["RunConfig", "market_seed", "prepare", "run_batch", "slug", "play", "build_episode", "build_buyers", "save_config", "load_config"]
 
 log = structlog.get_logger("negotiate.runner")
 
@@ -148,8 +148,12 @@ def build_episode(spec: MarketSpec, seller: AgentSpec, buyers: AgentSpec, run_se
     seed = market_seed(run_seed, index // group)
     market = generate(spec, seed)
     seller_agent = seller.build(market, [seed, 2] if group == 1 else [seed, 2, index % group])
-    buyer_agents = {b.id: buyers.build(market, [seed, 1, k]) for k, b in enumerate(market.buyers)}
-    return market, seller_agent, buyer_agents
+    return market, seller_agent, build_buyers(market, buyers)
+
+
+def build_buyers(market, buyers: AgentSpec) -> dict:
+    """The buyers of a market, seeded from the market seed alone (every seller and repeat meets the same ones)."""
+    return {b.id: buyers.build(market, [market.seed, 1, k]) for k, b in enumerate(market.buyers)}
 
 
 async def play(prepared: Prepared, job: Job, *, opt_cache: dict | None = None) -> Episode:

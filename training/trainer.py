@@ -161,13 +161,10 @@ def lora_config(config: TrainConfig):
 def save_policy(model, tokenizer, out: Path) -> None:
     """Merged weights and tokenizer in ``out``; the LoRA adapter alone in ``out/adapter``."""
     out.mkdir(parents=True, exist_ok=True)
+    merged = model
     if hasattr(model, "merge_and_unload"):
         model.save_pretrained(out / "adapter")
-        import copy
-
-        merged = copy.deepcopy(model).merge_and_unload()
-    else:
-        merged = model
+        merged = model.merge_and_unload()  # in place: saving is the run's last use of the adapter
     merged.config.use_cache = True
     merged.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -188,22 +185,6 @@ class Example:
     """Log-probs of the completion under the policy that sampled it (None: computed before the first update)."""
     reward: float
     valid: bool
-
-
-def _stops(model, tokenizer) -> set[int]:
-    stops = set()
-    for source in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
-        if isinstance(source, int):
-            stops.add(source)
-        elif isinstance(source, (list, tuple)):
-            stops.update(int(t) for t in source)
-    return stops
-
-
-def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    """The prompt's token ids, as the ``hf`` backend encodes them."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def encode_completion(tokenizer, messages: list[dict], completion: str, stops: set[int]) -> list[int]:
@@ -231,12 +212,14 @@ def select(config: TrainConfig, episodes: list[Episode]) -> list[tuple[Decision,
 
 def build_examples(config: TrainConfig, episodes: list[Episode], model, tokenizer) -> tuple[list[Example], dict]:
     """Tokenized examples and counts of what was kept and why the rest was dropped."""
-    stops = _stops(model, tokenizer)
+    from negotiate.agents.local import encode_chat, stop_tokens
+
+    stops = stop_tokens(model, tokenizer)
     out: list[Example] = []
     counts = {"episodes": len(episodes), "decisions": sum(len(ep.decisions) for ep in episodes), "too_long": 0, "logged_tokens": 0}
     for decision, weight in select(config, episodes):
         logged = decision.prompt_ids is not None and decision.completion_ids is not None
-        prompt_ids = list(decision.prompt_ids) if logged else encode_prompt(tokenizer, decision.prompt)
+        prompt_ids = list(decision.prompt_ids) if logged else encode_chat(tokenizer, decision.prompt)
         completion_ids = list(decision.completion_ids) if logged else encode_completion(tokenizer, decision.prompt, decision.completion, stops)
         if not completion_ids:
             continue
@@ -290,20 +273,12 @@ def example_loss(config: TrainConfig, model, example: Example, stats: dict):
     return loss.sum()
 
 
-class _reference:
-    """The starting model: the same weights with the LoRA adapter switched off."""
-
-    def __init__(self, model):
-        if not hasattr(model, "disable_adapter"):
-            raise UserError("a KL to the reference needs LoRA (the reference is the model with its adapter off)",
-                            field="--kl-beta", value=None)
-        self.context = model.disable_adapter()
-
-    def __enter__(self):
-        return self.context.__enter__()
-
-    def __exit__(self, *exc):
-        return self.context.__exit__(*exc)
+def _reference(model):
+    """The starting model: the same weights with the LoRA adapter switched off (a context manager)."""
+    if not hasattr(model, "disable_adapter"):
+        raise UserError("a KL to the reference needs LoRA (the reference is the model with its adapter off)",
+                        field="--kl-beta", value=None)
+    return model.disable_adapter()
 
 
 # -- evaluation: the policy plays episodes ------------------------------------------------------
@@ -323,7 +298,7 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
     from negotiate.agents.registry import parse_agent
     from negotiate.episode import run_episode
     from negotiate.market import generate, resolve_spec
-    from negotiate.runner import market_seed
+    from negotiate.runner import build_buyers, market_seed
 
     was_training = model.training
     local = _LocalModel.in_memory(model, tokenizer, label)
@@ -339,7 +314,7 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
         market = generate(spec, seed)
         request_seed = int(np.random.default_rng([seed, 2, repeat]).integers(0, 2**31 - 1))
         seller = LLMSeller(backend, fmt="tagged", seed=request_seed)
-        agents = {b.id: buyers.build(market, [seed, 1, j]) for j, b in enumerate(market.buyers)}
+        agents = build_buyers(market, buyers)
         labels = {"run_seed": run_seed, "index": index * group + repeat, "seed": seed, "seller": label, "buyers": buyers.text}
         if group > 1:
             labels["group"], labels["repeat"] = group, repeat

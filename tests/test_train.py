@@ -365,6 +365,7 @@ def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, mo
     (["--traces", "x", "--reward", "money"], "--reward: 'money': unknown reward"),
     (["--traces", "x", "--top", "0"], "--top: 0.0: must be in (0, 1]"),
     (["--traces", "x", "--batch-size", "0"], "--batch-size: 0: must be at least 1"),
+    (["--traces", "x", "--method", "offline-grpo", "--kl-beta", "0.1", "--no-lora"], "--kl-beta: 0.1: a KL to the reference needs LoRA"),
 ])
 def test_train_flags_are_checked_before_anything_loads(argv, message, capsys, tmp_path):
     assert main(["train", "--out", str(tmp_path / "o"), *argv]) == 2

@@ -103,6 +103,9 @@ class TrainConfig:
             raise UserError(f"unknown reward; choose from {', '.join(REWARDS)}", field="--reward", value=self.reward)
         if self.method != "online-grpo" and not self.traces:
             raise UserError(f"{self.method} learns from traces: give --traces DIR", field="--traces", value=None)
+        if self.method == "offline-grpo" and self.kl_beta > 0 and not self.lora:
+            raise UserError("a KL to the reference needs LoRA (the reference is the model with its adapter off); "
+                            "drop --no-lora or set --kl-beta 0", field="--kl-beta", value=self.kl_beta)
         if not 0 < self.top <= 1:
             raise UserError("must be in (0, 1]", field="--top", value=self.top)
         for name in ("batch_size", "max_length", "lora_r", "group", "markets", "max_tokens", "gen_batch"):

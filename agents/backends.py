@@ -365,11 +365,16 @@ def _openai_client(base_url: str, key: str):
 _INFLIGHT_OVERRIDE: int | None = None
 
 
+_SETTINGS = [0]
+"""Bumped whenever the in-flight settings change, so backends look their shared client up again."""
+
+
 def set_max_inflight(limit: int | None) -> None:
     """The ``--max-inflight`` flag: requests in flight per server for this process, overriding
     every spec's ``max_inflight`` (None goes back to the specs)."""
     global _INFLIGHT_OVERRIDE
     _INFLIGHT_OVERRIDE = limit
+    _SETTINGS[0] += 1
 
 
 def _shared(options: OpenAIOptions) -> _Shared:
@@ -392,6 +397,7 @@ def _shared(options: OpenAIOptions) -> _Shared:
 async def aclose_clients() -> None:
     """Close every shared client of the running event loop (call once at the end of a run)."""
     clients = _CLIENTS.pop(asyncio.get_running_loop(), {})
+    _SETTINGS[0] += 1  # backends holding one of these look again
     for shared in clients.values():
         if shared.openai is not None:
             await shared.openai.close()
@@ -444,6 +450,8 @@ class OpenAIBackend:
         """The chat-completions URL as a ``yarl.URL`` (parsed once, not per request)."""
         self._timeout = None
         """``aiohttp.ClientTimeout`` of this backend's requests (made on first use)."""
+        self._shared: tuple | None = None
+        """(event loop, settings generation, _Shared): the last lookup, reused while both hold."""
 
     def describe(self) -> dict:
         o = self.options
@@ -479,7 +487,13 @@ class OpenAIBackend:
     async def complete(self, messages: list[dict], *, role: str, seed: int | None = None) -> Completion:
         """One chat completion. Raises :class:`LLMError` or :class:`LLMTimeout`; never waits past its deadline."""
         o = self.options
-        shared = _shared(o)
+        loop = asyncio.get_running_loop()
+        cached = self._shared
+        if cached is not None and cached[0] is loop and cached[1] == _SETTINGS[0]:
+            shared = cached[2]
+        else:
+            shared = _shared(o)
+            self._shared = (loop, _SETTINGS[0], shared)
         payload = orjson.dumps(self.request(messages, role=role, seed=seed))  # serialized once, by orjson
         where = f"{o.model} at {o.base_url}"
         if o.client == "openai":

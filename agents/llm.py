@@ -37,7 +37,7 @@ import numpy as np
 import orjson
 
 from negotiate.protocol import (
-    SELLER, TALK_MAX, Action, Generated, Message, Notice, ParseFailure, parse_json, parse_tagged, render_tagged,
+    SELLER, TALK_MAX, Action, Generated, Message, Notice, ParseFailure, parse_json, parse_object, parse_tagged, render_tagged,
 )
 from negotiate.regulator import ACTIVE, GONE, MALFORMED, SERVED, TIMEOUT, BuyerObservation, SellerObservation
 
@@ -89,6 +89,29 @@ def _template(name: str) -> PromptTemplate:
 
 
 @lru_cache(maxsize=None)
+def _parts(name: str) -> tuple[tuple[str, str | None], ...]:
+    """A prompt file cut once into (literal, placeholder) pairs: filling it is a join, not a regex pass."""
+    template = _template(name)
+    text, parts, at = template.template, [], 0
+    for match in template.pattern.finditer(text):
+        if match["invalid"] is not None:
+            template.substitute({})  # raises ValueError naming the line, as string.Template does
+        literal = text[at:match.start()]
+        if match["escaped"] is not None:
+            parts.append((literal + match["escaped"], None))
+        else:
+            parts.append((literal, match["named"]))
+        at = match.end()
+    parts.append((text[at:], None))
+    return tuple(parts)
+
+
+def _fill(name: str, **values) -> str:
+    """The prompt file ``name`` with its ``{{placeholders}}`` filled (a missing one raises KeyError)."""
+    return "".join([literal if key is None else f"{literal}{values[key]}" for literal, key in _parts(name)])
+
+
+@lru_cache(maxsize=None)
 def _persona(name: str) -> str:
     if name in PERSONAS:
         return _file(f"personas/{name}.md").strip()
@@ -121,6 +144,16 @@ def _format_block(role: str, fmt: str) -> str:
     return _template("format_tagged.md").substitute(values)
 
 
+@lru_cache(maxsize=None)
+def _seller_system(fmt: str) -> str:
+    return _template("seller.md").substitute(format=_format_block(SELLER, fmt))
+
+
+@lru_cache(maxsize=4096)
+def _buyer_system(buyer: str, persona: str, fmt: str) -> str:
+    return _template("buyer.md").substitute(buyer=buyer, persona=_persona(persona), format=_format_block("buyer", fmt))
+
+
 # -- rendering -----------------------------------------------------------------------------
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]")
@@ -129,6 +162,8 @@ _SPACE = re.compile(r"\s+")
 
 def _one_line(text: str, limit: int = TALK_MAX) -> str:
     """Model text as one clean line: no control characters, whitespace collapsed, at most ``limit`` characters."""
+    if len(text) <= limit and text.isprintable() and "  " not in text and text.strip() == text:
+        return text  # already clean (the common case: talk was cleaned when it was parsed); no regex pass
     return _SPACE.sub(" ", _CONTROL.sub("", text)).strip()[:limit].rstrip()
 
 
@@ -190,12 +225,11 @@ def render_seller(obs: SellerObservation, fmt: str = "json") -> list[dict]:
     free = [b.id for b in obs.buyers if b.status == ACTIVE and not b.awaiting]
     shown = notices[-NOTICES_SHOWN:]
     notice_text = ("\nNotices (latest last):\n" + "\n".join(shown) + "\n") if shown else ""
-    user = _template("seller_state.md").substitute(
-        budget_left=obs.budget_left, budget=obs.budget, price_low=obs.price_low, price_high=obs.price_high,
+    user = _fill(
+        "seller_state.md", budget_left=obs.budget_left, budget=obs.budget, price_low=obs.price_low, price_high=obs.price_high,
         catalog=catalog, buyers="\n".join(blocks), notices=notice_text, free=", ".join(free) or "nobody (every buyer owes you a reply)",
     )
-    system = _template("seller.md").substitute(format=_format_block(SELLER, fmt))
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": _seller_system(fmt)}, {"role": "user", "content": user}]
 
 
 def render_buyer(obs: BuyerObservation, fmt: str = "json") -> list[dict]:
@@ -209,11 +243,10 @@ def render_buyer(obs: BuyerObservation, fmt: str = "json") -> list[dict]:
             lines.append(_line(item, "seller" if item.sender == SELLER else "you"))
     if obs.message is not None and obs.message not in obs.thread:
         lines.append(_line(obs.message, "seller"))
-    user = _template("buyer_state.md").substitute(
-        catalog=catalog, thread="\n".join(_thread_lines(lines, "", "(nothing yet)")), offer=_standing(obs.offer), bid=_standing(obs.bid),
+    user = _fill(
+        "buyer_state.md", catalog=catalog, thread="\n".join(_thread_lines(lines, "", "(nothing yet)")), offer=_standing(obs.offer), bid=_standing(obs.bid),
     )
-    system = _template("buyer.md").substitute(buyer=obs.buyer, persona=_persona(obs.persona), format=_format_block("buyer", fmt))
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": _buyer_system(obs.buyer, obs.persona, fmt)}, {"role": "user", "content": user}]
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -228,6 +261,8 @@ _JSON = json.JSONDecoder(strict=False)
 
 
 def _clean_talk(talk: str, notes: list[str]) -> str:
+    if len(talk) <= TALK_MAX and talk.isprintable() and "  " not in talk and talk.strip() == talk:
+        return talk
     cleaned = _SPACE.sub(" ", _CONTROL.sub("", talk)).strip()
     if len(cleaned) > TALK_MAX:
         notes.append(f"talk truncated from {len(cleaned)} to {TALK_MAX} characters")
@@ -282,7 +317,7 @@ def parse_reply(text: str, role: str, sender: str | None = None) -> tuple[Messag
             action = data.get("action")
             if isinstance(action, dict) and isinstance(action.get("price"), str):
                 action["price"] = action["price"].strip().lstrip("$").strip()
-            result = parse_json(orjson.dumps(data).decode(), role, sender)
+            result = parse_object(data, role, sender, text)
         else:
             result = parse_json(body, role, sender)
     else:
@@ -308,6 +343,16 @@ def parse_reply(text: str, role: str, sender: str | None = None) -> tuple[Messag
 # -- the agent -----------------------------------------------------------------------------
 
 _BACKENDS: dict[OpenAIOptions, OpenAIBackend] = {}
+_OPTIONS: dict[tuple, OpenAIOptions] = {}
+
+
+def _options(params: dict) -> OpenAIOptions:
+    """The options of a parsed spec, built once per distinct spec (an agent is built per episode)."""
+    key = tuple(params.items())
+    options = _OPTIONS.get(key)
+    if options is None:
+        options = _OPTIONS[key] = OpenAIOptions(**params)
+    return options
 
 
 def _backend(options: OpenAIOptions) -> OpenAIBackend:
@@ -335,16 +380,20 @@ class LLMAgent:
     @classmethod
     def create(cls, spec, *, market, seed):
         """An agent for one episode from a parsed ``openai:`` spec; ``seed`` seeds the server's sampling."""
-        options = OpenAIOptions(**spec.params)
-        request_seed = int(np.random.default_rng(seed).integers(0, 2**31 - 1)) if seed is not None else None
+        options = _options(spec.params)
+        if seed is None:
+            request_seed = None
+        elif isinstance(seed, np.random.Generator):
+            request_seed = int(seed.integers(0, 2**31 - 1))
+        else:  # what seeds a Generator; its SeedSequence alone costs a third as much
+            request_seed = int(np.random.SeedSequence(seed).generate_state(1)[0]) % (2**31 - 1)
         return cls(_backend(options), fmt=options.format, reask=options.reask, seed=request_seed)
 
     def describe(self) -> dict:
         out = {"kind": "llm", **self.backend.describe(), "format": self.format}
         options = getattr(self.backend, "options", None)
         if options is not None:
-            params = options.to_params()
-            out["params"] = {k: params[k] for k in ("temperature", "top_p", "max_tokens", "timeout", "retries", "reask", "max_inflight", "logprobs", "think")}
+            out["params"] = {k: getattr(options, k) for k in ("temperature", "top_p", "max_tokens", "timeout", "retries", "reask", "max_inflight", "logprobs", "think")}
         return out
 
     def render(self, obs) -> list[dict]:

@@ -188,7 +188,7 @@ def _no_http(latency: float):
 
 def run_one(server: Server, client: str, inflight: int, args, *, profile: cProfile.Profile | None = None) -> dict:
     """``args.episodes`` episodes, LLM seller and LLM buyers, ``inflight`` in flight; the figures."""
-    from negotiate.runner import RunConfig, prepare, run_batch
+    from negotiate.runner import RunConfig, prepare, run_async, run_batch
 
     if client == "none":
         restore = _no_http(args.latency)
@@ -210,7 +210,7 @@ def run_one(server: Server, client: str, inflight: int, args, *, profile: cProfi
         cpu, wall = time.process_time(), time.perf_counter()
         if profile is not None:
             profile.enable()
-        rows = anyio.run(lambda: run_batch(prepared, out, concurrency=inflight))
+        rows = run_async(lambda: run_batch(prepared, out, concurrency=inflight))
         if profile is not None:
             profile.disable()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

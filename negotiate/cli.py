@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import anyio
 import structlog
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -25,7 +24,7 @@ from negotiate.market import SPLITS
 from negotiate.report import GROUP_KEYS, rows_from_traces, summarize, summary_csv, summary_markdown, summary_table
 from negotiate.plots import write_plots
 from negotiate.report import paired_csv, paired_differences, paired_markdown, paired_table
-from negotiate.runner import Prepared, RunConfig, load_config, prepare, run_batch, save_config, slug
+from negotiate.runner import Prepared, RunConfig, load_config, prepare, run_async, run_batch, save_config, slug
 
 __all__ = ["main"]
 
@@ -194,7 +193,7 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
                 await run_batch(prepared, out, concurrency=args.concurrency, on_episode=tick, fsync=getattr(args, "fsync", False))
 
         try:
-            anyio.run(main)
+            run_async(main)
         except KeyboardInterrupt:
             progress.stop()
             return counter["n"], time.perf_counter() - began, True

@@ -37,6 +37,7 @@ __all__ = [
     "parse",
     "parse_tagged",
     "parse_json",
+    "parse_object",
     "render_tagged",
     "json_schema",
     "Generated",
@@ -212,6 +213,13 @@ def parse_json(text: str, role: str, sender: str | None = None) -> Message | Par
         data = orjson.loads(body)
     except orjson.JSONDecodeError as error:
         return ParseFailure(f"not valid JSON ({error})", text)
+    return parse_object(data, role, sender, text)
+
+
+def parse_object(data, role: str, sender: str | None = None, raw: str = "") -> Message | ParseFailure:
+    """Parse the JSON form once decoded: ``data`` is what the model's object decoded to; ``raw`` its text."""
+    sender = sender or (SELLER if role == SELLER else "buyer")
+    text = raw
     if not isinstance(data, dict):
         return ParseFailure("JSON is not an object", text)
     action = data.get("action")

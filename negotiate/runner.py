@@ -11,9 +11,10 @@ an interrupted run keeps every completed episode and ``resume`` runs only the re
 from __future__ import annotations
 
 import gc
+import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,8 @@ from negotiate.market import MarketSpec, generate, resolve_spec
 from negotiate.metrics import opt
 from negotiate.trace import TraceWriter, scan
 
-__all__ = ["RunConfig", "market_seed", "prepare", "run_batch", "slug", "play", "build_episode", "build_buyers", "save_config", "load_config"]
+__all__ = ["RunConfig", "market_seed", "prepare", "run_batch", "run_async", "slug", "play", "build_episode", "build_buyers",
+           "save_config", "load_config"]
 
 log = structlog.get_logger("negotiate.runner")
 
@@ -224,6 +226,20 @@ async def run_batch(
         if "negotiate.agents.backends" in sys.modules:  # LLM agents ran: close their shared HTTP clients
             await sys.modules["negotiate.agents.backends"].aclose_clients()
     return rows
+
+
+def run_async(main: Callable[[], Awaitable]):
+    """``anyio.run(main)`` on uvloop where it is installed (the ``llm`` extra): about a tenth less CPU
+    per model request than asyncio's own loop (benchmarks/bench_llm.py). ``NEGOTIATE_LOOP=asyncio`` opts out."""
+    use_uvloop = False
+    if os.environ.get("NEGOTIATE_LOOP", "auto") != "asyncio":
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            use_uvloop = True
+    return anyio.run(main, backend_options={"use_uvloop": use_uvloop})
 
 
 def save_config(config: RunConfig, out: Path) -> None:

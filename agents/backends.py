@@ -363,18 +363,27 @@ def _openai_client(base_url: str, key: str):
 
 
 _INFLIGHT_OVERRIDE: int | None = None
+_INFLIGHT_SHARE = 1
+"""This process's share of a run's in-flight bounds: 1/N in each of N worker processes."""
 
 
 _SETTINGS = [0]
 """Bumped whenever the in-flight settings change, so backends look their shared client up again."""
 
 
-def set_max_inflight(limit: int | None) -> None:
+def set_max_inflight(limit: int | None, *, share: int = 1) -> None:
     """The ``--max-inflight`` flag: requests in flight per server for this process, overriding
-    every spec's ``max_inflight`` (None goes back to the specs)."""
-    global _INFLIGHT_OVERRIDE
+    every spec's ``max_inflight`` (None goes back to the specs). In one of ``share`` worker
+    processes, a spec's ``max_inflight`` is divided by ``share`` (rounded up), so the bound
+    stays the run's."""
+    global _INFLIGHT_OVERRIDE, _INFLIGHT_SHARE
     _INFLIGHT_OVERRIDE = limit
+    _INFLIGHT_SHARE = share
     _SETTINGS[0] += 1
+
+
+def _spec_limit(options: OpenAIOptions) -> int:
+    return -(-options.max_inflight // _INFLIGHT_SHARE)
 
 
 def _shared(options: OpenAIOptions) -> _Shared:
@@ -384,13 +393,13 @@ def _shared(options: OpenAIOptions) -> _Shared:
         clients = _CLIENTS[loop] = {}
     key = os.environ.get(options.key_env) or "EMPTY"  # local servers take any key; vLLM's convention
     shared = clients.get((options.base_url, key))
-    limit = _INFLIGHT_OVERRIDE or options.max_inflight
+    limit = _INFLIGHT_OVERRIDE or _spec_limit(options)
     if shared is None:
         shared = clients[(options.base_url, key)] = _Shared(options.base_url, key, _Limiter(limit))
     elif _INFLIGHT_OVERRIDE is not None:
         shared.limiter.total_tokens = _INFLIGHT_OVERRIDE  # the command line wins
-    elif shared.limiter.total_tokens != options.max_inflight and options.max_inflight != OpenAIOptions.max_inflight:
-        shared.limiter.total_tokens = options.max_inflight  # an explicit max_inflight wins
+    elif shared.limiter.total_tokens != limit and options.max_inflight != OpenAIOptions.max_inflight:
+        shared.limiter.total_tokens = limit  # an explicit max_inflight wins
     return shared
 
 

@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import pstats
+import resource
 import subprocess
 import sys
 import tempfile
@@ -186,14 +187,19 @@ def _no_http(latency: float):
     return restore
 
 
-def run_one(server: Server, client: str, inflight: int, args, *, profile: cProfile.Profile | None = None) -> dict:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # finished and waited-for children: the workers, not the server
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_one(server: Server, client: str, inflight: int, args, *, profile: cProfile.Profile | None = None, workers: int = 1) -> dict:
     """``args.episodes`` episodes, LLM seller and LLM buyers, ``inflight`` in flight; the figures."""
     from negotiate.runner import RunConfig, prepare, run_async, run_batch
 
     if client == "none":
         restore = _no_http(args.latency)
         try:
-            row = run_one(server, "aiohttp", inflight, args, profile=profile)
+            row = run_one(server, "aiohttp", inflight, args, profile=profile, workers=workers)
         finally:
             restore()
         row["client"] = "none"
@@ -207,13 +213,20 @@ def run_one(server: Server, client: str, inflight: int, args, *, profile: cProfi
         prepared = prepare(config, out, resume=False)
         gc.collect()
         before = server.stats()
-        cpu, wall = time.process_time(), time.perf_counter()
+        cpu, wall = time.process_time() + _children_cpu(), time.perf_counter()
         if profile is not None:
             profile.enable()
-        rows = run_async(lambda: run_batch(prepared, out, concurrency=inflight))
+        if workers > 1:  # negotiate serve --workers N: the parent writes, N processes play
+            from negotiate.workers import run_workers
+
+            run_workers([(prepared, out)], workers, concurrency=inflight, max_inflight=inflight, log_file=None)
+        else:
+            run_async(lambda: run_batch(prepared, out, concurrency=inflight))
         if profile is not None:
             profile.disable()
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        wall, cpu = time.perf_counter() - wall, time.process_time() + _children_cpu() - cpu
+        rows = [e for path in out.glob("*.jsonl") for line in path.read_bytes().splitlines()
+                if line.startswith(b'{"type":"episode_end"') for e in [orjson.loads(line)]]
         after = server.stats(since=before["now"])
         trace_bytes = sum(p.stat().st_size for p in out.glob("*.jsonl"))
         latencies = [e["extra"]["latency_s"] for path in out.glob("*.jsonl") for line in path.read_bytes().splitlines()
@@ -226,7 +239,7 @@ def run_one(server: Server, client: str, inflight: int, args, *, profile: cProfi
     for row in rows:
         outcomes[row["outcome"]] = outcomes.get(row["outcome"], 0) + 1
     return {
-        "client": client, "inflight": inflight, "episodes": len(rows), "requests": requests, "wall_s": wall,
+        "client": client, "workers": workers, "inflight": inflight, "episodes": len(rows), "requests": requests, "wall_s": wall,
         "rps": requests / wall, "ideal_rps": ideal, "of_ideal": requests / wall / ideal,
         "client_cpu_s": cpu, "client_cpu_us_per_request": cpu / max(requests, 1) * 1e6, "client_cpu_busy": cpu / wall,
         "server_inflight_mean": (after["inside_s"] - before["inside_s"]) / wall,
@@ -262,6 +275,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Requests/s and client CPU per request of the LLM client, whole episodes included, "
                                                  "against a local server answering after 50 ms.")
     parser.add_argument("--clients", type=_clients, default=["aiohttp", "openai"], help="comma-separated: aiohttp, openai, none (no HTTP: the runtime's floor) (default: aiohttp,openai)")
+    parser.add_argument("--workers", type=_ints, default=[1], help="worker processes, as serve --workers (default: 1; e.g. 1,2)")
     parser.add_argument("--inflight", type=_ints, default=[64, 256, 1024], help="requests (and episodes) in flight (default: 64,256,1024)")
     parser.add_argument("--episodes", type=int, default=None,
                         help="episodes per configuration (default: 1000; 300 for the slower openai client)")
@@ -316,20 +330,21 @@ def main(argv: list[str] | None = None) -> int:
                 profile.dump_stats(args.profile_out)
             return 0
         for client in args.clients:
-            for inflight in args.inflight:
-                one = argparse.Namespace(**{**vars(args), "episodes": args.episodes or episodes[client]})
-                row = run_one(server, client, inflight, one)
-                results.append(row)
-                console.print(f"  {client} at {inflight} in flight: {row['rps']:,.0f} requests/s, "
-                              f"{row['client_cpu_us_per_request']:,.0f} us CPU per request", highlight=False)
+            for workers in args.workers if client != "none" else [1]:
+                for inflight in args.inflight:
+                    one = argparse.Namespace(**{**vars(args), "episodes": args.episodes or episodes[client]})
+                    row = run_one(server, client, inflight, one, workers=workers)
+                    results.append(row)
+                    console.print(f"  {client} x{workers} at {inflight} in flight: {row['rps']:,.0f} requests/s, "
+                                  f"{row['client_cpu_us_per_request']:,.0f} us CPU per request", highlight=False)
 
     table = Table(title=f"LLM client: requests/s against a server answering after {args.latency * 1000:.0f} ms "
                         "(LLM seller + LLM buyers, whole episodes, traces written)")
-    for name in ("client", "in flight", "episodes", "requests", "wall s", "requests/s", "ideal", "of ideal",
+    for name in ("client", "workers", "in flight", "episodes", "requests", "wall s", "requests/s", "ideal", "of ideal",
                  "client CPU/req", "client busy", "latency", "server in flight", "server CPU/req", "outcomes"):
         table.add_column(name, justify="left" if name in ("client", "outcomes") else "right")
     for r in results:
-        table.add_row(r["client"], f"{r['inflight']:,}", f"{r['episodes']:,}", f"{r['requests']:,}", f"{r['wall_s']:.1f}",
+        table.add_row(r["client"], str(r["workers"]), f"{r['inflight']:,}", f"{r['episodes']:,}", f"{r['requests']:,}", f"{r['wall_s']:.1f}",
                       f"{r['rps']:,.0f}", f"{r['ideal_rps']:,.0f}", f"{r['of_ideal']:.0%}",
                       f"{r['client_cpu_us_per_request']:,.0f} us", f"{r['client_cpu_busy']:.0%}", f"{r['client_latency_ms']:.0f} ms",
                       f"{r['server_inflight_mean']:,.0f}" if r["client"] != "none" else "-",
@@ -338,15 +353,15 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
 
     targets = []
-    for client in args.clients:
-        by = {r["inflight"]: r for r in results if r["client"] == client}
+    for client, workers in sorted({(r["client"], r["workers"]) for r in results}):
+        by = {r["inflight"]: r for r in results if r["client"] == client and r["workers"] == workers}
         if TARGET_INFLIGHT in by:
             ok = by[TARGET_INFLIGHT]["rps"] >= TARGET_RPS
-            targets.append({"client": client, "target": f">= {TARGET_RPS:,} requests/s at {TARGET_INFLIGHT} in flight",
+            targets.append({"client": client if workers == 1 else f"{client} x{workers} workers", "target": f">= {TARGET_RPS:,} requests/s at {TARGET_INFLIGHT} in flight",
                             "value": round(by[TARGET_INFLIGHT]["rps"]), "met": ok})
             if 1024 in by:
                 ratio = by[1024]["rps"] / by[TARGET_INFLIGHT]["rps"]
-                targets.append({"client": client, "target": f"no collapse at 1,024 (>= {COLLAPSE:.0%} of the {TARGET_INFLIGHT} figure)",
+                targets.append({"client": client if workers == 1 else f"{client} x{workers} workers", "target": f"no collapse at 1,024 (>= {COLLAPSE:.0%} of the {TARGET_INFLIGHT} figure)",
                                 "value": round(ratio, 2), "met": ratio >= COLLAPSE})
     for t in targets:
         console.print(f"{t['client']}: {t['target']}: {t['value']} -> {'met' if t['met'] else 'NOT met'}", highlight=False)

@@ -189,13 +189,18 @@ async def run_batch(
     concurrency: int = 256,
     on_episode: Callable[[Episode, str], None] | None = None,
     fsync: bool = False,
+    sink: Callable[[str, list[dict], dict], None] | None = None,
 ) -> list[dict]:
     """Run every job of ``prepared``, ``concurrency`` at a time, writing traces under ``out``.
 
-    Returns one row per episode (labels plus metrics) for the report table.
+    Returns one row per episode (labels plus metrics) for the report table. With ``sink``, no
+    trace is written here: ``sink(seller, events, row)`` gets each finished episode instead
+    (a worker process sends it to the parent, which writes it).
     """
-    out.mkdir(parents=True, exist_ok=True)
-    writers = {s.text: TraceWriter(out / prepared.config.trace_name(s.text), fsync=fsync) for s in prepared.sellers}
+    writers = {}
+    if sink is None:
+        out.mkdir(parents=True, exist_ok=True)
+        writers = {s.text: TraceWriter(out / prepared.config.trace_name(s.text), fsync=fsync) for s in prepared.sellers}
     rows: list[dict] = []
     jobs = iter(prepared.jobs)
     opt_cache: dict = {}
@@ -205,9 +210,13 @@ async def run_batch(
     async def worker() -> None:
         for job in jobs:
             episode = await play(prepared, job, opt_cache=opt_cache)
-            writers[job.seller.text].write(episode.events)
             start = episode.events[0]
-            rows.append({k: start[k] for k in ("seller", "split", "shape", "tier", "index")} | {"outcome": episode.outcome, "metrics": episode.metrics})
+            row = {k: start[k] for k in ("seller", "split", "shape", "tier", "index")} | {"outcome": episode.outcome, "metrics": episode.metrics}
+            if sink is None:
+                writers[job.seller.text].write(episode.events)
+            else:
+                sink(job.seller.text, episode.events, row)
+            rows.append(row)
             if episode.outcome == "failed":
                 log.warning("episode failed", episode=episode.id, reason=episode.reason)
             if len(opt_cache) > 4 * concurrency:

@@ -19,7 +19,13 @@ import orjson
 from negotiate.episode import SCHEMA_VERSION
 from negotiate.errors import UserError
 
-__all__ = ["TraceWriter", "read_episodes", "scan", "trace_files", "ScanResult"]
+__all__ = ["TraceWriter", "encode", "read_episodes", "scan", "trace_files", "ScanResult"]
+
+
+def encode(events: Iterable[dict]) -> bytes:
+    """One episode's events as JSON lines."""
+    dumps, option = orjson.dumps, orjson.OPT_APPEND_NEWLINE
+    return b"".join([dumps(event, option=option) for event in events])
 
 
 class TraceWriter:
@@ -33,8 +39,11 @@ class TraceWriter:
         self.episodes = 0
 
     def write(self, events: Iterable[dict]) -> None:
-        dumps, option = orjson.dumps, orjson.OPT_APPEND_NEWLINE
-        self._file.write(b"".join([dumps(event, option=option) for event in events]))
+        self.write_encoded(encode(events))
+
+    def write_encoded(self, data: bytes) -> None:
+        """Append one episode already encoded by :func:`encode` (a worker process encoded it)."""
+        self._file.write(data)
         self._file.flush()
         if self._fsync:
             os.fsync(self._file.fileno())

@@ -1,0 +1,167 @@
+"""Worker processes: one run spread over N processes on one machine (``--workers N``).
+
+One Python process keeps hundreds of model requests in flight, but its one core caps it at
+about 1,300 requests/s (benchmarks/bench_llm.py); a GPU server batches more than that. With
+``--workers N`` the parent splits the pending jobs round-robin over N child processes (spawned,
+not forked), each playing its share with ``run_batch`` on its own event loop, at
+``ceil(concurrency / N)`` episodes and ``ceil(max_inflight / N)`` requests in flight, so the
+bounds stay the run's bounds. Children do not write traces: each finished episode comes back
+to the parent as its encoded JSON lines, and the parent appends them to the run's usual trace
+files. The traces, ``--resume`` and ``report`` are therefore the same as with one process.
+
+A child that fails stops the run with its error; completed episodes are kept. On Ctrl-C the
+parent stops the children, keeps every episode they had finished and sent, and returns.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import signal
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+
+import structlog
+
+from negotiate.errors import UserError
+from negotiate.trace import TraceWriter
+
+__all__ = ["run_workers", "check_workers"]
+
+log = structlog.get_logger("negotiate.workers")
+
+LOCAL_BACKENDS = ("hf:", "vllm:")
+
+
+def check_workers(workers: int, specs) -> None:
+    """Refuse ``--workers`` above 1 with local models: each process would load its own copy."""
+    if workers > 1:
+        local = [spec for spec in specs if spec.strip().startswith(LOCAL_BACKENDS)]
+        if local:
+            raise UserError(f"{local[0]!r} loads its model in every worker process; local models batch inside one "
+                            "process, so play them with --workers 1", field="--workers", value=str(workers))
+
+
+def _child(task: dict, conn: Connection) -> None:
+    """A worker: play the jobs of ``task`` and send each episode back (runs in a spawned process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    try:
+        from negotiate.agents.backends import set_max_inflight
+        from negotiate.agents.registry import parse_agent
+        from negotiate.logs import configure
+        from negotiate.market import resolve_spec
+        from negotiate.runner import Job, Prepared, RunConfig, run_async, run_batch
+        from negotiate.trace import encode
+
+        configure(Path(task["log_file"]) if task["log_file"] else None)
+        set_max_inflight(task["max_inflight"], share=task["workers"])
+        runs = []
+        for config_json, out in task["runs"]:
+            config = RunConfig.from_json(config_json, out)
+            sellers = {text: parse_agent(text, "seller") for text in config.sellers}
+            runs.append((Prepared(config, resolve_spec(config.split), list(sellers.values()), parse_agent(config.buyers, "buyer")),
+                         Path(out), sellers))
+        for run, seller, index in task["jobs"]:
+            prepared, _, sellers = runs[run]
+            prepared.jobs.append(Job(sellers[seller], index))
+
+        async def main() -> None:
+            for k, (prepared, out, _) in enumerate(runs):
+                if prepared.jobs:
+                    await run_batch(prepared, out, concurrency=task["concurrency"],
+                                    sink=lambda seller, events, row, k=k: conn.send(("episode", k, seller, encode(events), row)))
+
+        run_async(main)
+        conn.send(("done",))
+    except BaseException as error:  # noqa: BLE001 -- reported to the parent, which stops the run
+        message = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
+        try:
+            conn.send(("error", message, traceback.format_exc()))
+        except OSError:
+            pass
+    finally:
+        conn.close()
+
+
+def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int | None, log_file: Path | None,
+                fsync: bool = False, on_episode: Callable[[dict], None] | None = None) -> int:
+    """Play every pending job of ``runs`` (``[(Prepared, out)]``) in ``workers`` processes.
+
+    Returns the episodes written. Raises :class:`UserError` if a worker fails (the episodes it and
+    the others finished are kept); KeyboardInterrupt stops the workers and is re-raised once every
+    finished episode is written.
+    """
+    jobs = [(k, job.seller.text, job.index) for k, (prepared, _) in enumerate(runs) for job in prepared.jobs]
+    workers = max(1, min(workers, len(jobs)))
+    shares = [jobs[w::workers] for w in range(workers)]
+    writers: dict[tuple[int, str], TraceWriter] = {}
+    for k, (prepared, out) in enumerate(runs):
+        for seller in prepared.sellers:
+            writers[(k, seller.text)] = TraceWriter(Path(out) / prepared.config.trace_name(seller.text), fsync=fsync)
+    context = multiprocessing.get_context("spawn")  # never fork a process that may hold threads or an event loop
+    processes, conns = [], {}
+    written, failure = 0, None
+    base = {"runs": [(prepared.config.to_json(), str(out)) for prepared, out in runs], "workers": workers,
+            "concurrency": math.ceil(concurrency / workers), "log_file": str(log_file) if log_file else None,
+            "max_inflight": math.ceil(max_inflight / workers) if max_inflight else None}
+
+    def receive(conn: Connection) -> bool:
+        """Handle one message; False once the worker is finished (done, failed, or gone)."""
+        nonlocal written, failure
+        try:
+            message = conn.recv()
+        except Exception:  # noqa: BLE001 -- EOF, or a message cut off by a worker stopped mid-send
+            return False
+        if message[0] == "episode":
+            _, k, seller, data, row = message
+            writers[(k, seller)].write_encoded(data)
+            written += 1
+            if on_episode is not None:
+                on_episode(row)
+            return True
+        if message[0] == "error" and failure is None:
+            failure = message[1]
+            log.error("worker failed", worker=conns[conn], error=message[1], traceback=message[2])
+        return False
+
+    try:
+        for w, share in enumerate(shares):
+            parent_end, child_end = context.Pipe(duplex=False)
+            process = context.Process(target=_child, args=({**base, "jobs": share}, child_end), name=f"negotiate-worker-{w + 1}",
+                                      daemon=True)
+            process.start()
+            child_end.close()
+            processes.append(process)
+            conns[parent_end] = w + 1
+        live = set(conns)
+        while live and failure is None:
+            for conn in wait(list(live)):
+                if not receive(conn):
+                    live.discard(conn)
+        if failure is not None:
+            raise UserError(f"a worker failed: {failure}", field="--workers", value=str(workers))
+        for process in processes:
+            process.join(10)
+            if process.exitcode not in (0, None):
+                raise UserError(f"worker {process.name} exited with code {process.exitcode}", field="--workers", value=str(workers))
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for conn in conns:  # episodes a worker finished and sent before it stopped are kept
+            while True:
+                try:
+                    if not conn.poll(0) or not receive(conn):
+                        break
+                except (EOFError, OSError):
+                    break
+            conn.close()
+        for process in processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+        for writer in writers.values():
+            writer.close()
+    return written

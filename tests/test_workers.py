@@ -1,0 +1,147 @@
+"""--workers N: one run in N processes plays the same episodes, keeps the run's bounds, keeps
+finished episodes when stopped, and refuses what it cannot do."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import orjson
+import pytest
+
+from negotiate.cli import main
+from negotiate.errors import UserError
+from negotiate.runner import RunConfig, prepare
+from negotiate.trace import read_episodes, scan
+from negotiate.workers import run_workers
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_openai import FakeOpenAI  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "220")
+
+
+@contextmanager
+def fake_server(latency: float = 0.0):
+    """A FakeOpenAI on its own thread and event loop, for code that blocks (the CLI, worker processes)."""
+    ready, stop = threading.Event(), None
+    box: dict = {}
+
+    def serve() -> None:
+        async def main_() -> None:
+            nonlocal stop
+            stop = asyncio.Event()
+            async with FakeOpenAI(latency=latency) as server:
+                box["server"] = server
+                ready.set()
+                await stop.wait()
+
+        loop = asyncio.new_event_loop()
+        box["loop"] = loop
+        loop.run_until_complete(main_())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield box["server"]
+    finally:
+        box["loop"].call_soon_threadsafe(stop.set)
+        thread.join(10)
+
+
+def outcomes(path: Path) -> dict[int, tuple]:
+    """index -> (outcome, deals, message count) of every episode in a trace file."""
+    out = {}
+    for events in read_episodes(path):
+        deals = tuple((e["buyer"], e["product"], e["price"]) for e in events if e["type"] == "deal")
+        out[events[0]["index"]] = (events[-1]["outcome"], deals, sum(e["type"] == "message" for e in events))
+    return out
+
+
+def test_two_workers_play_the_same_episodes_as_one_process(tmp_path):
+    args = ["serve", "--episodes", "12", "--seller", "greedy,random", "--buyers", "concession", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    assert main([*args, "--out", str(tmp_path / "two"), "--workers", "2"]) == 0
+    for name in ("greedy.jsonl", "random.jsonl"):
+        one, two = outcomes(tmp_path / "one" / name), outcomes(tmp_path / "two" / name)
+        assert sorted(two) == list(range(12))
+        assert two == one
+
+
+def test_workers_keep_the_runs_bound_on_requests_in_flight(tmp_path):
+    with fake_server(latency=0.02) as server:
+        spec = f"openai:fake-model@{server.url}?max_tokens=64"
+        code = main(["serve", "--episodes", "8", "--seller", spec, "--buyers", spec, "--split", "train", "--workers", "2",
+                     "--max-inflight", "4", "--concurrency", "8", "--out", str(tmp_path / "run"), "--quiet"])
+        assert code == 0
+        assert 1 < server.max_in_flight <= 4  # 2 per worker
+        requests = len(server.requests)
+    (path,) = (tmp_path / "run").glob("openai*.jsonl")
+    episodes = list(read_episodes(path))
+    assert sorted(events[0]["index"] for events in episodes) == list(range(8))
+    logged = [e for events in episodes for e in events if e["type"] == "message" and "latency_s" in (e.get("extra") or {})]
+    # Every model reply is in the parent's trace, but for a few the market closed on while they were asked for.
+    assert 0.9 * requests <= len(logged) <= requests
+
+
+def test_a_specs_max_inflight_is_shared_out_among_workers(tmp_path):
+    with fake_server(latency=0.02) as server:
+        spec = f"openai:fake-model@{server.url}?max_tokens=64&max_inflight=2"
+        assert main(["serve", "--episodes", "6", "--seller", spec, "--buyers", spec, "--workers", "2",
+                     "--out", str(tmp_path / "run"), "--quiet"]) == 0
+        assert server.max_in_flight <= 2  # one per worker, not two each
+
+
+def test_local_models_are_refused_with_workers(tmp_path, capsys):
+    assert main(["serve", "--seller", "hf:smollm2", "--episodes", "2", "--workers", "2", "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--workers" in err and "hf:smollm2" in err and "--workers 1" in err
+    assert not (tmp_path / "r" / "run.json").exists()
+
+
+def test_a_worker_that_fails_stops_the_run_with_its_error(tmp_path):
+    spec = tmp_path / "market.toml"
+    spec.write_text('name = "tiny"\nbuyers = 2\nproducts = 2\n')
+    prepared = prepare(RunConfig(sellers=("greedy",), split=str(spec), episodes=4), tmp_path / "run", resume=False)
+    spec.write_text("this is not TOML ==")  # the workers read the spec again, and fail
+    with pytest.raises(UserError, match="a worker failed") as raised:
+        run_workers([(prepared, tmp_path / "run")], 2, concurrency=4, max_inflight=None, log_file=None)
+    assert "market.toml" in str(raised.value)
+
+
+def test_stopped_workers_keep_every_finished_episode_and_resume_finishes(tmp_path):
+    out = tmp_path / "run"
+    with fake_server(latency=0.05) as server:
+        spec = f"openai:fake-model@{server.url}?max_tokens=64"
+        command = [sys.executable, "-m", "negotiate", "serve", "--episodes", "40", "--seller", spec, "--buyers", spec,
+                   "--workers", "2", "--concurrency", "2", "--out", str(out), "--quiet"]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            files = list(out.glob("openai*.jsonl"))
+            if files and files[0].read_bytes().count(b'"type":"episode_end"') >= 3:
+                break
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)  # the parent alone, as `kill -INT` would
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == 130, err
+        (path,) = out.glob("openai*.jsonl")
+        kept = scan(path)
+        assert kept.good_bytes == path.stat().st_size  # whole episodes only
+        assert 3 <= len(kept.complete) < 40
+        assert main(["serve", "--resume", str(out), "--quiet", "--workers", "2", "--max-inflight", "8"]) == 0
+    indices = sorted(events[0]["index"] for events in read_episodes(path))
+    assert indices == list(range(40))
+    assert all(orjson.loads(line)["type"] for line in path.read_bytes().splitlines())

@@ -342,6 +342,16 @@ def parse_reply(text: str, role: str, sender: str | None = None) -> tuple[Messag
 
 # -- the agent -----------------------------------------------------------------------------
 
+def request_seed(seed) -> int | None:
+    """The first sampling seed an agent sends with its requests, from what seeds its episode (a numpy
+    Generator, or the ints that seed one); None leaves sampling to the server."""
+    if seed is None:
+        return None
+    if isinstance(seed, np.random.Generator):
+        return int(seed.integers(0, 2**31 - 1))
+    return int(np.random.SeedSequence(seed).generate_state(1)[0]) % (2**31 - 1)  # a third of a Generator's cost
+
+
 _BACKENDS: dict[OpenAIOptions, OpenAIBackend] = {}
 _OPTIONS: dict[tuple, OpenAIOptions] = {}
 
@@ -381,13 +391,7 @@ class LLMAgent:
     def create(cls, spec, *, market, seed):
         """An agent for one episode from a parsed ``openai:`` spec; ``seed`` seeds the server's sampling."""
         options = _options(spec.params)
-        if seed is None:
-            request_seed = None
-        elif isinstance(seed, np.random.Generator):
-            request_seed = int(seed.integers(0, 2**31 - 1))
-        else:  # what seeds a Generator; its SeedSequence alone costs a third as much
-            request_seed = int(np.random.SeedSequence(seed).generate_state(1)[0]) % (2**31 - 1)
-        return cls(_backend(options), fmt=options.format, reask=options.reask, seed=request_seed)
+        return cls(_backend(options), fmt=options.format, reask=options.reask, seed=request_seed(seed))
 
     def describe(self) -> dict:
         out = {"kind": "llm", **self.backend.describe(), "format": self.format}

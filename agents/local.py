@@ -59,7 +59,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import anyio
-import numpy as np
 import structlog
 
 from negotiate.errors import UserError
@@ -340,7 +339,7 @@ class _LocalModel:
             tokenizer = AutoTokenizer.from_pretrained(self.path, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(self.path, dtype=getattr(torch, self.dtype), **kwargs)
         except Exception as error:  # a corrupt file, an unknown architecture: the model's setup, not a bug here
-            self._error = f"cannot load the model at {where}: {type(error).__name__}: {error}"
+            self._error = f"cannot load the model at {where}: {type(error).__name__}: {' '.join(str(error).split())}"  # one line
             raise LLMError(self._error) from None
         try:
             self._loaded = self._ready(torch, model, tokenizer, where)
@@ -565,6 +564,10 @@ class HFBackend:
 
             torch.set_num_threads(options.threads)
 
+    async def warm(self) -> None:
+        """Load the model (off the event loop) if it is not loaded yet."""
+        await anyio.to_thread.run_sync(self.model.load)
+
     def describe(self) -> dict:
         o = self.settings
         params = {k: getattr(o, k) for k in ("temperature", "top_p", "max_tokens", "batch", "threads", "dtype", "reask")}
@@ -625,6 +628,10 @@ class VLLMBackend:
         params = {k: getattr(o, k) for k in ("temperature", "top_p", "max_tokens", "reask", "logprobs", "think", "dtype",
                                               "gpu_memory_utilization", "max_model_len", "tensor_parallel_size")}
         return {"backend": "vllm", "model": o.model, "format": o.format, "params": params}
+
+    async def warm(self) -> None:
+        """Start the engine if it is not running yet."""
+        await self._engine()
 
     def engine_args(self) -> dict:
         """Keyword arguments of ``vllm.AsyncEngineArgs``."""
@@ -737,9 +744,20 @@ def _backend(kind: str, options):
 
 def build_local_agent(spec, market, seed):
     """The agent for a parsed ``hf:`` or ``vllm:`` spec (``AgentSpec.build`` calls this)."""
-    from negotiate.agents.llm import LLMBuyer, LLMSeller
+    from negotiate.agents.llm import LLMBuyer, LLMSeller, request_seed
 
     options = (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
     cls = LLMSeller if spec.role == SELLER else LLMBuyer
-    request_seed = int(np.random.default_rng(seed).integers(0, 2**31 - 1)) if seed is not None else None
-    return cls(_backend(spec.backend, options), fmt=options.format, reask=options.reask, seed=request_seed)
+    return cls(_backend(spec.backend, options), fmt=options.format, reask=options.reask, seed=request_seed(seed))
+
+
+async def preload(spec) -> None:
+    """Load the model of a parsed ``hf:`` or ``vllm:`` spec now, before any episode's clock runs
+    (a load takes seconds to minutes). Raises :class:`UserError` naming the spec if it cannot load."""
+    options = (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
+    backend = _backend(spec.backend, options)
+    log.info("loading model", spec=spec.text)
+    try:
+        await backend.warm()
+    except LLMError as error:
+        raise UserError(str(error), field="--seller" if spec.role == SELLER else "--buyers", value=spec.text) from None

@@ -225,6 +225,8 @@ async def run_batch(
                 on_episode(episode, job.seller.text)
 
     try:
+        if prepared.jobs:
+            await preload_models([*prepared.sellers, prepared.buyers])
         async with anyio.create_task_group() as tg:
             for _ in range(max(1, min(concurrency, len(prepared.jobs)))):
                 tg.start_soon(worker)
@@ -235,6 +237,17 @@ async def run_batch(
         if "negotiate.agents.backends" in sys.modules:  # LLM agents ran: close their shared HTTP clients
             await sys.modules["negotiate.agents.backends"].aclose_clients()
     return rows
+
+
+async def preload_models(specs: list[AgentSpec]) -> None:
+    """Load every local model (``hf:``, ``vllm:``) the specs name before the first episode starts, so
+    no agent deadline counts the load; a model that cannot load stops the run here, naming its spec."""
+    local = [spec for spec in specs if spec.backend in ("hf", "vllm")]
+    if local:
+        from negotiate.agents.local import preload
+
+        for spec in local:
+            await preload(spec)
 
 
 def run_async(main: Callable[[], Awaitable]):

@@ -29,6 +29,7 @@ from negotiate.errors import UserError
 from negotiate.market import Buyer, Market, MarketSpec, Product
 from negotiate.protocol import SELLER, Message, json_schema
 from negotiate.regulator import EpisodeState, observe
+from negotiate.trace import read_episodes
 from tiny_model import build_tiny_llama
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
@@ -572,3 +573,46 @@ def test_models_load_one_at_a_time_and_keep_tied_weights(tiny_llama, tmp_path, m
     for m in models:
         model = m.load()[1]
         assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+# -- models load before the first deadline ----------------------------------------------------------------
+
+
+@needs_torch
+def test_a_run_loads_its_model_before_the_first_agent_deadline(tiny_llama, tmp_path, monkeypatch):
+    """A load slower than the seller's deadline: loaded inside the first call it would time the seller out."""
+    from negotiate.cli import main
+
+    slow_load = local._LocalModel._load
+
+    def _load(self):
+        if self._loaded is None:
+            time.sleep(4.0)
+        return slow_load(self)
+
+    monkeypatch.setattr(local._LocalModel, "_load", _load)
+    local._MODELS.clear()
+    local._BACKENDS.clear()
+    out = tmp_path / "run"
+    assert main(["serve", "--seller", f"hf:{tiny_llama}?max_tokens=16&temperature=1", "--episodes", "2", "--split", "train",
+                 "--seller-timeout", "3", "--out", str(out), "--quiet"]) == 0
+    events = [e for path in out.glob("hf*.jsonl") for episode in read_episodes(path) for e in episode]
+    seller = [e for e in events if e["type"] == "message" and e["sender"] == SELLER]
+    violations = [e for e in events if e["type"] == "violation"]
+    assert seller, "the seller spoke"
+    assert not [v for v in violations if v["kind"] == "timeout"], violations
+
+
+@needs_torch
+def test_a_model_that_cannot_load_stops_the_run_before_any_episode(tmp_path, capsys):
+    from negotiate.cli import main
+
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "nonsense"}')
+    out = tmp_path / "run"
+    assert main(["serve", "--seller", f"hf:{folder}", "--episodes", "2", "--out", str(out), "--quiet"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the run's log lines
+    assert last.startswith("negotiate serve: error:") and "--seller" in last and "cannot load the model at" in last, last
+    assert str(folder) in last
+    assert not any(path.read_bytes() for path in out.glob("hf*.jsonl"))  # no episode was played, none failed

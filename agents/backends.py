@@ -11,8 +11,10 @@ Spec grammar (``--seller`` / ``--buyers``; see ``negotiate.agents.registry``)::
     openai:MODEL@BASE_URL[?KEY=VALUE[&KEY=VALUE...]]
 
 ``format``       ``json`` (structured output, the default) or ``tagged`` (tagged text)
-``server``       ``vllm`` | ``openai`` | ``llamacpp`` | ``generic``: how structured output is
-                 requested (default: ``openai`` for api.openai.com, else ``vllm``)
+``server``       ``auto`` | ``vllm`` | ``openai`` | ``llamacpp`` | ``generic``: how structured output
+                 is requested. ``auto`` (the default; ``openai`` for api.openai.com) asks the
+                 server's ``GET /models`` before a run and reads its ``owned_by``: vllm, llama.cpp
+                 (``me``, ``llamacpp``) and OpenAI are told apart; anything else gets vLLM's form
 ``temperature``  0..2 (default 0.7); ``top_p`` (0, 1] (default: the server's)
 ``max_tokens``   per reply (default 512)
 ``timeout``      seconds per HTTP request (default 60); ``retries`` on 408/409/429/5xx and
@@ -80,11 +82,15 @@ log = structlog.get_logger("negotiate.llm")
 
 FORMATS = ("json", "tagged")
 """How a model writes its message: a JSON object under the four-part schema, or tagged text."""
-SERVERS = ("vllm", "openai", "llamacpp", "generic")
+SERVERS = ("auto", "vllm", "openai", "llamacpp", "generic")
 """Server kinds, by how each takes a JSON schema for structured output."""
 CLIENTS = ("aiohttp", "openai")
 """HTTP clients: our own over aiohttp (lean; the default) or the openai package's."""
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+SERVER_BY_OWNER = {"vllm": "vllm", "me": "llamacpp", "llamacpp": "llamacpp", "llama.cpp": "llamacpp",
+                   "openai": "openai", "system": "openai", "openai-internal": "openai"}
+"""``server=auto``: the kind of server, by the ``owned_by`` of the model in its ``GET /models``
+(llama-cpp-python says ``me``); another owner gets vLLM's form (name ``server=`` for it)."""
 
 
 class LLMError(RuntimeError):
@@ -105,8 +111,8 @@ class OpenAIOptions:
     """Server URL up to and including ``/v1``."""
     format: str = "json"
     """``json`` or ``tagged``."""
-    server: str = "vllm"
-    """``vllm``, ``openai``, ``llamacpp`` or ``generic``."""
+    server: str = "auto"
+    """``auto`` (told by the server's ``GET /models`` before a run), ``vllm``, ``openai``, ``llamacpp`` or ``generic``."""
     temperature: float = 0.7
     top_p: float | None = None
     """Nucleus sampling; None leaves it to the server."""
@@ -461,16 +467,21 @@ class OpenAIBackend:
         """``aiohttp.ClientTimeout`` of this backend's requests (made on first use)."""
         self._shared: tuple | None = None
         """(event loop, settings generation, _Shared): the last lookup, reused while both hold."""
+        self.checked = False
+        """Whether :meth:`preflight` has passed (a run asks once)."""
+        self.server = "vllm" if options.server == "auto" else options.server
+        """The server kind requests are shaped for: the spec's, or what :meth:`preflight` found (``auto``)."""
 
     def describe(self) -> dict:
         o = self.options
-        return {"backend": "openai", "model": o.model, "base_url": o.base_url, "format": o.format, "server": o.server}
+        return {"backend": "openai", "model": o.model, "base_url": o.base_url, "format": o.format, "server": self.server}
 
     def request(self, messages: list[dict], *, role: str, seed: int | None = None) -> dict:
         """The JSON body of one chat-completions request."""
         o = self.options
         body: dict = {"model": o.model, "messages": messages, "temperature": o.temperature}
-        body["max_completion_tokens" if o.server == "openai" else "max_tokens"] = o.max_tokens
+        server = self.server
+        body["max_completion_tokens" if server == "openai" else "max_tokens"] = o.max_tokens
         if o.top_p is not None:
             body["top_p"] = o.top_p
         if seed is not None:
@@ -478,18 +489,18 @@ class OpenAIBackend:
         if o.logprobs:
             body["logprobs"] = True
             body["top_logprobs"] = 0
-            if o.server == "vllm":
+            if server == "vllm":
                 body["return_token_ids"] = True
         if o.format == "json":
             schema = self._schemas[role]
-            if o.server == "vllm":
+            if server == "vllm":
                 body["structured_outputs"] = {"json": schema}  # vLLM >= 0.12; the old guided_json is ignored there
-            elif o.server == "openai":
+            elif server == "openai":
                 body["response_format"] = {"type": "json_schema", "json_schema": {"name": schema["title"], "schema": schema, "strict": False}}
-            elif o.server == "llamacpp":
+            elif server == "llamacpp":
                 body["response_format"] = {"type": "json_object", "schema": schema}  # its json_schema form gets HTTP 500
             # generic: no constraint; the prompt describes the object
-        if o.think is not None and o.server == "vllm":
+        if o.think is not None and server == "vllm":
             body["chat_template_kwargs"] = {"enable_thinking": o.think}
         return body
 
@@ -537,6 +548,40 @@ class OpenAIBackend:
             log.debug("llm request retried", model=o.model, base_url=o.base_url, role=role, latency_s=round(latency, 4),
                       retries=retries, finish_reason=completion.finish_reason)
         return completion
+
+    async def preflight(self) -> None:
+        """``GET /models`` once before a run: the server answers, the key works, the model is served,
+        and (``server=auto``) which kind of server it is. Raises :class:`LLMError` with the reason;
+        a server that lists no models (404) is taken on trust."""
+        import aiohttp
+
+        o = self.options
+        where = f"{o.model} at {o.base_url}"
+        try:
+            async with _shared(o).aiohttp().get(o.base_url + "/models", timeout=aiohttp.ClientTimeout(total=min(o.timeout, 30.0)),
+                                                allow_redirects=False) as response:
+                status, body = response.status, await response.read()
+        except TimeoutError:
+            raise LLMError(f"{where}: no answer to GET /models within {min(o.timeout, 30.0):g}s") from None
+        except aiohttp.ClientError as error:
+            cause = getattr(error, "os_error", None) or error
+            raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
+        if status in (401, 403):
+            raise _status_error(status, _message(body), where, o)
+        try:
+            listed = orjson.loads(body)["data"] if status < 300 else None
+            models = {str(m["id"]): m.get("owned_by") for m in listed}
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            models = None
+        if not models:
+            log.info("server lists no models; not checked", base_url=o.base_url, status=status)
+            return
+        if o.model not in models:
+            shown = ", ".join(sorted(models)[:8]) + (", ..." if len(models) > 8 else "")
+            raise LLMError(f"{where}: the server does not serve {o.model!r}; it serves {shown}")
+        if o.server == "auto":
+            self.server = SERVER_BY_OWNER.get(str(models[o.model]).lower(), "vllm")
+            log.info("server kind", base_url=o.base_url, owned_by=models[o.model], server=self.server)
 
     # -- client=aiohttp: our own requests, retries and errors ------------------------------------
 

@@ -41,7 +41,8 @@ from negotiate.protocol import (
 )
 from negotiate.regulator import ACTIVE, GONE, MALFORMED, SERVED, TIMEOUT, BuyerObservation, SellerObservation
 
-from negotiate.agents.backends import Completion, OpenAIBackend, OpenAIOptions
+from negotiate.agents.backends import Completion, LLMError, OpenAIBackend, OpenAIOptions
+from negotiate.errors import UserError
 
 __all__ = [
     "LLMAgent",
@@ -363,6 +364,19 @@ def _options(params: dict) -> OpenAIOptions:
     if options is None:
         options = _OPTIONS[key] = OpenAIOptions(**params)
     return options
+
+
+async def preflight(spec) -> None:
+    """Ask the server of a parsed ``openai:`` spec for its models before a run (once per backend);
+    raises :class:`UserError` naming the spec when it is down, refuses the key or lacks the model."""
+    backend = _backend(_options(spec.params))
+    if backend.checked:
+        return
+    try:
+        await backend.preflight()
+    except LLMError as error:
+        raise UserError(str(error), field="--seller" if spec.role == SELLER else "--buyers", value=spec.text) from None
+    backend.checked = True
 
 
 def _backend(options: OpenAIOptions) -> OpenAIBackend:

@@ -240,14 +240,19 @@ async def run_batch(
 
 
 async def preload_models(specs: list[AgentSpec]) -> None:
-    """Load every local model (``hf:``, ``vllm:``) the specs name before the first episode starts, so
-    no agent deadline counts the load; a model that cannot load stops the run here, naming its spec."""
-    local = [spec for spec in specs if spec.backend in ("hf", "vllm")]
-    if local:
-        from negotiate.agents.local import preload
+    """Before the first episode starts: load every local model (``hf:``, ``vllm:``) the specs name,
+    so no agent deadline counts the load, and ask every server (``openai:``) for its models, so a
+    server that is down, a bad key or a wrong model name stops the run here, naming its spec,
+    instead of failing every episode (and ``server=auto`` learns the kind of server)."""
+    for spec in specs:
+        if spec.backend in ("hf", "vllm"):
+            from negotiate.agents.local import preload
 
-        for spec in local:
             await preload(spec)
+        elif spec.backend == "openai":
+            from negotiate.agents.llm import preflight
+
+            await preflight(spec)
 
 
 def run_async(main: Callable[[], Awaitable]):

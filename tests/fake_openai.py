@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import orjson
@@ -119,10 +121,14 @@ def _error(status: int, message: str, headers: dict | None = None) -> web.Respon
 class FakeOpenAI:
     """An OpenAI-compatible server with scripted behaviour; use as ``async with FakeOpenAI() as server``."""
 
-    def __init__(self, reply=scripted_reply, *, model: str = "fake-model", api_key: str | None = None, latency: float = 0.0):
+    def __init__(self, reply=scripted_reply, *, model: str = "fake-model", api_key: str | None = None, latency: float = 0.0,
+                 owned_by: str | None = "fake"):
         self.reply = reply
         """body -> str or Reply."""
         self.model = model
+        self.owned_by = owned_by
+        """``owned_by`` of the model in ``GET /v1/models`` (vLLM says ``vllm``, llama-cpp-python ``me``);
+        None: the server has no models endpoint (404)."""
         self.api_key = api_key
         """If set, requests without ``Authorization: Bearer <api_key>`` get 401."""
         self.latency = latency
@@ -133,6 +139,8 @@ class FakeOpenAI:
         """Every chat request's JSON body, in arrival order (``_headers`` added)."""
         self.in_flight = 0
         self.max_in_flight = 0
+        self.model_lists = 0
+        """``GET /v1/models`` requests seen."""
         self._closing = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -167,9 +175,12 @@ class FakeOpenAI:
         return self.api_key is None or request.headers.get("Authorization") == f"Bearer {self.api_key}"
 
     async def _models(self, request: web.Request) -> web.Response:
+        self.model_lists += 1
         if not self._authorized(request):
             return _error(401, "Incorrect API key provided.")
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "fake"}]})
+        if self.owned_by is None:
+            return _error(404, "Not Found")
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": self.owned_by}]})
 
     async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -208,3 +219,30 @@ class FakeOpenAI:
             choice["token_ids"] = [1000 + k for k in range(len(words))]
             out["prompt_token_ids"] = list(range(prompt_words))
         return out
+
+
+@contextmanager
+def serve_in_thread(**kwargs):
+    """A :class:`FakeOpenAI` on its own thread and event loop, for code that blocks (the CLI, worker processes)."""
+    ready, box = threading.Event(), {}
+
+    def run() -> None:
+        async def main() -> None:
+            box["stop"] = asyncio.Event()
+            async with FakeOpenAI(**kwargs) as server:
+                box["server"] = server
+                ready.set()
+                await box["stop"].wait()
+
+        loop = box["loop"] = asyncio.new_event_loop()
+        loop.run_until_complete(main())
+        loop.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(10), "the fake server did not start"
+    try:
+        yield box["server"]
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(10)

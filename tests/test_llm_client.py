@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("aiohttp", reason="the aiohttp client and the fake server need aiohttp")
 
 from fake_openai import FakeOpenAI, Fault, free_port  # noqa: E402
+from tiny_model import small_market  # noqa: E402
 
 from negotiate.agents.backends import (  # noqa: E402
     _CLIENTS, LLMError, LLMTimeout, OpenAIBackend, OpenAIOptions, _backoff, _Limiter, _retry_after, _shared, aclose_clients,
@@ -289,3 +290,73 @@ def test_the_max_inflight_flag_reaches_the_backends(tmp_path, monkeypatch):
     monkeypatch.setattr(backends, "set_max_inflight", seen.append)
     assert main(["serve", "--seller", "greedy", "--episodes", "1", "--max-inflight", "7", "--out", str(tmp_path / "r"), "--quiet"]) == 0
     assert seen == [7]
+
+
+# -- before a run: GET /models (the server answers, the key works, the model is served, which server) ----
+
+
+@pytest.mark.parametrize(("owned_by", "kind", "field"), [("vllm", "vllm", "structured_outputs"), ("me", "llamacpp", "response_format"),
+                                                          ("someone", "vllm", "structured_outputs")])
+async def test_server_auto_shapes_requests_for_the_server_found(owned_by, kind, field):
+    from negotiate.agents.llm import preflight
+
+    async with FakeOpenAI(lambda body: ANSWER, owned_by=owned_by) as server:
+        spec = parse_agent(f"openai:{server.model}@{server.url}?max_tokens=32", "seller")
+        await preflight(spec)
+        agent = spec.build(small_market(), 0)
+        assert agent.backend.server == kind and agent.describe()["server"] == kind
+        await agent.backend.complete([{"role": "user", "content": "x"}], role="seller")
+        body = server.requests[-1]
+        assert field in body and ("response_format" in body) == (kind == "llamacpp")
+        if kind == "llamacpp":
+            assert body["response_format"]["type"] == "json_object" and body["response_format"]["schema"]["title"] == "SellerMessage"
+        await preflight(spec)
+        assert server.model_lists == 1  # asked once per backend
+    await aclose_clients()
+
+
+async def test_an_explicit_server_kind_is_kept_whatever_the_server_says():
+    from negotiate.agents.llm import preflight
+
+    async with FakeOpenAI(owned_by="me") as server:
+        spec = parse_agent(f"openai:{server.model}@{server.url}?server=generic", "buyer")
+        await preflight(spec)
+        assert spec.build(small_market(), 0).backend.server == "generic"
+    await aclose_clients()
+
+
+def serve_llm(out, seller: str) -> int:
+    from negotiate.cli import main
+
+    return main(["serve", "--seller", seller, "--episodes", "3", "--out", str(out), "--quiet"])
+
+
+def test_a_run_against_a_server_that_is_down_stops_before_any_episode(tmp_path, capsys):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    assert serve_llm(tmp_path / "r", f"openai:m@{url}") == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("negotiate serve: error: --seller: ") and "cannot reach the server" in last and url in last, last
+    assert not any(p.read_bytes() for p in (tmp_path / "r").glob("openai*.jsonl"))
+
+
+@pytest.mark.parametrize(("kwargs", "model", "expected"), [
+    ({}, "no-such-model", "does not serve 'no-such-model'; it serves fake-model"),
+    ({"api_key": "right"}, "fake-model", "authentication failed (401)"),
+])
+def test_a_wrong_model_or_key_stops_the_run_naming_the_spec(tmp_path, capsys, monkeypatch, kwargs, model, expected):
+    from fake_openai import serve_in_thread
+
+    monkeypatch.setenv("OPENAI_API_KEY", "wrong")
+    with serve_in_thread(**kwargs) as server:
+        assert serve_llm(tmp_path / "r", f"openai:{model}@{server.url}") == 2
+        assert server.requests == []  # no chat request was made
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("negotiate serve: error: --seller: ") and expected in last, last
+
+
+def test_a_server_without_a_models_list_is_taken_on_trust(tmp_path):
+    from fake_openai import serve_in_thread
+
+    with serve_in_thread(owned_by=None) as server:
+        assert serve_llm(tmp_path / "r", f"openai:{server.model}@{server.url}?max_tokens=32") == 0
+        assert server.model_lists == 1 and server.requests

@@ -25,7 +25,7 @@ def test_the_full_example_spec():
 def test_defaults_and_every_key():
     options = OpenAIOptions(**parse_agent("openai:m@http://host:8000/v1/", "buyer").params)
     assert (options.base_url, options.format, options.server, options.retries, options.reask, options.logprobs) == (
-        "http://host:8000/v1", "json", "vllm", 2, 0, True)
+        "http://host:8000/v1", "json", "auto", 2, 0, True)
     assert OpenAIOptions(**parse_agent("openai:gpt-4o-mini@https://api.openai.com/v1", "seller").params).server == "openai"
     text = ("openai:m@http://h/v1?format=tagged&server=llamacpp&temperature=0&top_p=0.9&max_tokens=64&timeout=1.5"
             "&retries=0&reask=3&max_inflight=8&logprobs=0&think=false&key_env=PATH")
@@ -48,7 +48,7 @@ def test_defaults_and_every_key():
         ("openai:m@http://h/v1?timeout=inf", "not a finite number"),
         ("openai:m@http://h/v1?reask=-1", r"reask=-1 is outside \[0, 10\]"),
         ("openai:m@http://h/v1?format=xml", "format='xml' is not one of json, tagged"),
-        ("openai:m@http://h/v1?server=tgi", "server='tgi' is not one of vllm, openai, llamacpp, generic"),
+        ("openai:m@http://h/v1?server=tgi", "server='tgi' is not one of auto, vllm, openai, llamacpp, generic"),
         ("openai:m@http://h/v1?logprobs=maybe", "not 0 or 1"),
         ("openai:m@http://h/v1?format=json&format=tagged", "given twice"),
         ("openai:m@http://h/v1?key=sk-123", "never goes in a spec"),

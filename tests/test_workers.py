@@ -3,14 +3,11 @@ finished episodes when stopped, and refuses what it cannot do."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -23,7 +20,7 @@ from negotiate.trace import read_episodes, scan
 from negotiate.workers import run_workers
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeOpenAI  # noqa: E402
+from fake_openai import serve_in_thread  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -31,34 +28,8 @@ def wide_terminal(monkeypatch):
     monkeypatch.setenv("COLUMNS", "220")
 
 
-@contextmanager
 def fake_server(latency: float = 0.0):
-    """A FakeOpenAI on its own thread and event loop, for code that blocks (the CLI, worker processes)."""
-    ready, stop = threading.Event(), None
-    box: dict = {}
-
-    def serve() -> None:
-        async def main_() -> None:
-            nonlocal stop
-            stop = asyncio.Event()
-            async with FakeOpenAI(latency=latency) as server:
-                box["server"] = server
-                ready.set()
-                await stop.wait()
-
-        loop = asyncio.new_event_loop()
-        box["loop"] = loop
-        loop.run_until_complete(main_())
-        loop.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    try:
-        yield box["server"]
-    finally:
-        box["loop"].call_soon_threadsafe(stop.set)
-        thread.join(10)
+    return serve_in_thread(latency=latency)
 
 
 def outcomes(path: Path) -> dict[int, tuple]:

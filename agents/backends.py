@@ -61,6 +61,7 @@ import orjson
 import structlog
 
 from negotiate.errors import UserError
+from negotiate.logs import request_log
 from negotiate.protocol import json_schema
 
 __all__ = [
@@ -516,10 +517,20 @@ class OpenAIBackend:
             self._shared = (loop, _SETTINGS[0], shared)
         payload = orjson.dumps(self.request(messages, role=role, seed=seed))  # serialized once, by orjson
         where = f"{o.model} at {o.base_url}"
-        if o.client == "openai":
-            data, retries, latency = await self._post_openai(shared, payload, where)
-        else:
-            data, retries, latency = await self._post_aiohttp(shared, payload, where)
+        try:
+            if o.client == "openai":
+                data, retries, latency = await self._post_openai(shared, payload, where)
+            else:
+                data, retries, latency = await self._post_aiohttp(shared, payload, where)
+        except (LLMError, LLMTimeout) as error:
+            if request_log.logger is not None:
+                request_log.logger.warning("llm request failed", backend="openai", model=o.model, base_url=o.base_url, role=role,
+                                           error=str(error))
+            raise
+        except asyncio.CancelledError:  # the market closed, or the agent's deadline passed, while it was asked
+            if request_log.logger is not None:
+                request_log.logger.info("llm request cancelled", backend="openai", model=o.model, base_url=o.base_url, role=role)
+            raise
         try:
             choice = data["choices"][0]
             message = choice.get("message") or {}
@@ -542,11 +553,11 @@ class OpenAIBackend:
             logprobs=logprobs,
             reasoning=message.get("reasoning_content") or message.get("reasoning"),
         )
-        if retries:
-            # Only requests that needed retries: the trace keeps every request's latency, retries and usage,
-            # and a log line per request costs more CPU than the rest of the client (see bench_llm.py).
-            log.debug("llm request retried", model=o.model, base_url=o.base_url, role=role, latency_s=round(latency, 4),
-                      retries=retries, finish_reason=completion.finish_reason)
+        if request_log.logger is not None:  # every request, through structlog's lean path (negotiate.logs)
+            usage = completion.usage or {}
+            request_log.logger.info("llm request", backend="openai", model=o.model, base_url=o.base_url, role=role,
+                                    latency_s=round(latency, 4), retries=retries, finish_reason=completion.finish_reason,
+                                    prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"))
         return completion
 
     async def preflight(self) -> None:
@@ -594,7 +605,8 @@ class OpenAIBackend:
         if self._timeout is None:
             import yarl
 
-            self._timeout = aiohttp.ClientTimeout(total=o.timeout, connect=min(o.timeout, 10.0))
+            # No aiohttp timers: asyncio.timeout below bounds each attempt, at a third of their CPU.
+            self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_read=None, sock_connect=None)
             self._url = yarl.URL(o.base_url + "/chat/completions")
         url = self._url
         attempt = 0
@@ -604,12 +616,13 @@ class OpenAIBackend:
                 failure: BaseException | None = None
                 headers = None
                 try:
-                    async with session.post(url, data=payload, timeout=self._timeout, allow_redirects=False) as response:
-                        status = response.status
-                        body = await response.read()
-                        if status >= 300:
-                            headers = response.headers
-                except TimeoutError as error:  # the request's total or connect timeout (aiohttp's timeouts are TimeoutErrors)
+                    async with asyncio.timeout(o.timeout):
+                        async with session.post(url, data=payload, timeout=self._timeout, allow_redirects=False) as response:
+                            status = response.status
+                            body = await response.read()
+                            if status >= 300:
+                                headers = response.headers
+                except TimeoutError as error:  # this attempt's timeout
                     failure, status = error, 0
                 except aiohttp.ClientError as error:  # refused, reset, disconnected, a broken answer
                     failure, status = error, 0

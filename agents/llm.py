@@ -172,6 +172,7 @@ def _standing(pair: tuple[str, int] | None) -> str:
     return f"{pair[0]} ${pair[1]}" if pair else "none"
 
 
+@lru_cache(maxsize=1 << 16)  # a thread's lines are rendered again at every turn: render each message once
 def _line(message: Message, who: str) -> str:
     talk = _one_line(message.talk)
     return f"{who}: {message.action}" + (f' "{talk}"' if talk else "")

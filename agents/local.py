@@ -62,6 +62,7 @@ import anyio
 import structlog
 
 from negotiate.errors import UserError
+from negotiate.logs import request_log
 from negotiate.protocol import SELLER, json_schema
 
 from negotiate.agents.backends import FORMATS, Completion, LLMError, parse_query
@@ -587,8 +588,10 @@ class HFBackend:
             raise
         usage = {"prompt_tokens": len(result.prompt_ids), "completion_tokens": len(result.token_ids),
                  "total_tokens": len(result.prompt_ids) + len(result.token_ids), "batch": result.batch}
-        log.debug("llm request", backend="hf", model=o.model, role=role, latency_s=round(result.seconds, 4),
-                  batch=result.batch, finish_reason=result.finish_reason, completion_tokens=len(result.token_ids))
+        if request_log.logger is not None:
+            request_log.logger.info("llm request", backend="hf", model=o.model, role=role, latency_s=round(result.seconds, 4),
+                                    batch=result.batch, finish_reason=result.finish_reason, prompt_tokens=len(result.prompt_ids),
+                                    completion_tokens=len(result.token_ids))
         return Completion(text=result.text, finish_reason=result.finish_reason, model=o.model, latency_s=result.seconds,
                           usage=usage, token_ids=result.token_ids, prompt_token_ids=result.prompt_ids, logprobs=result.logprobs)
 
@@ -710,7 +713,12 @@ class VLLMBackend:
         latency = time.perf_counter() - began
         if final is None or not final.outputs:
             raise LLMError(f"vllm {o.model}: the engine returned no output")
-        return completion_from_vllm(final, model=o.model, latency_s=latency, prompt_ids=prompt_ids)
+        completion = completion_from_vllm(final, model=o.model, latency_s=latency, prompt_ids=prompt_ids)
+        if request_log.logger is not None:
+            request_log.logger.info("llm request", backend="vllm", model=o.model, role=role, latency_s=round(latency, 4),
+                                    finish_reason=completion.finish_reason, prompt_tokens=len(prompt_ids),
+                                    completion_tokens=len(completion.token_ids))
+        return completion
 
 
 def completion_from_vllm(final, *, model: str, latency_s: float, prompt_ids: list[int]) -> Completion:

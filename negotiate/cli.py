@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from negotiate.agents.scripted import BUYERS, SELLERS
 from negotiate.errors import UserError
-from negotiate.logs import configure
+from negotiate.logs import REQUEST_LOG, configure, request_log
 from negotiate.market import SPLITS
 from negotiate.report import GROUP_KEYS, rows_from_traces, summarize, summary_csv, summary_markdown, summary_table
 from negotiate.plots import write_plots
@@ -204,7 +204,12 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
                 run_workers(runs, args.workers, concurrency=args.concurrency, max_inflight=args.max_inflight, log_file=log_file,
                             fsync=getattr(args, "fsync", False), on_episode=lambda row: tick(None, None))
             else:
-                run_async(main)
+                if log_file is not None:
+                    request_log.open(log_file.parent / REQUEST_LOG)
+                try:
+                    run_async(main)
+                finally:
+                    request_log.close()
         except KeyboardInterrupt:
             progress.stop()
             return counter["n"], time.perf_counter() - began, True

@@ -6,9 +6,13 @@ import logging
 import sys
 from pathlib import Path
 
+import orjson
 import structlog
 
-__all__ = ["configure"]
+__all__ = ["configure", "request_log", "REQUEST_LOG"]
+
+REQUEST_LOG = "requests.log.jsonl"
+"""Every model request of a run, one JSON line each, in the run's folder."""
 
 
 def _short_line(_logger, _name, event: dict) -> dict:
@@ -51,3 +55,37 @@ def configure(log_file: Path | None = None, *, console_level: int = logging.INFO
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
+
+
+class _RequestLog:
+    """Every model request, one JSON line each (model, role, latency, retries, tokens, or the error).
+
+    Hundreds of requests a second go through this, so it takes structlog's lean path (a
+    ``BytesLogger`` on a buffered file, orjson): about 14 us a line here, against about 70 us
+    through stdlib logging like the other logs. Buffered: a SIGKILL may lose the last few lines
+    (the traces keep every request's latency anyway). ``logger`` is None while no run is open.
+    """
+
+    def __init__(self) -> None:
+        self.logger = None
+        self._file = None
+
+    def open(self, path: Path) -> None:
+        self.close()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "ab")
+        self.logger = structlog.wrap_logger(
+            structlog.BytesLogger(self._file),
+            processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
+                        structlog.processors.JSONRenderer(serializer=orjson.dumps)],
+            wrapper_class=structlog.make_filtering_bound_logger(logging.INFO), cache_logger_on_first_use=True)
+
+    def close(self) -> None:
+        self.logger = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+request_log = _RequestLog()
+"""The process's request log: ``negotiate serve``, ``collect`` and ``eval`` open it in the run folder."""

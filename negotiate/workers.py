@@ -50,12 +50,14 @@ def _child(task: dict, conn: Connection) -> None:
     try:
         from negotiate.agents.backends import set_max_inflight
         from negotiate.agents.registry import parse_agent
-        from negotiate.logs import configure
+        from negotiate.logs import configure, request_log
         from negotiate.market import resolve_spec
         from negotiate.runner import Job, Prepared, RunConfig, run_async, run_batch
         from negotiate.trace import encode
 
         configure(Path(task["log_file"]) if task["log_file"] else None)
+        if task["log_file"]:  # a request log per worker: buffered lines from two processes would interleave
+            request_log.open(Path(task["log_file"]).parent / f"requests.worker-{task['worker']}.log.jsonl")
         set_max_inflight(task["max_inflight"], share=task["workers"])
         runs = []
         for config_json, out in task["runs"]:
@@ -83,6 +85,9 @@ def _child(task: dict, conn: Connection) -> None:
             pass
     finally:
         conn.close()
+        from negotiate.logs import request_log
+
+        request_log.close()
 
 
 def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int | None, log_file: Path | None,
@@ -129,7 +134,7 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
     try:
         for w, share in enumerate(shares):
             parent_end, child_end = context.Pipe(duplex=False)
-            process = context.Process(target=_child, args=({**base, "jobs": share}, child_end), name=f"negotiate-worker-{w + 1}",
+            process = context.Process(target=_child, args=({**base, "jobs": share, "worker": w + 1}, child_end), name=f"negotiate-worker-{w + 1}",
                                       daemon=True)
             process.start()
             child_end.close()

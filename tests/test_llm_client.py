@@ -360,3 +360,20 @@ def test_a_server_without_a_models_list_is_taken_on_trust(tmp_path):
     with serve_in_thread(owned_by=None) as server:
         assert serve_llm(tmp_path / "r", f"openai:{server.model}@{server.url}?max_tokens=32") == 0
         assert server.model_lists == 1 and server.requests
+
+
+def test_every_request_is_logged_with_its_latency(tmp_path):
+    import orjson
+
+    from fake_openai import serve_in_thread
+
+    with serve_in_thread(latency=0.01) as server:
+        assert serve_llm(tmp_path / "r", f"openai:{server.model}@{server.url}?max_tokens=32") == 0
+        requests = len(server.requests)
+    lines = [orjson.loads(line) for line in (tmp_path / "r" / "requests.log.jsonl").read_bytes().splitlines()]
+    assert requests and requests - 3 <= len(lines) <= requests + 3  # a cancelled request may or may not have gone out
+    assert {line["role"] for line in lines} == {"seller"} and all(line["model"] == server.model and line["timestamp"] for line in lines)
+    answered = [line for line in lines if line["event"] == "llm request"]
+    assert all(line["latency_s"] >= 0.01 and line["completion_tokens"] > 0 for line in answered)
+    # A request still out when its market closed (the last unit sold) is logged as cancelled.
+    assert {line["event"] for line in lines} <= {"llm request", "llm request cancelled"} and len(answered) >= requests - 3

@@ -65,6 +65,11 @@ def test_workers_keep_the_runs_bound_on_requests_in_flight(tmp_path):
     logged = [e for events in episodes for e in events if e["type"] == "message" and "latency_s" in (e.get("extra") or {})]
     # Every model reply is in the parent's trace, but for a few the market closed on while they were asked for.
     assert 0.9 * requests <= len(logged) <= requests
+    # Each worker logs its own requests, one line each.
+    lines = [orjson.loads(line) for p in sorted((tmp_path / "run").glob("requests.worker-*.log.jsonl")) for line in p.read_bytes().splitlines()]
+    assert len(list((tmp_path / "run").glob("requests.worker-*.log.jsonl"))) == 2
+    answered = [line for line in lines if line["event"] == "llm request"]  # the rest: cancelled when a market closed
+    assert len(logged) <= len(answered) <= requests and all(line["latency_s"] >= 0.02 for line in answered)
 
 
 def test_a_specs_max_inflight_is_shared_out_among_workers(tmp_path):

@@ -79,7 +79,7 @@ def _batch_arguments(parser: argparse.ArgumentParser, command: str, *, timeout: 
     parser.add_argument("--seed", type=int, default=0, help="run seed: market i is seeded from (seed, i)")
     parser.add_argument("--concurrency", type=_positive, default=256, help="episodes in flight at once (default: 256)")
     parser.add_argument("--workers", type=_positive, default=1, help="worker processes (default: 1): each plays a share of the episodes on its own core, with its share of "
-                             "--concurrency and --max-inflight; one process tops out near 1,300 model requests/s")
+                             "--concurrency and --max-inflight; one process tops out near 1,500 model requests/s")
     parser.add_argument("--shard", type=_shard, default=(1, 1), metavar="K/N", help="run the K-th of N disjoint slices of the episodes")
     parser.add_argument("--out", type=Path, help=f"trace folder (default: traces/{command}-DATE-TIME)")
     parser.add_argument("--resume", type=Path, metavar="DIR", help="finish an interrupted run in DIR (its run.json gives the settings)")
@@ -138,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
     evaluate.add_argument("--concurrency", type=_positive, default=256, help="episodes in flight at once (default: 256)")
     evaluate.add_argument("--workers", type=_positive, default=1, help="worker processes (default: 1): each plays a share of the episodes on its own core, with its share of "
-                             "--concurrency and --max-inflight; one process tops out near 1,300 model requests/s")
+                             "--concurrency and --max-inflight; one process tops out near 1,500 model requests/s")
     evaluate.add_argument("--max-inflight", type=_positive, metavar="N",
                        help="model requests in flight per server (openai: specs), overriding their max_inflight; "
                             "the agents' timeouts include the wait for a slot")

@@ -1,7 +1,7 @@
 """Worker processes: one run spread over N processes on one machine (``--workers N``).
 
 One Python process keeps hundreds of model requests in flight, but its one core caps it at
-about 1,300 requests/s (benchmarks/bench_llm.py); a GPU server batches more than that. With
+about 1,500 requests/s (benchmarks/bench_llm.py); a GPU server batches more than that. With
 ``--workers N`` the parent splits the pending jobs round-robin over N child processes (spawned,
 not forked), each playing its share with ``run_batch`` on its own event loop, at
 ``ceil(concurrency / N)`` episodes and ``ceil(max_inflight / N)`` requests in flight, so the

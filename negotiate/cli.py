@@ -25,7 +25,7 @@ from negotiate.report import GROUP_KEYS, rows_from_traces, summarize, summary_cs
 from negotiate.plots import write_plots
 from negotiate.report import paired_csv, paired_differences, paired_markdown, paired_table
 from negotiate.runner import Prepared, RunConfig, load_config, prepare, run_async, run_batch, save_config, slug
-from negotiate.workers import check_workers, run_workers
+from negotiate.workers import check_workers, models_play, run_workers
 
 __all__ = ["main"]
 
@@ -204,7 +204,7 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
                 run_workers(runs, args.workers, concurrency=args.concurrency, max_inflight=args.max_inflight, log_file=log_file,
                             fsync=getattr(args, "fsync", False), on_episode=lambda row: tick(None, None))
             else:
-                if log_file is not None:
+                if log_file is not None and models_play(runs):
                     request_log.open(log_file.parent / REQUEST_LOG)
                 try:
                     run_async(main)

@@ -28,7 +28,7 @@ import structlog
 from negotiate.errors import UserError
 from negotiate.trace import TraceWriter
 
-__all__ = ["run_workers", "check_workers"]
+__all__ = ["run_workers", "check_workers", "models_play"]
 
 log = structlog.get_logger("negotiate.workers")
 
@@ -44,6 +44,11 @@ def check_workers(workers: int, specs) -> None:
                             "process, so play them with --workers 1", field="--workers", value=str(workers))
 
 
+def models_play(runs: list) -> bool:
+    """Whether a model (``openai:``, ``hf:``, ``vllm:``) plays in any of ``runs`` (``[(Prepared, out)]``)."""
+    return any(spec.backend != "scripted" for prepared, _ in runs for spec in (*prepared.sellers, prepared.buyers))
+
+
 def _child(task: dict, conn: Connection) -> None:
     """A worker: play the jobs of ``task`` and send each episode back (runs in a spawned process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
@@ -56,7 +61,7 @@ def _child(task: dict, conn: Connection) -> None:
         from negotiate.trace import encode
 
         configure(Path(task["log_file"]) if task["log_file"] else None)
-        if task["log_file"]:  # a request log per worker: buffered lines from two processes would interleave
+        if task["log_file"] and task["models"]:  # a request log per worker: buffered lines from two processes would interleave
             request_log.open(Path(task["log_file"]).parent / f"requests.worker-{task['worker']}.log.jsonl")
         set_max_inflight(task["max_inflight"], share=task["workers"])
         runs = []
@@ -108,7 +113,7 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold threads or an event loop
     processes, conns = [], {}
     written, failure = 0, None
-    base = {"runs": [(prepared.config.to_json(), str(out)) for prepared, out in runs], "workers": workers,
+    base = {"runs": [(prepared.config.to_json(), str(out)) for prepared, out in runs], "workers": workers, "models": models_play(runs),
             "concurrency": math.ceil(concurrency / workers), "log_file": str(log_file) if log_file else None,
             "max_inflight": math.ceil(max_inflight / workers) if max_inflight else None}
 

@@ -352,6 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"negotiate {args.command}: error: {error}", file=sys.stderr)
         return 2
+    finally:
+        if getattr(args, "max_inflight", None) is not None:  # main() called as a function: the flag ends with the command
+            from negotiate.agents.backends import set_max_inflight
+
+            set_max_inflight(None)
 
 
 if __name__ == "__main__":

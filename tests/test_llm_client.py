@@ -289,7 +289,7 @@ def test_the_max_inflight_flag_reaches_the_backends(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(backends, "set_max_inflight", seen.append)
     assert main(["serve", "--seller", "greedy", "--episodes", "1", "--max-inflight", "7", "--out", str(tmp_path / "r"), "--quiet"]) == 0
-    assert seen == [7]
+    assert seen == [7, None]  # set for the command, withdrawn after it
 
 
 # -- before a run: GET /models (the server answers, the key works, the model is served, which server) ----

@@ -24,7 +24,7 @@ from negotiate.market import SPLITS
 from negotiate.report import GROUP_KEYS, rows_from_traces, summarize, summary_csv, summary_markdown, summary_table
 from negotiate.plots import write_plots
 from negotiate.report import paired_csv, paired_differences, paired_markdown, paired_table
-from negotiate.runner import Prepared, RunConfig, load_config, prepare, run_async, run_batch, save_config, slug
+from negotiate.runner import Prepared, RunConfig, load_config, prepare, preload_models, run_async, run_batch, save_config, slug
 from negotiate.workers import check_workers, models_play, run_workers
 
 __all__ = ["main"]
@@ -201,6 +201,7 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
 
         try:
             if args.workers > 1 and total > 0:
+                run_async(lambda: _check_servers(runs))  # a server that is down is named here, not by a worker
                 run_workers(runs, args.workers, concurrency=args.concurrency, max_inflight=args.max_inflight, log_file=log_file,
                             fsync=getattr(args, "fsync", False), on_episode=lambda row: tick(None, None))
             else:
@@ -214,6 +215,16 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
             progress.stop()
             return counter["n"], time.perf_counter() - began, True
     return counter["n"], time.perf_counter() - began, False
+
+
+async def _check_servers(runs: list[tuple[Prepared, Path]]) -> None:
+    """Ask every model server of ``runs`` for its models (the preflight each run makes), then close the clients."""
+    try:
+        for prepared, _ in runs:
+            await preload_models([*prepared.sellers, prepared.buyers])
+    finally:
+        if "negotiate.agents.backends" in sys.modules:
+            await sys.modules["negotiate.agents.backends"].aclose_clients()
 
 
 def _serve(args: argparse.Namespace, console: Console) -> int:

@@ -121,3 +121,12 @@ def test_stopped_workers_keep_every_finished_episode_and_resume_finishes(tmp_pat
     indices = sorted(events[0]["index"] for events in read_episodes(path))
     assert indices == list(range(40))
     assert all(orjson.loads(line)["type"] for line in path.read_bytes().splitlines())
+
+
+def test_a_server_that_is_down_is_named_before_any_worker_starts(tmp_path, capsys):
+    from fake_openai import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    assert main(["serve", "--seller", f"openai:m@{url}", "--episodes", "4", "--workers", "2", "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("negotiate serve: error: --seller: ") and "cannot reach the server" in last and "worker" not in last, last

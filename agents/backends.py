@@ -370,19 +370,19 @@ def _openai_client(base_url: str, key: str):
 
 
 _INFLIGHT_OVERRIDE: int | None = None
-_INFLIGHT_SHARE = 1
-"""This process's share of a run's in-flight bounds: 1/N in each of N worker processes."""
+_INFLIGHT_SHARE = (0, 1)
+"""(worker, workers): this process's share of a run's in-flight bounds (the whole of them outside workers)."""
 
 
 _SETTINGS = [0]
 """Bumped whenever the in-flight settings change, so backends look their shared client up again."""
 
 
-def set_max_inflight(limit: int | None, *, share: int = 1) -> None:
+def set_max_inflight(limit: int | None, *, share: tuple[int, int] = (0, 1)) -> None:
     """The ``--max-inflight`` flag: requests in flight per server for this process, overriding
-    every spec's ``max_inflight`` (None goes back to the specs). In one of ``share`` worker
-    processes, a spec's ``max_inflight`` is divided by ``share`` (rounded up), so the bound
-    stays the run's."""
+    every spec's ``max_inflight`` (None goes back to the specs). In worker ``share[0]`` of
+    ``share[1]``, a spec's ``max_inflight`` is this worker's part of it (the parts add up to it,
+    at least 1 each), so the bound stays the run's."""
     global _INFLIGHT_OVERRIDE, _INFLIGHT_SHARE
     _INFLIGHT_OVERRIDE = limit
     _INFLIGHT_SHARE = share
@@ -390,7 +390,8 @@ def set_max_inflight(limit: int | None, *, share: int = 1) -> None:
 
 
 def _spec_limit(options: OpenAIOptions) -> int:
-    return -(-options.max_inflight // _INFLIGHT_SHARE)
+    worker, workers = _INFLIGHT_SHARE
+    return max(1, options.max_inflight // workers + (1 if worker < options.max_inflight % workers else 0))
 
 
 def _shared(options: OpenAIOptions) -> _Shared:
@@ -468,8 +469,6 @@ class OpenAIBackend:
         """``aiohttp.ClientTimeout`` of this backend's requests (made on first use)."""
         self._shared: tuple | None = None
         """(event loop, settings generation, _Shared): the last lookup, reused while both hold."""
-        self.checked = False
-        """Whether :meth:`preflight` has passed (a run asks once)."""
         self.server = "vllm" if options.server == "auto" else options.server
         """The server kind requests are shaped for: the spec's, or what :meth:`preflight` found (``auto``)."""
 
@@ -585,7 +584,10 @@ class OpenAIBackend:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             models = None
         if not models:
-            log.info("server lists no models; not checked", base_url=o.base_url, status=status)
+            if status == 404 and not o.base_url.endswith("/v1"):  # the usual slip: the base URL without its /v1
+                raise LLMError(f"{where}: GET {o.base_url}/models is not found (404); an OpenAI-compatible base URL "
+                               f"usually ends in /v1, like {o.base_url}/v1")
+            log.warning("server lists no models; model name and server kind not checked", base_url=o.base_url, status=status)
             return
         if o.model not in models:
             shown = ", ".join(sorted(models)[:8]) + (", ..." if len(models) > 8 else "")

@@ -172,10 +172,14 @@ def _standing(pair: tuple[str, int] | None) -> str:
     return f"{pair[0]} ${pair[1]}" if pair else "none"
 
 
-@lru_cache(maxsize=1 << 16)  # a thread's lines are rendered again at every turn: render each message once
 def _line(message: Message, who: str) -> str:
-    talk = _one_line(message.talk)
-    return f"{who}: {message.action}" + (f' "{talk}"' if talk else "")
+    return _line_of(message.action, message.talk, who)
+
+
+@lru_cache(maxsize=1 << 16)  # a thread's lines are rendered again at every turn: render each once (thoughts not kept)
+def _line_of(action: Action, talk: str, who: str) -> str:
+    talk = _one_line(talk)
+    return f"{who}: {action}" + (f' "{talk}"' if talk else "")
 
 
 def _thread_lines(items: list[str], indent: str, empty: str | None = None) -> list[str]:
@@ -367,17 +371,14 @@ def _options(params: dict) -> OpenAIOptions:
     return options
 
 
-async def preflight(spec) -> None:
-    """Ask the server of a parsed ``openai:`` spec for its models before a run (once per backend);
-    raises :class:`UserError` naming the spec when it is down, refuses the key or lacks the model."""
-    backend = _backend(_options(spec.params))
-    if backend.checked:
-        return
+async def preflight(spec, field: str | None = None) -> None:
+    """Ask the server of a parsed ``openai:`` spec for its models before a run; raises
+    :class:`UserError` naming ``field`` (default: ``--seller`` or ``--buyers``) and the spec when
+    it is down, refuses the key or lacks the model."""
     try:
-        await backend.preflight()
+        await _backend(_options(spec.params)).preflight()
     except LLMError as error:
-        raise UserError(str(error), field="--seller" if spec.role == SELLER else "--buyers", value=spec.text) from None
-    backend.checked = True
+        raise UserError(str(error), field=field or ("--seller" if spec.role == SELLER else "--buyers"), value=spec.text) from None
 
 
 def _backend(options: OpenAIOptions) -> OpenAIBackend:

@@ -759,13 +759,13 @@ def build_local_agent(spec, market, seed):
     return cls(_backend(spec.backend, options), fmt=options.format, reask=options.reask, seed=request_seed(seed))
 
 
-async def preload(spec) -> None:
+async def preload(spec, field: str | None = None) -> None:
     """Load the model of a parsed ``hf:`` or ``vllm:`` spec now, before any episode's clock runs
-    (a load takes seconds to minutes). Raises :class:`UserError` naming the spec if it cannot load."""
+    (a load takes seconds to minutes). Raises :class:`UserError` naming ``field`` and the spec if it cannot load."""
     options = (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
     backend = _backend(spec.backend, options)
     log.info("loading model", spec=spec.text)
     try:
         await backend.warm()
     except LLMError as error:
-        raise UserError(str(error), field="--seller" if spec.role == SELLER else "--buyers", value=spec.text) from None
+        raise UserError(str(error), field=field or ("--seller" if spec.role == SELLER else "--buyers"), value=spec.text) from None

@@ -201,7 +201,6 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
 
         try:
             if args.workers > 1 and total > 0:
-                run_async(lambda: _check_servers(runs))  # a server that is down is named here, not by a worker
                 run_workers(runs, args.workers, concurrency=args.concurrency, max_inflight=args.max_inflight, log_file=log_file,
                             fsync=getattr(args, "fsync", False), on_episode=lambda row: tick(None, None))
             else:
@@ -217,14 +216,22 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
     return counter["n"], time.perf_counter() - began, False
 
 
-async def _check_servers(runs: list[tuple[Prepared, Path]]) -> None:
-    """Ask every model server of ``runs`` for its models (the preflight each run makes), then close the clients."""
-    try:
-        for prepared, _ in runs:
-            await preload_models([*prepared.sellers, prepared.buyers])
-    finally:
-        if "negotiate.agents.backends" in sys.modules:
-            await sys.modules["negotiate.agents.backends"].aclose_clients()
+def _check_models(runs: list[tuple[Prepared, Path]], fields: dict[str, str] | None = None) -> None:
+    """Before anything is written: ask every model server of ``runs`` for its models and load every
+    local model (a run does it again, cheaply), so a server that is down, a wrong model name or a
+    model that cannot load is one error line and leaves no run folder behind."""
+    if not any(p.jobs for p, _ in runs) or not models_play(runs):
+        return
+
+    async def check() -> None:
+        try:
+            for prepared, _ in runs:
+                await preload_models([*prepared.sellers, prepared.buyers], fields)
+        finally:
+            if "negotiate.agents.backends" in sys.modules:
+                await sys.modules["negotiate.agents.backends"].aclose_clients()
+
+    run_async(check)
 
 
 def _serve(args: argparse.Namespace, console: Console) -> int:
@@ -245,6 +252,7 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     summarize([], by)  # check --by before running anything
     check_workers(args.workers, (*config.sellers, config.buyers))
     prepared = prepare(config, out, resume=args.resume is not None)
+    _check_models([(prepared, out)])
     save_config(config, out)
     configure(out / "serve.log.jsonl")
     log.info("run", out=str(out), sellers=list(config.sellers), buyers=config.buyers, split=config.split,
@@ -287,6 +295,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     check_workers(args.workers, (*sellers, configs[0].buyers))
     runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None), out / split_dir(config.split))
             for config in configs]  # every spec and agent is checked before anything runs
+    _check_models(runs, {"seller": "--sellers"})
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps({"sellers": sellers, "splits": splits, "baseline": baseline}, indent=2))
     for (_, run_out), config in zip(runs, configs):

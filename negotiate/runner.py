@@ -239,20 +239,22 @@ async def run_batch(
     return rows
 
 
-async def preload_models(specs: list[AgentSpec]) -> None:
+async def preload_models(specs: list[AgentSpec], fields: dict[str, str] | None = None) -> None:
     """Before the first episode starts: load every local model (``hf:``, ``vllm:``) the specs name,
     so no agent deadline counts the load, and ask every server (``openai:``) for its models, so a
     server that is down, a bad key or a wrong model name stops the run here, naming its spec,
-    instead of failing every episode (and ``server=auto`` learns the kind of server)."""
+    instead of failing every episode (and ``server=auto`` learns the kind of server). ``fields``
+    names the flag of each role in errors (``{"seller": "--sellers"}`` for eval)."""
     for spec in specs:
+        field = (fields or {}).get(spec.role)
         if spec.backend in ("hf", "vllm"):
             from negotiate.agents.local import preload
 
-            await preload(spec)
+            await preload(spec, field)
         elif spec.backend == "openai":
             from negotiate.agents.llm import preflight
 
-            await preflight(spec)
+            await preflight(spec, field)
 
 
 def run_async(main: Callable[[], Awaitable]):

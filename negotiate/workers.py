@@ -15,7 +15,6 @@ parent stops the children, keeps every episode they had finished and sent, and r
 
 from __future__ import annotations
 
-import math
 import multiprocessing
 import signal
 import traceback
@@ -44,6 +43,16 @@ def check_workers(workers: int, specs) -> None:
                             "process, so play them with --workers 1", field="--workers", value=str(workers))
 
 
+def share_of(total: int, worker: int, workers: int) -> int:
+    """Worker ``worker``'s (0-based) part of a bound ``total`` split over ``workers``: the parts add up to
+    ``total`` (at least 1 each).
+
+    >>> [share_of(5, w, 2) for w in range(2)], [share_of(3, w, 2) for w in range(2)]
+    ([3, 2], [2, 1])
+    """
+    return max(1, total // workers + (1 if worker < total % workers else 0))
+
+
 def models_play(runs: list) -> bool:
     """Whether a model (``openai:``, ``hf:``, ``vllm:``) plays in any of ``runs`` (``[(Prepared, out)]``)."""
     return any(spec.backend != "scripted" for prepared, _ in runs for spec in (*prepared.sellers, prepared.buyers))
@@ -63,7 +72,7 @@ def _child(task: dict, conn: Connection) -> None:
         configure(Path(task["log_file"]) if task["log_file"] else None)
         if task["log_file"] and task["models"]:  # a request log per worker: buffered lines from two processes would interleave
             request_log.open(Path(task["log_file"]).parent / f"requests.worker-{task['worker']}.log.jsonl")
-        set_max_inflight(task["max_inflight"], share=task["workers"])
+        set_max_inflight(task["max_inflight"], share=(task["worker"] - 1, task["workers"]))
         runs = []
         for config_json, out in task["runs"]:
             config = RunConfig.from_json(config_json, out)
@@ -104,18 +113,22 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
     finished episode is written.
     """
     jobs = [(k, job.seller.text, job.index) for k, (prepared, _) in enumerate(runs) for job in prepared.jobs]
-    workers = max(1, min(workers, len(jobs)))
-    shares = [jobs[w::workers] for w in range(workers)]
+    # By market, round-robin: every worker plays every seller, so a stopped run keeps paired coverage.
+    markets = list(dict.fromkeys((k, index) for k, _, index in jobs))
+    workers = max(1, min(workers, len(markets), concurrency, max_inflight or workers))
+    worker_of = {market: n % workers for n, market in enumerate(markets)}
+    shares = [[job for job in jobs if worker_of[(job[0], job[2])] == w] for w in range(workers)]
     writers: dict[tuple[int, str], TraceWriter] = {}
     for k, (prepared, out) in enumerate(runs):
         for seller in prepared.sellers:
             writers[(k, seller.text)] = TraceWriter(Path(out) / prepared.config.trace_name(seller.text), fsync=fsync)
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold threads or an event loop
     processes, conns = [], {}
-    written, failure = 0, None
+    written, failure, stopping = 0, None, False
     base = {"runs": [(prepared.config.to_json(), str(out)) for prepared, out in runs], "workers": workers, "models": models_play(runs),
-            "concurrency": math.ceil(concurrency / workers), "log_file": str(log_file) if log_file else None,
-            "max_inflight": math.ceil(max_inflight / workers) if max_inflight else None}
+            "log_file": str(log_file) if log_file else None}
+
+    finished: set[Connection] = set()
 
     def receive(conn: Connection) -> bool:
         """Handle one message; False once the worker is finished (done, failed, or gone)."""
@@ -123,6 +136,10 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
         try:
             message = conn.recv()
         except Exception:  # noqa: BLE001 -- EOF, or a message cut off by a worker stopped mid-send
+            if conn not in finished and failure is None and not stopping:
+                process = processes[conns[conn] - 1]
+                process.join(5)
+                failure = f"worker {conns[conn]} stopped (exit code {process.exitcode}) before finishing its episodes"
             return False
         if message[0] == "episode":
             _, k, seller, data, row = message
@@ -131,6 +148,7 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
             if on_episode is not None:
                 on_episode(row)
             return True
+        finished.add(conn)
         if message[0] == "error" and failure is None:
             failure = message[1]
             log.error("worker failed", worker=conns[conn], error=message[1], traceback=message[2])
@@ -139,7 +157,9 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
     try:
         for w, share in enumerate(shares):
             parent_end, child_end = context.Pipe(duplex=False)
-            process = context.Process(target=_child, args=({**base, "jobs": share, "worker": w + 1}, child_end), name=f"negotiate-worker-{w + 1}",
+            task = {**base, "jobs": share, "worker": w + 1, "concurrency": share_of(concurrency, w, workers),
+                    "max_inflight": share_of(max_inflight, w, workers) if max_inflight else None}
+            process = context.Process(target=_child, args=(task, child_end), name=f"negotiate-worker-{w + 1}",
                                       daemon=True)
             process.start()
             child_end.close()
@@ -151,12 +171,11 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
                 if not receive(conn):
                     live.discard(conn)
         if failure is not None:
-            raise UserError(f"a worker failed: {failure}", field="--workers", value=str(workers))
+            raise UserError(f"a worker failed: {failure}; the episodes finished so far are kept (--resume runs the rest)")
         for process in processes:
             process.join(10)
-            if process.exitcode not in (0, None):
-                raise UserError(f"worker {process.name} exited with code {process.exitcode}", field="--workers", value=str(workers))
     finally:
+        stopping = True
         for process in processes:
             if process.is_alive():
                 process.terminate()

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("name", ["negotiate.metrics", "negotiate.agents.scripted", "negotiate.runner",
+@pytest.mark.parametrize("name", ["negotiate.metrics", "negotiate.workers", "negotiate.runner",
                                   "negotiate.training.rewards", "negotiate.training.dataset"])
 def test_doctests_pass(name):
     module = importlib.import_module(name)

@@ -311,7 +311,7 @@ async def test_server_auto_shapes_requests_for_the_server_found(owned_by, kind, 
         if kind == "llamacpp":
             assert body["response_format"]["type"] == "json_object" and body["response_format"]["schema"]["title"] == "SellerMessage"
         await preflight(spec)
-        assert server.model_lists == 1  # asked once per backend
+        assert server.model_lists == 2  # asked before each run
     await aclose_clients()
 
 
@@ -336,7 +336,7 @@ def test_a_run_against_a_server_that_is_down_stops_before_any_episode(tmp_path, 
     assert serve_llm(tmp_path / "r", f"openai:m@{url}") == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("negotiate serve: error: --seller: ") and "cannot reach the server" in last and url in last, last
-    assert not any(p.read_bytes() for p in (tmp_path / "r").glob("openai*.jsonl"))
+    assert not (tmp_path / "r").exists()  # nothing written: the same command runs once the server is up
 
 
 @pytest.mark.parametrize(("kwargs", "model", "expected"), [
@@ -359,7 +359,7 @@ def test_a_server_without_a_models_list_is_taken_on_trust(tmp_path):
 
     with serve_in_thread(owned_by=None) as server:
         assert serve_llm(tmp_path / "r", f"openai:{server.model}@{server.url}?max_tokens=32") == 0
-        assert server.model_lists == 1 and server.requests
+        assert server.model_lists == 2 and server.requests  # before anything is written, and as the run starts
 
 
 def test_every_request_is_logged_with_its_latency(tmp_path):
@@ -377,3 +377,24 @@ def test_every_request_is_logged_with_its_latency(tmp_path):
     assert all(line["latency_s"] >= 0.01 and line["completion_tokens"] > 0 for line in answered)
     # A request still out when its market closed (the last unit sold) is logged as cancelled.
     assert {line["event"] for line in lines} <= {"llm request", "llm request cancelled"} and len(answered) >= requests - 3
+
+
+def test_a_base_url_without_v1_is_named(tmp_path, capsys):
+    from fake_openai import serve_in_thread
+
+    with serve_in_thread() as server:
+        root = server.url.removesuffix("/v1")
+        assert serve_llm(tmp_path / "r", f"openai:{server.model}@{root}") == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "not found (404)" in last and f"like {root}/v1" in last, last
+
+
+def test_eval_names_its_own_flag(tmp_path, capsys):
+    from negotiate.cli import main
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    assert main(["eval", "--sellers", f"greedy,openai:m@{url}", "--splits", "train", "--episodes", "2", "--out", str(tmp_path / "e"),
+                 "--quiet"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("negotiate eval: error: --sellers: ") and "cannot reach the server" in last, last
+    assert not (tmp_path / "e").exists()

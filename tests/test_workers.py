@@ -55,9 +55,9 @@ def test_workers_keep_the_runs_bound_on_requests_in_flight(tmp_path):
     with fake_server(latency=0.02) as server:
         spec = f"openai:fake-model@{server.url}?max_tokens=64"
         code = main(["serve", "--episodes", "8", "--seller", spec, "--buyers", spec, "--split", "train", "--workers", "2",
-                     "--max-inflight", "4", "--concurrency", "8", "--out", str(tmp_path / "run"), "--quiet"])
+                     "--max-inflight", "3", "--concurrency", "8", "--out", str(tmp_path / "run"), "--quiet"])
         assert code == 0
-        assert 1 < server.max_in_flight <= 4  # 2 per worker
+        assert 1 < server.max_in_flight <= 3  # 2 and 1: the parts add up to the run's bound
         requests = len(server.requests)
     (path,) = (tmp_path / "run").glob("openai*.jsonl")
     episodes = list(read_episodes(path))
@@ -130,3 +130,14 @@ def test_a_server_that_is_down_is_named_before_any_worker_starts(tmp_path, capsy
     assert main(["serve", "--seller", f"openai:m@{url}", "--episodes", "4", "--workers", "2", "--out", str(tmp_path / "r"), "--quiet"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("negotiate serve: error: --seller: ") and "cannot reach the server" in last and "worker" not in last, last
+
+
+def test_every_worker_plays_every_seller(tmp_path):
+    """Jobs are shared out by market: with a model seller beside a scripted one, both workers ask the model."""
+    with fake_server() as server:
+        spec = f"openai:fake-model@{server.url}?max_tokens=32"
+        assert main(["serve", "--seller", f"{spec},greedy", "--episodes", "4", "--workers", "2", "--out", str(tmp_path / "run"),
+                     "--quiet"]) == 0
+    logs = sorted((tmp_path / "run").glob("requests.worker-*.log.jsonl"))
+    assert len(logs) == 2 and all(log.read_bytes().count(b'"llm request"') for log in logs)
+    assert sorted(e[0]["index"] for e in read_episodes(tmp_path / "run" / "greedy.jsonl")) == [0, 1, 2, 3]

@@ -294,10 +294,9 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
     of index ``m`` is the one ``negotiate serve --seed RUN_SEED`` plays as episode ``m`` (``group`` 1),
     so scripted sellers can be compared on exactly these markets."""
     import anyio
-    import numpy as np
 
     from negotiate.agents.local import HFBackend, HFOptions, _LocalModel
-    from negotiate.agents.llm import LLMSeller
+    from negotiate.agents.llm import LLMSeller, request_seed
     from negotiate.agents.registry import parse_agent
     from negotiate.episode import run_episode
     from negotiate.market import generate, resolve_spec
@@ -315,8 +314,7 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
     async def one(k: int, index: int, repeat: int) -> None:
         seed = market_seed(run_seed, index)
         market = generate(spec, seed)
-        request_seed = int(np.random.default_rng([seed, 2, repeat]).integers(0, 2**31 - 1))
-        seller = LLMSeller(backend, fmt="tagged", seed=request_seed)
+        seller = LLMSeller(backend, fmt="tagged", seed=request_seed([seed, 2, repeat]))  # as collect seeds a repeat
         agents = build_buyers(market, buyers)
         labels = {"run_seed": run_seed, "index": index * group + repeat, "seed": seed, "seller": label, "buyers": buyers.text}
         if group > 1:

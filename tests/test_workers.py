@@ -103,7 +103,9 @@ def test_stopped_workers_keep_every_finished_episode_and_resume_finishes(tmp_pat
         spec = f"openai:fake-model@{server.url}?max_tokens=64"
         command = [sys.executable, "-m", "negotiate", "serve", "--episodes", "40", "--seller", spec, "--buyers", spec,
                    "--workers", "2", "--concurrency", "2", "--out", str(out), "--quiet"]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+        # SIGINT's default action back: a shell starts background jobs (a CI script's, say) with SIGINT ignored.
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"},
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             files = list(out.glob("openai*.jsonl"))

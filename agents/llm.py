@@ -41,8 +41,7 @@ from negotiate.protocol import (
 )
 from negotiate.regulator import ACTIVE, GONE, MALFORMED, SERVED, TIMEOUT, BuyerObservation, SellerObservation
 
-from negotiate.agents.backends import Completion, LLMError, OpenAIBackend, OpenAIOptions
-from negotiate.errors import UserError
+from negotiate.agents.backends import Completion, OpenAIBackend, OpenAIOptions
 
 __all__ = [
     "LLMAgent",
@@ -161,10 +160,15 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]")
 _SPACE = re.compile(r"\s+")
 
 
+def _is_clean(text: str, limit: int) -> bool:
+    """Already one clean line (the common case: talk was cleaned when it was parsed): no regex pass needed."""
+    return len(text) <= limit and text.isprintable() and "  " not in text and text.strip() == text
+
+
 def _one_line(text: str, limit: int = TALK_MAX) -> str:
     """Model text as one clean line: no control characters, whitespace collapsed, at most ``limit`` characters."""
-    if len(text) <= limit and text.isprintable() and "  " not in text and text.strip() == text:
-        return text  # already clean (the common case: talk was cleaned when it was parsed); no regex pass
+    if _is_clean(text, limit):
+        return text
     return _SPACE.sub(" ", _CONTROL.sub("", text)).strip()[:limit].rstrip()
 
 
@@ -267,7 +271,7 @@ _JSON = json.JSONDecoder(strict=False)
 
 
 def _clean_talk(talk: str, notes: list[str]) -> str:
-    if len(talk) <= TALK_MAX and talk.isprintable() and "  " not in talk and talk.strip() == talk:
+    if _is_clean(talk, TALK_MAX):
         return talk
     cleaned = _SPACE.sub(" ", _CONTROL.sub("", talk)).strip()
     if len(cleaned) > TALK_MAX:
@@ -371,14 +375,10 @@ def _options(params: dict) -> OpenAIOptions:
     return options
 
 
-async def preflight(spec, field: str | None = None) -> None:
+async def preflight(spec) -> None:
     """Ask the server of a parsed ``openai:`` spec for its models before a run; raises
-    :class:`UserError` naming ``field`` (default: ``--seller`` or ``--buyers``) and the spec when
-    it is down, refuses the key or lacks the model."""
-    try:
-        await _backend(_options(spec.params)).preflight()
-    except LLMError as error:
-        raise UserError(str(error), field=field or ("--seller" if spec.role == SELLER else "--buyers"), value=spec.text) from None
+    :class:`LLMError` when it is down, refuses the key or lacks the model."""
+    await _backend(_options(spec.params)).preflight()
 
 
 def _backend(options: OpenAIOptions) -> OpenAIBackend:

@@ -41,8 +41,9 @@ own distribution (before temperature and top-p), as vLLM reports them by default
 
 What is checked when the spec is parsed (a :class:`UserError` naming the flag): the path
 exists, torch and transformers (and gguf and accelerate for GGUF files) are installed, vLLM is installed.
-What fails later (a corrupt file, no chat template, an out-of-memory GPU) raises
-:class:`LLMError` from the first request, and each episode is recorded as failed.
+What fails at load (a corrupt file, no chat template, an out-of-memory GPU) raises
+:class:`LLMError`: a run loads every model before its first episode (:func:`preload`) and stops
+with that error; an agent used on its own gets it from its first request.
 """
 
 from __future__ import annotations
@@ -759,13 +760,9 @@ def build_local_agent(spec, market, seed):
     return cls(_backend(spec.backend, options), fmt=options.format, reask=options.reask, seed=request_seed(seed))
 
 
-async def preload(spec, field: str | None = None) -> None:
+async def preload(spec) -> None:
     """Load the model of a parsed ``hf:`` or ``vllm:`` spec now, before any episode's clock runs
-    (a load takes seconds to minutes). Raises :class:`UserError` naming ``field`` and the spec if it cannot load."""
+    (a load takes seconds to minutes). Raises :class:`LLMError` if it cannot load."""
     options = (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
-    backend = _backend(spec.backend, options)
     log.info("loading model", spec=spec.text)
-    try:
-        await backend.warm()
-    except LLMError as error:
-        raise UserError(str(error), field=field or ("--seller" if spec.role == SELLER else "--buyers"), value=spec.text) from None
+    await _backend(spec.backend, options).warm()

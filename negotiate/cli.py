@@ -24,7 +24,9 @@ from negotiate.market import SPLITS
 from negotiate.report import GROUP_KEYS, rows_from_traces, summarize, summary_csv, summary_markdown, summary_table
 from negotiate.plots import write_plots
 from negotiate.report import paired_csv, paired_differences, paired_markdown, paired_table
-from negotiate.runner import Prepared, RunConfig, load_config, prepare, preload_models, run_async, run_batch, save_config, slug
+from negotiate.runner import (
+    Prepared, RunConfig, close_model_clients, load_config, prepare, preload_models, run_async, run_batch, save_config, slug,
+)
 from negotiate.workers import check_workers, models_play, run_workers
 
 __all__ = ["main"]
@@ -72,14 +74,19 @@ def _timeouts(args: argparse.Namespace, specs) -> dict:
             "reply_timeout": args.reply_timeout if args.reply_timeout is not None else default}
 
 
+def _workers_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=_positive, default=1,
+                        help="worker processes (default: 1): each plays a share of the episodes on its own core, with its share of "
+                             "--concurrency and --max-inflight; one process tops out near 1,500 model requests/s")
+
+
 def _batch_arguments(parser: argparse.ArgumentParser, command: str, *, timeout: float) -> None:
     """The flags serve and collect share."""
     parser.add_argument("--buyers", default="threshold", help=f"buyer spec for every buyer: {', '.join(BUYERS)} (default: threshold)")
     parser.add_argument("--split", default="train", help=f"split ({', '.join(SPLITS)}) or a TOML market spec file (default: train)")
     parser.add_argument("--seed", type=int, default=0, help="run seed: market i is seeded from (seed, i)")
     parser.add_argument("--concurrency", type=_positive, default=256, help="episodes in flight at once (default: 256)")
-    parser.add_argument("--workers", type=_positive, default=1, help="worker processes (default: 1): each plays a share of the episodes on its own core, with its share of "
-                             "--concurrency and --max-inflight; one process tops out near 1,500 model requests/s")
+    _workers_argument(parser)
     parser.add_argument("--shard", type=_shard, default=(1, 1), metavar="K/N", help="run the K-th of N disjoint slices of the episodes")
     parser.add_argument("--out", type=Path, help=f"trace folder (default: traces/{command}-DATE-TIME)")
     parser.add_argument("--resume", type=Path, metavar="DIR", help="finish an interrupted run in DIR (its run.json gives the settings)")
@@ -137,8 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--baseline", help="seller the others are compared with, pair by pair (default: the first of --sellers)")
     evaluate.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
     evaluate.add_argument("--concurrency", type=_positive, default=256, help="episodes in flight at once (default: 256)")
-    evaluate.add_argument("--workers", type=_positive, default=1, help="worker processes (default: 1): each plays a share of the episodes on its own core, with its share of "
-                             "--concurrency and --max-inflight; one process tops out near 1,500 model requests/s")
+    _workers_argument(evaluate)
     evaluate.add_argument("--max-inflight", type=_positive, metavar="N",
                        help="model requests in flight per server (openai: specs), overriding their max_inflight; "
                             "the agents' timeouts include the wait for a slot")
@@ -228,8 +234,7 @@ def _check_models(runs: list[tuple[Prepared, Path]], fields: dict[str, str] | No
             for prepared, _ in runs:
                 await preload_models([*prepared.sellers, prepared.buyers], fields)
         finally:
-            if "negotiate.agents.backends" in sys.modules:
-                await sys.modules["negotiate.agents.backends"].aclose_clients()
+            await close_model_clients()
 
     run_async(check)
 
@@ -250,8 +255,8 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
             raise UserError("already holds a run; pass --resume to finish it or choose another --out", source=str(out))
     by = _by(args.by)
     summarize([], by)  # check --by before running anything
-    check_workers(args.workers, (*config.sellers, config.buyers))
     prepared = prepare(config, out, resume=args.resume is not None)
+    check_workers(args.workers, [(prepared, out)])
     _check_models([(prepared, out)])
     save_config(config, out)
     configure(out / "serve.log.jsonl")
@@ -292,9 +297,9 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
             raise UserError("already holds an evaluation; pass --resume to finish it or choose another --out", source=str(out))
         configs = [RunConfig(sellers=tuple(sellers), buyers=args.buyers, split=split, episodes=args.episodes, seed=args.seed,
                              **_timeouts(args, (*sellers, args.buyers))) for split in splits]
-    check_workers(args.workers, (*sellers, configs[0].buyers))
     runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None), out / split_dir(config.split))
             for config in configs]  # every spec and agent is checked before anything runs
+    check_workers(args.workers, runs)
     _check_models(runs, {"seller": "--sellers"})
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps({"sellers": sellers, "splits": splits, "baseline": baseline}, indent=2))

@@ -61,9 +61,9 @@ class _RequestLog:
     """Every model request, one JSON line each (model, role, latency, retries, tokens, or the error).
 
     Hundreds of requests a second go through this, so it takes structlog's lean path (a
-    ``BytesLogger`` on a buffered file, orjson): about 14 us a line here, against about 70 us
-    through stdlib logging like the other logs. Buffered: a SIGKILL may lose the last few lines
-    (the traces keep every request's latency anyway). ``logger`` is None while no run is open.
+    ``BytesLogger``, which writes and flushes each line, and orjson): about 14 us a line here,
+    against about 70 us through stdlib logging like the other logs. ``logger`` is None while no
+    run is open.
     """
 
     def __init__(self) -> None:

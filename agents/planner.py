@@ -1,0 +1,249 @@
+"""The planning seller: a belief over every buyer's values, and offers chosen by looking ahead.
+
+``planner`` is the strongest seller here that sees no private information. Its only
+inputs are its :class:`~negotiate.regulator.SellerObservation` and the market's public
+generating process (the :class:`~negotiate.market.MarketSpec`: value range, cost range,
+valuation model); :meth:`PlannerSeller.create` keeps ``market.spec`` and nothing else.
+
+Belief. For every buyer i and product j, bounds ``lo <= v_ij <= hi`` from what it has
+seen (a threshold buyer's reject of price p: ``v < p``; a bid q: ``v >= q``), on top of
+the split's prior. Independent uniform splits: v_ij uniform on the bounds. Correlated
+splits: ``v = L + S * Phi(a (q_j + t_i) + b e_ij)``; the product factor q_j is read back
+from the product's cost (costs are drawn from the same q_j), and each buyer's factor t_i
+has a posterior on a grid, updated from the bounds on all of its products, so a reject
+of one product lowers the belief about the others.
+
+Planning. Each pair's belief becomes a discrete distribution over value cells; a
+dynamic programme gives the optimal descending ladder of k offers on that distribution
+(k = the budget share of each active buyer) and its expected profit. The pairs are then
+assigned to units jointly (``linear_sum_assignment``), and the best assigned pair's next
+step is sent. Measured beside greedy (benchmarks/bench_planner.py, README).
+
+Counter-bids. A bid is a lower bound on value. A buyer whose bids on a product rise (a
+conceding buyer) is held at a high price while the budget allows, so its bids climb
+toward its value; a buyer whose bid does not move (a stubborn buyer) has its bid
+accepted: waiting gains nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+from scipy.special import ndtr, ndtri
+
+from negotiate.market import MarketSpec
+from negotiate.protocol import Message
+from negotiate.regulator import ACTIVE, SellerObservation
+
+from negotiate.agents.base import ScriptedAgent
+from negotiate.agents.scripted import _accept_bid, _end, _offer
+
+__all__ = ["PlannerSeller"]
+
+CELLS = 24
+"""Value cells per pair in the ladder programme (finer costs time, gains < 0.005 profit/OPT)."""
+TASTE = np.linspace(-3.0, 3.0, 25)
+"""Grid of a buyer's common factor (correlated splits)."""
+MAX_TRIES = 8
+"""Longest ladder planned per pair; longer ones change the first price by under a cell."""
+
+
+class PlannerSeller(ScriptedAgent):
+    """Plans offers on a belief over each buyer's values; see the module docstring."""
+
+    name = "planner"
+
+    def __init__(self, spec: str, params: dict | None, market_spec: MarketSpec, rng: np.random.Generator):
+        super().__init__(spec, params)
+        self.prior = market_spec
+        self.rng = rng
+        self.lo: np.ndarray | None = None
+        self.hi: np.ndarray | None = None
+        self.last: dict[int, tuple[int, int]] = {}
+        """Each buyer's unanswered offer: (product, price)."""
+        self.bids: list[list[tuple[int, int]]] = []
+        """Each buyer's bids, in order: (product, price)."""
+        self.rejected: list[bool] = []
+        """Whether the buyer has ever rejected outright (it does not bid: a threshold buyer)."""
+
+    @classmethod
+    def create(cls, spec, params, *, market, seed):
+        # The public generating process only: never the drawn values or anything else of the market.
+        return cls(spec, params, market.spec, np.random.default_rng(seed))
+
+    # -- belief ------------------------------------------------------------------
+
+    def _setup(self, obs: SellerObservation) -> None:
+        n, m = len(obs.buyers), len(obs.products)
+        self.lo = np.full((n, m), float(obs.price_low))
+        self.hi = np.full((n, m), float(obs.price_high))
+        self.bids = [[] for _ in range(n)]
+        self.rejected = [False] * n
+        self.costs = np.array([p.cost for p in obs.products], dtype=float)
+        self.span = float(obs.price_high - obs.price_low)
+        spec = self.prior
+        self.correlated = spec.valuation == "correlated"
+        if self.correlated:
+            rho = spec.correlation
+            width = spec.cost_high - spec.cost_low
+            if width > 1e-9:
+                u = ((self.costs - obs.price_low) / self.span - spec.cost_low) / width
+                self.quality = ndtri(np.clip(u, 1e-4, 1 - 1e-4))
+                noise = 1 - rho
+            else:  # costs carry no trace of quality: fold it into the noise
+                self.quality = np.zeros(m)
+                noise = 1 - rho / 2
+            self.a = math.sqrt(rho / 2)
+            self.b = max(math.sqrt(noise), 1e-3)
+            self.log_taste_prior = -0.5 * TASTE**2
+
+    def _learn(self, obs: SellerObservation) -> None:
+        if self.lo is None:
+            self._setup(obs)
+        lo, hi = self.lo, self.hi
+        for item in obs.new:
+            if not isinstance(item, Message):
+                continue
+            i = int(item.sender[1:]) - 1
+            last = self.last.pop(i, None)
+            action = item.action
+            if action.kind == "reject" and last is not None:
+                j, price = last
+                hi[i, j] = min(hi[i, j], price - 1)
+                self.rejected[i] = True
+            elif action.kind == "bid" and action.product is not None:
+                j = int(action.product[1:]) - 1
+                if 0 <= j < lo.shape[1]:
+                    lo[i, j] = max(lo[i, j], float(action.price))
+                    hi[i, j] = max(hi[i, j], lo[i, j])
+                    self.bids[i].append((j, int(action.price)))
+
+    def _cell_masses(self, rows: list[int], floor: np.ndarray, top: np.ndarray) -> np.ndarray:
+        """Probability of each value cell between ``floor`` and ``top`` for the pairs of ``rows``.
+
+        Shape (len(rows), m, CELLS); masses are conditional on the pair's bounds, so a row
+        sums to P(v >= floor | belief).
+        """
+        lo, hi = self.lo[rows], self.hi[rows]
+        frac = np.linspace(0.0, 1.0, CELLS + 1)
+        edges = floor[..., None] + (top - floor)[..., None] * frac  # (r, m, CELLS+1)
+        if not self.correlated:
+            width = np.maximum(hi - lo + 1.0, 1.0)
+            return np.diff(edges, axis=-1) / width[..., None]
+        L, S = float(self.lo_price), self.span
+        z = lambda x: ndtri(np.clip((x - L) / S, 1e-6, 1 - 1e-6))
+        mu = self.a * (self.quality[None, :, None] + TASTE[None, None, :])  # (1, m, T)
+        b = self.b
+        like = ndtr((z(hi + 0.5)[..., None] - mu) / b) - ndtr((z(lo - 0.5)[..., None] - mu) / b)  # (r, m, T)
+        log_like = np.log(np.maximum(like, 1e-300))
+        # The taste posterior from every other product of the buyer, then this pair's own bounds.
+        others = self.log_taste_prior + log_like.sum(axis=1, keepdims=True) - log_like
+        weight = np.exp(others - others.max(axis=-1, keepdims=True))  # (r, m, T)
+        cdf = ndtr((z(edges)[..., None, :] - mu[..., None]) / b)  # (r, m, T, CELLS+1)
+        cells = np.einsum("rmt,rmtc->rmc", weight, np.diff(cdf, axis=-1))
+        total = np.einsum("rmt,rmt->rm", weight, like)
+        return cells / np.maximum(total, 1e-300)[..., None]
+
+    # -- planning ----------------------------------------------------------------
+
+    def _ladders(self, rows: list[int], keep: tuple[int, ...]) -> dict:
+        """The best descending ladder of t offers on every pair of ``rows``, by dynamic programming.
+
+        Returns, for each t in ``keep``, ``value[t]``: shape (r, m, CELLS + 1), the expected
+        profit of t offers when the value is known to lie below edge u (unnormalised: weighted
+        by the probability of that); ``mass`` below each edge (``below``); the price of each
+        edge (``prices``) and the probability of a sale at each price (``sale``).
+        """
+        lo, hi = self.lo[rows], self.hi[rows]
+        floor = np.maximum(lo, self.costs[None, :])
+        top = np.maximum(hi + 1.0, floor)
+        mass = self._cell_masses(rows, floor, top)
+        r, m = floor.shape
+        edges = floor[..., None] + (top - floor)[..., None] * np.linspace(0.0, 1.0, CELLS + 1)
+        prices = np.ceil(edges[..., :CELLS])
+        margin = prices - self.costs[None, :, None]  # (r, m, CELLS)
+        cum = np.concatenate([np.zeros((r, m, 1)), np.cumsum(mass, axis=-1)], axis=-1)  # (r, m, CELLS+1)
+        q = np.arange(CELLS)[:, None]
+        u = np.arange(CELLS + 1)[None, :]
+        valid = q < u
+        # sold[q, u]: P(price q accepted and value below edge u) = cum[u] - cum[q], for q < u.
+        sold = np.where(valid, cum[..., None, :] - cum[..., :CELLS, None], 0.0)  # (r, m, CELLS, CELLS+1)
+        gain = sold * margin[..., None]
+        value = np.zeros((r, m, CELLS + 1))
+        tables = {}
+        for t in range(1, max(keep) + 1):
+            self._rest = value[..., :CELLS]  # the last step's continuation below each price
+            total = np.where(valid, gain + value[..., :CELLS, None], -np.inf)
+            value = np.maximum(total.max(axis=-2), 0.0)
+            if t in keep:
+                tables[t] = np.where((top > floor)[..., None], value, 0.0)
+        below = (1.0 - cum[..., CELLS:]) + cum  # P(v < edge u), the part below the floor included
+        sale = cum[..., CELLS:] - cum[..., :CELLS]  # P(v >= price q)
+        return {"value": tables, "below": below, "prices": prices, "sale": sale}
+
+    def decide(self, obs: SellerObservation) -> Message | None:
+        self._learn(obs)
+        self.lo_price = obs.price_low
+        buyers = obs.buyers
+        free = [i for i, b in enumerate(buyers) if b.status == ACTIVE and not b.awaiting]
+        if not free:
+            return None
+        units = [p.stock for p in obs.products]
+        for b in buyers:
+            if b.awaiting and b.offer is not None:
+                units[int(b.offer[0][1:]) - 1] -= 1
+        cols = [j for j, k in enumerate(units) if k > 0]
+        if not cols:
+            return None if any(b.awaiting for b in buyers) else _end()
+        active = sum(1 for b in buyers if b.status == ACTIVE)
+        tries = min(MAX_TRIES, max(1, obs.budget_left // max(1, active)))
+        ladder = self._ladders(free, (tries,))
+        table = ladder["value"][tries]
+        worth = table[..., CELLS]
+        value = np.zeros((len(free), len(cols)))
+        plan: dict[tuple[int, int], Message] = {}
+        for r, i in enumerate(free):
+            buyer = buyers[i]
+            bid = buyer.bid
+            for c, j in enumerate(cols):
+                product = obs.products[j]
+                cost = product.cost
+                if bid is not None and bid[0] == product.id and bid[1] >= cost:
+                    plan[r, c], value[r, c] = self._on_bid(i, buyer.id, j, bid[1], cost, tries)
+                    continue
+                if worth[r, j] <= 0:
+                    continue
+                # The ladder's first price: the one whose sale plus the rest of the ladder is worth most.
+                first = ladder["sale"][r, j] * (ladder["prices"][r, j] - cost) + self._rest[r, j]
+                value[r, c] = worth[r, j]
+                plan[r, c] = _offer(buyer.id, product.id, max(int(ladder["prices"][r, j, int(np.argmax(first))]), cost))
+        expanded = [c for c, j in enumerate(cols) for _ in range(min(units[j], len(free)))]
+        rows, picks = linear_sum_assignment(value[:, expanded], maximize=True)
+        best = None
+        for r, k in zip(rows, picks):
+            c = expanded[k]
+            if value[r, c] > 0 and (best is None or value[r, c] > value[best]):
+                best = (r, c)
+        if best is None:
+            return None if any(b.awaiting for b in buyers) else _end()
+        message = plan[best]
+        if message.action.kind == "offer":
+            self.last[free[best[0]]] = (cols[best[1]], message.action.price)
+        return message
+
+    def _on_bid(self, i: int, buyer_id: str, j: int, bid: int, cost: int, tries: int) -> tuple[Message, float]:
+        """Accept a standing bid, or hold out for more; with the pair's value for the assignment."""
+        sure = bid - cost
+        history = [price for product, price in self.bids[i] if product == j]
+        rising = len(history) >= 2 and history[-1] > history[-2]
+        stuck = len(history) >= 2 and history[-1] <= history[-2]
+        if tries <= 1 or stuck or (not rising and len(history) >= 2):
+            return _accept_bid(buyer_id, f"p{j + 1}", bid), sure + 1e-6
+        # One bid so far, or bids that climb: hold out at a high price while it pays.
+        step = history[-1] - history[-2] if rising else bid * 0.25
+        if rising and tries <= 2 and step < 0.05 * self.span:
+            return _accept_bid(buyer_id, f"p{j + 1}", bid), sure + 1e-6
+        ask = int(max(cost, min(self.hi[i, j], bid + 2 * step), bid + 1))
+        return _offer(buyer_id, f"p{j + 1}", ask), sure + 0.5 * step + 1e-6

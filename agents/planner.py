@@ -207,11 +207,17 @@ class PlannerSeller(ScriptedAgent):
         for r, i in enumerate(free):
             buyer = buyers[i]
             bid = buyer.bid
+            wanted = int(bid[0][1:]) - 1 if bid is not None else -1
+            # A bidder names the product it wants: deal on that one while it is in stock and
+            # the bid could still climb to its cost (a first bid is at least 0.4 of the value).
+            if wanted >= 0 and not (units[wanted] > 0 and (bid[1] + 1) / 0.4 >= obs.products[wanted].cost):
+                wanted = -1
             for c, j in enumerate(cols):
                 product = obs.products[j]
                 cost = product.cost
-                if bid is not None and bid[0] == product.id and bid[1] >= cost:
-                    plan[r, c], value[r, c] = self._on_bid(i, buyer.id, j, bid[1], cost, tries)
+                if wanted >= 0:
+                    if j == wanted:
+                        plan[r, c], value[r, c] = self._on_bid(i, buyer.id, j, bid[1], cost, tries)
                     continue
                 if worth[r, j] <= 0:
                     continue
@@ -235,15 +241,14 @@ class PlannerSeller(ScriptedAgent):
 
     def _on_bid(self, i: int, buyer_id: str, j: int, bid: int, cost: int, tries: int) -> tuple[Message, float]:
         """Accept a standing bid, or hold out for more; with the pair's value for the assignment."""
-        sure = bid - cost
         history = [price for product, price in self.bids[i] if product == j]
         rising = len(history) >= 2 and history[-1] > history[-2]
-        stuck = len(history) >= 2 and history[-1] <= history[-2]
-        if tries <= 1 or stuck or (not rising and len(history) >= 2):
-            return _accept_bid(buyer_id, f"p{j + 1}", bid), sure + 1e-6
-        # One bid so far, or bids that climb: hold out at a high price while it pays.
         step = history[-1] - history[-2] if rising else bid * 0.25
-        if rising and tries <= 2 and step < 0.05 * self.span:
-            return _accept_bid(buyer_id, f"p{j + 1}", bid), sure + 1e-6
+        # Holding out costs turns the other buyers could use: only while each active buyer
+        # still has more than ``patience`` turns (1 measured best: 0 and 2 lose 0.1-0.3 on concession buyers).
+        hold = bid < cost or (tries > int(self.params.get("patience", 1)) and (len(history) < 2 or rising))
+        if not hold:
+            return _accept_bid(buyer_id, f"p{j + 1}", bid), bid - cost + 1e-6
+        # One bid so far, or bids that climb: ask above where the next bid should land.
         ask = int(max(cost, min(self.hi[i, j], bid + 2 * step), bid + 1))
-        return _offer(buyer_id, f"p{j + 1}", ask), sure + 0.5 * step + 1e-6
+        return _offer(buyer_id, f"p{j + 1}", ask), max(bid + 0.5 * step - cost, 0.0) + 1e-6

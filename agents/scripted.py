@@ -444,8 +444,11 @@ class RandomBuyer(_Seeded):
         return _reply(obs, "bid", f"p{int(rng.integers(1, len(obs.values) + 2))}", int(rng.integers(0, top)))
 
 
+from negotiate.agents.planner import PlannerSeller  # noqa: E402  (it builds on the helpers above)
+
 SELLERS = {
     "oracle": OracleSeller,
+    "planner": PlannerSeller,
     "greedy": GreedySeller,
     "concession": ConcessionSeller,
     "posted": PostedSeller,

@@ -1,0 +1,157 @@
+"""The planning seller: it sees only its observation, it is deterministic, it breaks no rule,
+its ladders are the optimal ones, and it reads counter-bids the way the buyers make them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import anyio
+import numpy as np
+import pytest
+
+from negotiate.agents.planner import PlannerSeller
+from negotiate.agents.registry import parse_agent
+from negotiate.agents.scripted import _tries_value
+from negotiate.episode import run_episode
+from negotiate.market import SPLITS, Buyer, Market, MarketSpec, Product
+from negotiate.metrics import opt
+from negotiate.protocol import Action, Message
+from negotiate.runner import build_buyers, build_episode
+
+
+def _play(market: Market, seller, buyers: str = "threshold"):
+    agents = build_buyers(market, parse_agent(buyers, "buyer"))
+    return anyio.run(lambda: run_episode(market, seller, agents, opt_value=opt(market)))
+
+
+def _messages(episode) -> list[tuple]:
+    return [(e["sender"], e["to"], e["action"] and tuple(e["action"].values())) for e in episode.events if e["type"] == "message"]
+
+
+class _SpecOnly:
+    """Stands in for the market when the planner is built: it has the public spec and nothing else."""
+
+    def __init__(self, spec: MarketSpec):
+        self.spec = spec
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the planner read market.{name}: private information")
+
+
+def _one_by_one(value: int, cost: int = 100, budget: int = 10) -> Market:
+    return Market(MarketSpec(), 0, (Product("p1", "A", cost, 1),), (Buyer("b1", (value,)),), budget, 100, 1000)
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+@pytest.mark.parametrize("buyers", ["threshold", "concession", "stubborn"])
+def test_it_plays_the_same_without_the_markets_private_values(split, buyers):
+    # Built from a stand-in that raises on anything but the spec, and from a market whose
+    # values are all poisoned: both must play exactly the episode the real market gets.
+    spec = parse_agent("planner", "seller")
+    for index in range(3):
+        market, seller, _ = build_episode(SPLITS[split], spec, parse_agent(buyers, "buyer"), 0, index)
+        blind = PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=[market.seed, 2])
+        poisoned = dataclasses.replace(market, buyers=tuple(Buyer(b.id, (10**9,) * len(b.values)) for b in market.buyers))
+        fooled = PlannerSeller.create("planner", {}, market=poisoned, seed=[market.seed, 2])
+        reference = _messages(_play(market, seller, buyers))
+        assert _messages(_play(market, blind, buyers)) == reference
+        assert _messages(_play(market, fooled, buyers)) == reference
+
+
+def test_same_seed_same_trace():
+    spec = parse_agent("planner", "seller")
+    for index in range(5):
+        traces = []
+        for _ in range(2):
+            market, seller, agents = build_episode(SPLITS["shapes"], spec, parse_agent("concession", "buyer"), 7, index)
+            traces.append(_messages(anyio.run(lambda: run_episode(market, seller, agents))))
+        assert traces[0] == traces[1]
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+@pytest.mark.parametrize("buyers", ["threshold", "concession", "stubborn", "random"])
+def test_no_violation_and_no_overrun(split, buyers):
+    spec = parse_agent("planner", "seller")
+    for index in range(15):
+        market, seller, agents = build_episode(SPLITS[split], spec, parse_agent(buyers, "buyer"), 3, index)
+        episode = anyio.run(lambda: run_episode(market, seller, agents, opt_value=opt(market)))
+        assert episode.outcome in ("terminated", "truncated"), episode.reason
+        assert episode.metrics["violations"] == {}
+        assert episode.metrics["budget_overrun"] == 0
+
+
+@pytest.mark.parametrize("tries", [1, 2, 4, 8])
+def test_the_ladder_matches_the_closed_form_on_a_uniform_belief(tries):
+    # Uniform value on [100, 1000], cost 100: the k-offer ladder earns k / (2 (k + 1)) * 900
+    # (225 for one offer, 300 for two) and first asks 100 + 900 k / (k + 1). The programme
+    # works on 24 cells of 37.5, so it may ask up to a cell off and earn a little less.
+    seller = PlannerSeller.create("planner", {}, market=_SpecOnly(MarketSpec()), seed=0)
+    market = _one_by_one(500)
+    seller._learn(_observation(market))
+    ladder = seller._ladders([0], (tries,))
+    worth, price = _tries_value(100, 1000, 100, tries)
+    assert ladder["value"][tries][0, 0, -1] == pytest.approx(worth, rel=0.02)
+    first = ladder["sale"][0, 0] * (ladder["prices"][0, 0] - 100) + seller._rest[0, 0]
+    assert abs(ladder["prices"][0, 0, int(np.argmax(first))] - price) <= 38
+
+
+def _observation(market: Market, new=()):
+    from negotiate.regulator import EpisodeState
+
+    state = EpisodeState(market)
+    obs = state.seller_observation()
+    return obs._replace(new=tuple(new))
+
+
+def test_on_correlated_markets_a_reject_lowers_the_belief_about_the_other_products():
+    # Same buyer, two products: a reject of p1 at 300 says the buyer's common factor is low,
+    # so its value of p2 is believed lower too; on an independent split it changes nothing.
+    def mean_of_p2(spec: MarketSpec, rejected: bool) -> float:
+        market = Market(spec, 0, (Product("p1", "A", 300, 1), Product("p2", "B", 300, 1)), (Buyer("b1", (1, 1)),), 6, 100, 1000)
+        seller = PlannerSeller.create("planner", {}, market=_SpecOnly(spec), seed=0)
+        seller._learn(_observation(market))
+        if rejected:
+            seller.last[0] = (0, 300)
+            seller._learn(_observation(market, [Message("b1", "seller", "", Action("reject"))]))
+        seller.lo_price = 100
+        floor, top = np.array([[100.0, 100.0]]), np.array([[1001.0, 1001.0]])
+        masses = seller._cell_masses([0], floor, top)[0, 1]
+        centres = 100 + (np.arange(len(masses)) + 0.5) * 901 / len(masses)
+        return float((masses * centres).sum() / masses.sum())
+
+    correlated, uniform = SPLITS["correlated"], SPLITS["train"]
+    assert mean_of_p2(correlated, True) < mean_of_p2(correlated, False) - 50
+    assert mean_of_p2(uniform, True) == pytest.approx(mean_of_p2(uniform, False))
+
+
+def test_a_stubborn_bid_is_accepted_once_it_does_not_move():
+    # Value 500, share 0.8: the anchor is 400. The first ask (about 900) draws a bid of 400;
+    # the planner asks 400 + 400 / 4 * 2 = 600 to see whether the bid climbs; it does not
+    # (400 again), so it accepts 400 on the third turn.
+    market = _one_by_one(500)
+    episode = _play(market, PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0), "stubborn?share=0.8")
+    actions = [a for _, _, a in _messages(episode)]
+    assert actions[1] == ("bid", "p1", 400) and actions[3] == ("bid", "p1", 400)
+    assert actions[2] == ("offer", "p1", 600) and actions[4] == ("accept", "p1", 400)
+    assert episode.metrics["profit"] == 300
+
+
+def test_a_conceding_buyer_is_held_while_its_bids_rise():
+    # Value 800, start 0.5, patience 3: targets 400, 600, 800 over its first three messages.
+    # The first bid is 400; the planner asks 400 + 2 * 100 = 600, which the buyer's second
+    # target (600) meets: a sale at 600, where accepting the first bid would have made 400.
+    market = _one_by_one(800)
+    seller = PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0)
+    episode = _play(market, seller, "concession?start=0.5&patience=3")
+    actions = [a for _, _, a in _messages(episode)]
+    assert actions[1] == ("bid", "p1", 400)
+    assert actions[2:] == [("offer", "p1", 600), ("accept", "p1", 600)]
+    assert episode.metrics["profit"] == 500
+
+
+def test_with_one_turn_per_buyer_left_a_rising_bid_is_taken():
+    # Budget 2: the first offer leaves one turn, so the planner accepts the first bid (400).
+    market = _one_by_one(800, budget=2)
+    seller = PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0)
+    episode = _play(market, seller, "concession?start=0.5&patience=3")
+    assert [a for _, _, a in _messages(episode)][1:] == [("bid", "p1", 400), ("accept", "p1", 400)]

@@ -46,6 +46,7 @@ records it as the agent's silence (a timeout violation) and the episode goes on.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import math
 import os
 import random
@@ -222,7 +223,24 @@ def parse_openai_spec(rest: str, *, field: str, text: str) -> OpenAIOptions:
 
     values.update(parse_query(url.query, _NUMBERS, _CHOICES, _FLAGS, what="an openai agent", fail=fail,
                               special=special, keys=_KEYS))
-    return OpenAIOptions(**values)
+    options = OpenAIOptions(**values)
+    # Checked here, like hf:'s torch: the core install has no HTTP client, and a run must not start without one.
+    missing = [name for name in ("aiohttp", "openai" if options.client == "openai" else None) if name and not _installed(name)]
+    if missing:
+        raise fail(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed; an openai agent needs "
+                   f"the llm extra: {LLM_INSTALL}")
+    return options
+
+
+LLM_INSTALL = "pip install 'negotiate[llm]'"
+"""The install hint for ``openai:`` agents (the openai client, aiohttp, uvloop)."""
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,7 +380,7 @@ def _openai_client(base_url: str, key: str):
         import httpx2
         import openai
     except ImportError:
-        raise LLMError("client=openai needs the openai client: pip install 'negotiate[llm]'") from None
+        raise LLMError(f"client=openai needs the openai client: {LLM_INSTALL}") from None
     limits = httpx2.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS, keepalive_expiry=30.0)
     # Timeouts and retries are per request (each backend's options); these are placeholders.
     http = openai.DefaultAioHttpClient(limits=limits, timeout=httpx2.Timeout(60.0, connect=10.0))
@@ -561,21 +579,28 @@ class OpenAIBackend:
 
     async def preflight(self) -> None:
         """``GET /models`` once before a run: the server answers, the key works, the model is served,
-        and (``server=auto``) which kind of server it is. Raises :class:`LLMError` with the reason;
-        a server that lists no models (404) is taken on trust."""
+        and (``server=auto``) which kind of server it is. Raises :class:`LLMError` with the reason.
+        A server with no models list (404) must answer a one-token chat request instead (every episode
+        would fail otherwise); one that answers ``/models`` with no usable list is taken on trust."""
         import aiohttp
 
         o = self.options
         where = f"{o.model} at {o.base_url}"
-        try:
-            async with _shared(o).aiohttp().get(o.base_url + "/models", timeout=aiohttp.ClientTimeout(total=min(o.timeout, 30.0)),
-                                                allow_redirects=False) as response:
-                status, body = response.status, await response.read()
-        except TimeoutError:
-            raise LLMError(f"{where}: no answer to GET /models within {min(o.timeout, 30.0):g}s") from None
-        except aiohttp.ClientError as error:
-            cause = getattr(error, "os_error", None) or error
-            raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
+        limit = min(o.timeout, 30.0)
+
+        async def ask(method: str, path: str, data: bytes | None = None) -> tuple[int, bytes]:
+            try:
+                async with _shared(o).aiohttp().request(method, o.base_url + path, data=data, allow_redirects=False,
+                                                        headers={"Content-Type": "application/json"} if data else None,
+                                                        timeout=aiohttp.ClientTimeout(total=limit)) as response:
+                    return response.status, await response.read()
+            except TimeoutError:
+                raise LLMError(f"{where}: no answer to {method} {path} within {limit:g}s") from None
+            except aiohttp.ClientError as error:
+                cause = getattr(error, "os_error", None) or error
+                raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
+
+        status, body = await ask("GET", "/models")
         if status in (401, 403):
             raise _status_error(status, _message(body), where, o)
         try:
@@ -584,9 +609,15 @@ class OpenAIBackend:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             models = None
         if not models:
-            if status == 404 and not o.base_url.endswith("/v1"):  # the usual slip: the base URL without its /v1
-                raise LLMError(f"{where}: GET {o.base_url}/models is not found (404); an OpenAI-compatible base URL "
-                               f"usually ends in /v1, like {o.base_url}/v1")
+            if status == 404:
+                chat = orjson.dumps({"model": o.model, "max_tokens": 1, "messages": [{"role": "system", "content": "Answer OK."},
+                                                                                     {"role": "user", "content": "OK?"}]})
+                answer, reply = await ask("POST", "/chat/completions", chat)
+                if answer >= 300:
+                    hint = (f"; an OpenAI-compatible base URL usually ends in /v1, like {o.base_url}/v1"
+                            if not o.base_url.endswith("/v1") else "")
+                    raise LLMError(f"{where}: GET {o.base_url}/models is not found (404) and a one-token chat request "
+                                   f"answers {answer} ({_message(reply)}){hint}")
             log.warning("server lists no models; model name and server kind not checked", base_url=o.base_url, status=status)
             return
         if o.model not in models:

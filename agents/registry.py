@@ -54,7 +54,7 @@ from negotiate.market import Market
 
 from negotiate.agents.scripted import BUYERS, SELLERS
 
-__all__ = ["AgentSpec", "parse_agent"]
+__all__ = ["AgentSpec", "parse_agent", "describe_agents"]
 
 
 _PARAMS = {
@@ -125,19 +125,31 @@ def parse_agent(text: str, role: str, *, field_name: str | None = None) -> Agent
     if name not in table:
         raise UserError(f"unknown {role} agent {name!r}; choose from {', '.join(table)}", field=field_name, value=text)
     params: dict = {}
+    allowed = _PARAMS.get((role, name), {})
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if key not in allowed:  # the name first: `greedy?beta=` is a parameter greedy does not take, whatever its value
+            hint = f"it takes {', '.join(sorted(allowed))}" if allowed else "it takes none"
+            raise UserError(f"unknown parameter {key!r} for {name}; {hint} (negotiate agents lists every agent's)",
+                            field=field_name, value=text)
         try:
             params[key] = float(value) if "." in value or "e" in value.lower() else int(value)
         except ValueError:
             raise UserError(f"parameter {key}={value!r} is not a number", field=field_name, value=text) from None
-    allowed = _PARAMS.get((role, name), set())
-    unknown = set(params) - set(allowed)
-    if unknown:
-        hint = f"; it takes {', '.join(sorted(allowed))}" if allowed else "; it takes none"
-        raise UserError(f"unknown parameter {sorted(unknown)[0]!r} for {name}{hint}", field=field_name, value=text)
     for key, value in params.items():
         low, inclusive, high = allowed[key]
         if not ((value >= low) if inclusive else (value > low)) or value > high:
             bound = "[" if inclusive else "("
             raise UserError(f"parameter {key}={value} is outside {bound}{low}, {high}]", field=field_name, value=text)
     return AgentSpec(text=raw, role=role, backend="scripted", name=name, params=params)
+
+
+def describe_agents(role: str) -> list[tuple[str, str, str]]:
+    """The scripted agents of ``role`` for ``negotiate agents``: (name, what it does, its parameters)."""
+    table = SELLERS if role == "seller" else BUYERS
+    out = []
+    for name, cls in table.items():
+        doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split()).replace("``", "")
+        params = ", ".join(f"{key} in {'[' if inclusive else '('}{low:g}, {high:g}]"
+                           for key, (low, inclusive, high) in _PARAMS.get((role, name), {}).items())
+        out.append((name, doc, params or "-"))
+    return out

@@ -2,45 +2,87 @@
 
 Bad input (an unknown agent, a malformed spec, a truncated or too-new trace) is one
 line on stderr naming the file, field and value, and exit code 2; nothing is
-overwritten.
+overwritten. The exit codes, for scripts and CI (also in ``negotiate --help``):
+
+- 0: every episode finished (terminated or truncated);
+- 1: one or more episodes failed (a model server's error, say): the run still wrote them all,
+  the table counts them and a last line gives the commonest reason;
+- 2: bad input or a refused command: one line on stderr, nothing run;
+- 130: interrupted (Ctrl-C): every finished episode is kept, ``--resume`` runs the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import logging
+import math
+import os
+import shlex
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import structlog
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
 
 from negotiate.agents.scripted import BUYERS, SELLERS
 from negotiate.errors import UserError
 from negotiate.logs import REQUEST_LOG, configure, request_log
-from negotiate.market import SPLITS
-from negotiate.report import GROUP_KEYS, rows_from_traces, summarize, summary_csv, summary_markdown, summary_table
+from negotiate.market import SPLITS, MarketSpec
 from negotiate.plots import write_plots
-from negotiate.report import paired_csv, paired_differences, paired_markdown, paired_table
+from negotiate.report import (
+    GROUP_KEYS, overlapping_runs, paired_csv, paired_differences, paired_markdown, paired_table, rows_from_traces, run_order,
+    summarize, summary_csv, summary_markdown, summary_table,
+)
 from negotiate.runner import (
-    Prepared, RunConfig, close_model_clients, load_config, prepare, preload_models, run_async, run_batch, save_config, slug,
+    Prepared, RunConfig, close_model_clients, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config,
+    slug,
 )
 from negotiate.workers import check_workers, models_play, run_workers
 
-__all__ = ["main"]
+__all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
 log = structlog.get_logger("negotiate.cli")
 
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_CODES = ("exit codes: 0 every episode finished; 1 one or more episodes failed (all written; the last line gives the "
+              "commonest reason); 2 bad input, one line on stderr, nothing run; 130 interrupted (finished episodes kept, "
+              "--resume runs the rest)")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("negotiate")
+    except Exception:  # noqa: BLE001 -- not installed (a checkout on sys.path): the package's own number
+        import negotiate
+
+        return negotiate.__version__
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line like every other bad input (exit code 2)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def _shard(text: str) -> tuple[int, int]:
+    # argparse names the flag itself ("argument --shard: ..."): the message says only what is wrong.
     try:
         k, n = (int(part) for part in text.split("/"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard: {text!r}: expected K/N, like 2/8") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N, like 2/8") from None
     if not 1 <= k <= n:
-        raise argparse.ArgumentTypeError(f"--shard: {text!r}: need 1 <= K <= N")
+        raise argparse.ArgumentTypeError(f"{text!r}: need 1 <= K <= N")
     return k, n
 
 
@@ -54,14 +96,26 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """A deadline in seconds: positive and finite (0, -1, nan and inf are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive, finite number of seconds")
+    return value
+
+
 LOCAL_TIMEOUT = 3600.0
 """Default agent deadline when a local model (hf:, vllm:) plays: on a CPU a reply can wait minutes for its batch."""
 
 
 def _timeout_arguments(parser: argparse.ArgumentParser, timeout: float) -> None:
     local = f"(default: {timeout:g}, or {LOCAL_TIMEOUT:g} when an hf: or vllm: model plays)"
-    parser.add_argument("--seller-timeout", type=float, default=None, help=f"seconds a seller may think before losing the turn {local}")
-    parser.add_argument("--reply-timeout", type=float, default=None,
+    parser.add_argument("--seller-timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help=f"seconds a seller may think before losing the turn {local}")
+    parser.add_argument("--reply-timeout", type=_seconds, default=None, metavar="SECONDS",
                         help=f"seconds a buyer may think before its silence counts as a reject {local}")
     parser.set_defaults(base_timeout=timeout)
 
@@ -80,44 +134,69 @@ def _workers_argument(parser: argparse.ArgumentParser) -> None:
                              "--concurrency and --max-inflight; one process tops out near 1,500 model requests/s")
 
 
+def _output_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a run prints: the progress bar and the console's log level (the log file gets everything)."""
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=None,
+                        help="least severe log line shown on the console (default: warning; --quiet: error); "
+                             "the run's *.log.jsonl file gets every line")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, and only errors logged to the console")
+
+
+_RUN_SETTINGS = "--resume DIR finishes the run in DIR with its own settings (run.json); "
+_SELLERS_HELP = "comma-separated seller specs, [scripted:]NAME[?k=v], openai:..., hf:..., vllm:... (negotiate agents lists them)"
+
+
+def _seller_argument(parser: argparse.ArgumentParser, default: str | None, required: bool = False) -> None:
+    """One spelling everywhere: --seller takes one spec or several, comma-separated (--sellers is an alias)."""
+    shown = f" (default: {default})" if default else ""
+    parser.add_argument("--seller", "--sellers", dest="seller", default=None, required=required, metavar="SPECS",
+                        help=f"{_SELLERS_HELP}{shown}")
+
+
 def _batch_arguments(parser: argparse.ArgumentParser, command: str, *, timeout: float) -> None:
-    """The flags serve and collect share."""
-    parser.add_argument("--buyers", default="threshold", help=f"buyer spec for every buyer: {', '.join(BUYERS)} (default: threshold)")
-    parser.add_argument("--split", default="train", help=f"split ({', '.join(SPLITS)}) or a TOML market spec file (default: train)")
-    parser.add_argument("--seed", type=int, default=0, help="run seed: market i is seeded from (seed, i)")
+    """The flags serve and collect share. Run settings default to None so that --resume can tell a flag given from one
+    left out (the defaults are filled in by _new_config)."""
+    parser.add_argument("--buyers", default=None, help=f"buyer spec for every buyer: {', '.join(BUYERS)}, or a model (default: threshold)")
+    parser.add_argument("--split", default=None, help=f"split ({', '.join(SPLITS)}) or a TOML market spec file (default: train; "
+                                                      "negotiate splits lists them)")
+    parser.add_argument("--seed", type=int, default=None, help="run seed: market i is seeded from (seed, i) (default: 0)")
     parser.add_argument("--concurrency", type=_positive, default=256, help="episodes in flight at once (default: 256)")
     _workers_argument(parser)
-    parser.add_argument("--shard", type=_shard, default=(1, 1), metavar="K/N", help="run the K-th of N disjoint slices of the episodes")
-    parser.add_argument("--out", type=Path, help=f"trace folder (default: traces/{command}-DATE-TIME)")
-    parser.add_argument("--resume", type=Path, metavar="DIR", help="finish an interrupted run in DIR (its run.json gives the settings)")
+    parser.add_argument("--shard", type=_shard, default=None, metavar="K/N",
+                        help="run the K-th of N disjoint slices of the episodes (default: 1/1, all of them)")
+    parser.add_argument("--out", type=Path, help=f"trace folder, new or empty (default: traces/{command}-DATE-TIME)")
+    parser.add_argument("--resume", type=Path, metavar="DIR",
+                        help=_RUN_SETTINGS + "a larger --episodes (collect: --markets) extends it; any other run setting that "
+                             "differs from the run's is refused")
     _timeout_arguments(parser, timeout)
     parser.add_argument("--max-inflight", type=_positive, metavar="N",
                         help="model requests in flight per server (openai: specs), overriding their max_inflight; "
                              "the agents' timeouts include the wait for a slot")
     parser.add_argument("--fsync", action="store_true", help="fsync after every episode (survives power loss, slower)")
     parser.add_argument("--by", default="seller,split", help=f"table breakdown, from {', '.join(GROUP_KEYS)} (default: seller,split)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    _output_arguments(parser)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="negotiate", description="Multi-item bargaining: run episodes, read metrics from traces.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="negotiate", description="Multi-item bargaining: run episodes, read metrics from traces.",
+                     epilog=EXIT_CODES)
+    parser.add_argument("--version", action="version", version=f"negotiate {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run many episodes concurrently, write traces, print metrics",
+    serve = sub.add_parser("serve", help="run many episodes concurrently, write traces, print metrics", epilog=EXIT_CODES,
                            description="Run a batch of episodes. With no arguments: every scripted seller on the train split, paired.")
-    serve.add_argument("--seller", default=",".join(SELLERS),
-                       help=f"comma-separated seller specs, [scripted:]NAME[?k=v] (default: all of {', '.join(SELLERS)})")
-    serve.add_argument("--episodes", type=_positive, default=200, help="episodes per seller (default: 200)")
-    serve.add_argument("--group", type=_positive, default=1,
+    _seller_argument(serve, f"all of {','.join(SELLERS)}")
+    serve.add_argument("--episodes", type=_positive, default=None, help="episodes per seller (default: 200)")
+    serve.add_argument("--group", type=_positive, default=None,
                        help="episodes per market instance: the seller plays each market this many times, sampling afresh (default: 1)")
     _batch_arguments(serve, "serve", timeout=120.0)
 
-    collect = sub.add_parser("collect", help="play each market G times for training groups (serve with --group)",
+    collect = sub.add_parser("collect", help="play each market G times for training groups (serve with --group)", epilog=EXIT_CODES,
                              description="Collect training data: every seller plays MARKETS markets, each GROUP times with a fresh "
                                          "sampling seed (buyers identical), so group-relative advantages compare strategies on one market.")
-    collect.add_argument("--seller", required=True, help="comma-separated seller specs, e.g. hf:checkpoints/sft?temperature=1")
-    collect.add_argument("--markets", type=_positive, default=32, help="market instances (default: 32)")
-    collect.add_argument("--group", type=_positive, default=8, help="episodes per market (default: 8)")
+    _seller_argument(collect, None)
+    collect.add_argument("--markets", type=_positive, default=None, help="market instances (default: 32)")
+    collect.add_argument("--group", type=_positive, default=None, help="episodes per market (default: 8)")
     _batch_arguments(collect, "collect", timeout=600.0)
 
     from negotiate.training.options import add_train_arguments  # no torch: the flags come from the config dataclass
@@ -128,37 +207,46 @@ def _parser() -> argparse.ArgumentParser:
                     "Needs the train extra: pip install 'negotiate[train]'."))
 
     report = sub.add_parser("report", help="metrics table from trace files or folders alone",
-                            description="Recompute every episode's metrics from its trace; merge shards; print a table.")
-    report.add_argument("traces", nargs="+", help="trace files (*.jsonl) or folders searched recursively")
+                            description="Recompute every episode's metrics from its trace; merge shards; print a table. Separate "
+                                        "runs that played the same episodes (serve, then eval, with one seed) are reported apart, by run.")
+    report.add_argument("traces", nargs="+", help="trace files (*.jsonl) or folders searched recursively; *.log.jsonl files are skipped")
     report.add_argument("--by", default="seller,split", help=f"breakdown, from {', '.join(GROUP_KEYS)} (default: seller,split)")
-    report.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
-    report.add_argument("--allow-partial", action="store_true", help="skip a half-written trailing episode instead of failing")
+    report.add_argument("--format", choices=("table", "markdown", "csv"), default="table",
+                        help="table: for the terminal (the headline intervals); markdown and csv: every interval (default: table)")
+    report.add_argument("--allow-partial", action="store_true",
+                        help="skip a half-written trailing episode instead of failing (a note says how many were skipped)")
     report.add_argument("--baseline", help="also print paired differences of every seller against this one (same markets)")
+
     evaluate = sub.add_parser("eval", help="compare sellers side by side on the generalization splits (tables, CSV, plots)",
+                              epilog=EXIT_CODES,
                               description="Every seller plays the same markets with the same seeds on each split (a paired comparison); "
                                           "writes traces, results.md, results.csv, paired.csv and PNG plots.")
-    evaluate.add_argument("--sellers", default=",".join(SELLERS), help=f"comma-separated seller specs (default: all of {', '.join(SELLERS)})")
-    evaluate.add_argument("--buyers", default="threshold", help="buyer spec (default: threshold)")
-    evaluate.add_argument("--splits", default=",".join(SPLITS), help=f"comma-separated splits or TOML spec files (default: {','.join(SPLITS)})")
-    evaluate.add_argument("--episodes", type=_positive, default=200, help="markets per split (default: 200)")
-    evaluate.add_argument("--baseline", help="seller the others are compared with, pair by pair (default: the first of --sellers)")
-    evaluate.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
+    _seller_argument(evaluate, f"all of {','.join(SELLERS)}")
+    evaluate.add_argument("--buyers", default=None, help="buyer spec (default: threshold)")
+    evaluate.add_argument("--split", "--splits", dest="split", default=None, metavar="SPLITS",
+                          help=f"comma-separated splits or TOML spec files (default: {','.join(SPLITS)})")
+    evaluate.add_argument("--episodes", type=_positive, default=None, help="markets per split (default: 200)")
+    evaluate.add_argument("--baseline", help="seller the others are compared with, pair by pair (default: the first of --seller)")
+    evaluate.add_argument("--seed", type=int, default=None, help="run seed (default: 0)")
     evaluate.add_argument("--concurrency", type=_positive, default=256, help="episodes in flight at once (default: 256)")
     _workers_argument(evaluate)
     evaluate.add_argument("--max-inflight", type=_positive, metavar="N",
-                       help="model requests in flight per server (openai: specs), overriding their max_inflight; "
-                            "the agents' timeouts include the wait for a slot")
-    evaluate.add_argument("--out", type=Path, help="output folder (default: traces/eval-DATE-TIME)")
-    evaluate.add_argument("--resume", type=Path, metavar="DIR", help="finish an interrupted evaluation in DIR")
+                          help="model requests in flight per server (openai: specs), overriding their max_inflight; "
+                               "the agents' timeouts include the wait for a slot")
+    evaluate.add_argument("--out", type=Path, help="output folder, new or empty (default: traces/eval-DATE-TIME)")
+    evaluate.add_argument("--resume", type=Path, metavar="DIR",
+                          help="finish an interrupted evaluation in DIR with its own settings; a larger --episodes extends it, "
+                               "any other setting that differs is refused")
     _timeout_arguments(evaluate, 120.0)
-    evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
+    _output_arguments(evaluate)
 
     play = sub.add_parser("play", help="bargain yourself in the terminal UI, as a buyer or as the seller",
                           description="Play one episode in the terminal UI against scripted (or any) agents; the episode is traced like any other.")
     play.add_argument("--role", choices=("buyer", "seller"), default="buyer", help="the part you take (default: buyer)")
     play.add_argument("--split", default="train", help=f"split ({', '.join(SPLITS)}) or a TOML market spec file (default: train)")
     play.add_argument("--seed", type=int, default=None, help="market seed (default: a fresh one, printed)")
-    play.add_argument("--seller", default="greedy", help="the seller agent when you play a buyer (default: greedy)")
+    play.add_argument("--seller", "--sellers", dest="seller", default="greedy",
+                      help="the seller agent when you play a buyer (default: greedy)")
     play.add_argument("--buyers", default="concession", help="the other buyers' agent (default: concession)")
     play.add_argument("--out", type=Path, default=Path("traces") / "play", help="folder for your episodes' traces (default: traces/play)")
 
@@ -167,6 +255,12 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("trace", type=Path, help="a trace file (*.jsonl)")
     replay.add_argument("--episode", help="episode id (default: the first; the UI lets you pick)")
     replay.add_argument("--text", action="store_true", help="print a plain transcript instead of opening the UI")
+
+    sub.add_parser("agents", help="list the agents, their parameters and the model backends",
+                   description="The scripted sellers and buyers with what each does and the parameters it takes, and the model "
+                               "backends (openai:, hf:, vllm:) with their keys.")
+    sub.add_parser("splits", help="list the named splits and the fields of a TOML market spec",
+                   description="The named splits (--split NAME) and every field a TOML spec file may set (--split FILE.toml).")
     return parser
 
 
@@ -183,32 +277,47 @@ def split_dir(split: str) -> str:
     return slug(Path(split).stem if split.endswith(".toml") else split)
 
 
+def _command_line(*words: str) -> str:
+    return " ".join(shlex.quote(str(word)) for word in words)
+
+
+def _print_command(console: Console, label: str, *words: str) -> None:
+    """A command to copy: on a line of its own, never wrapped (a terminal folds a long one softly) and never
+    read as markup (a path may hold brackets)."""
+    console.print(f"{label}:", highlight=False)
+    console.print(Text("  " + _command_line(*words)), soft_wrap=True, highlight=False)
+
+
 def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, console: Console, label: str,
              log_file: Path | None = None) -> tuple[int, float, bool]:
     """Play every pending job of ``runs`` under one progress bar (in ``--workers`` processes).
     Returns (episodes, seconds, interrupted)."""
     total = sum(len(p.jobs) for p, _ in runs)
     progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                        TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=args.quiet, transient=False)
+                        TextColumn("[red]{task.fields[failed]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                        disable=args.quiet, transient=False)
     began = time.perf_counter()
-    counter = {"n": 0}
+    counter = {"n": 0, "failed": 0}
     with progress:
-        task = progress.add_task("episodes", total=total, rate="")
+        task = progress.add_task("episodes", total=total, rate="", failed="")
 
-        def tick(_episode, _seller) -> None:
+        def tick(outcome: str | None) -> None:
             counter["n"] += 1
-            if counter["n"] % 16 == 0 or counter["n"] == total:
+            counter["failed"] += outcome == "failed"
+            if counter["n"] % 16 == 0 or counter["n"] == total or outcome == "failed":
                 rate = counter["n"] / max(1e-9, time.perf_counter() - began)
-                progress.update(task, completed=counter["n"], rate=f"{rate:,.0f} ep/s")
+                progress.update(task, completed=counter["n"], rate=f"{rate:,.0f} ep/s",
+                                failed=f"{counter['failed']} failed" if counter["failed"] else "")
 
         async def main() -> None:
             for prepared, out in runs:
-                await run_batch(prepared, out, concurrency=args.concurrency, on_episode=tick, fsync=getattr(args, "fsync", False))
+                await run_batch(prepared, out, concurrency=args.concurrency, on_episode=lambda episode, _seller: tick(episode.outcome),
+                                fsync=getattr(args, "fsync", False))
 
         try:
             if args.workers > 1 and total > 0:
                 run_workers(runs, args.workers, concurrency=args.concurrency, max_inflight=args.max_inflight, log_file=log_file,
-                            fsync=getattr(args, "fsync", False), on_episode=lambda row: tick(None, None))
+                            fsync=getattr(args, "fsync", False), on_episode=lambda row: tick(row.get("outcome")))
             else:
                 if log_file is not None and models_play(runs):
                     request_log.open(log_file.parent / REQUEST_LOG)
@@ -222,7 +331,7 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
     return counter["n"], time.perf_counter() - began, False
 
 
-def _check_models(runs: list[tuple[Prepared, Path]], fields: dict[str, str] | None = None) -> None:
+def _check_models(runs: list[tuple[Prepared, Path]]) -> None:
     """Before anything is written: ask every model server of ``runs`` for its models and load every
     local model (a run does it again, cheaply), so a server that is down, a wrong model name or a
     model that cannot load is one error line and leaves no run folder behind."""
@@ -232,45 +341,167 @@ def _check_models(runs: list[tuple[Prepared, Path]], fields: dict[str, str] | No
     async def check() -> None:
         try:
             for prepared, _ in runs:
-                await preload_models([*prepared.sellers, prepared.buyers], fields)
+                await preload_models([*prepared.sellers, prepared.buyers])
         finally:
             await close_model_clients()
 
     run_async(check)
 
 
+# -- where a run writes ---------------------------------------------------------------------------------
+
+
+def _check_new_out(out: Path) -> None:
+    """A new run's --out: a new folder, or an empty one (a folder holding a run, an evaluation or traces
+    would mix two runs, which neither report nor --resume can take apart), and one that can be made."""
+    if out.exists() and not out.is_dir():
+        raise UserError("is a file, not a folder; choose a new folder for the run", field="--out", value=str(out))
+    if (out / "run.json").exists():
+        raise UserError("already holds a run; pass --resume to finish it or choose another --out", source=str(out))
+    if (out / "eval.json").exists():
+        raise UserError("already holds an evaluation; pass --resume to finish it or choose another --out", source=str(out))
+    if out.is_dir() and next(out.rglob("*.jsonl"), None) is not None:
+        raise UserError("already holds trace files; a run writes into a new or empty folder", field="--out", value=str(out))
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"cannot be made: {parent} is a file", field="--out", value=str(out))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot be made: no permission to write in {parent}", field="--out", value=str(out))
+
+
+def _make_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"cannot be made ({error.strerror})", field="--out", value=str(out)) from None
+
+
+# -- run settings: new, or resumed -----------------------------------------------------------------------
+
+
+def _sellers(text: str) -> tuple[str, ...]:
+    sellers = _list(text)
+    if not sellers:
+        raise UserError("names no seller; give one or more seller specs, comma-separated, like greedy,posted", field="--seller",
+                        value=text)
+    return sellers
+
+
+def _shown(value) -> str:
+    if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return f"{value[0]}/{value[1]}"
+    return ",".join(value) if isinstance(value, tuple) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _refuse_conflicts(given: dict[str, tuple[str, object]], saved: dict[str, object], where: Path, grows: str) -> None:
+    """--resume keeps a run's settings: a flag given with another value than the run's is one error line naming both."""
+    for name, (flag, value) in given.items():
+        if value is not None and value != saved[name]:
+            raise UserError(f"the run in {where} has {flag} {_shown(saved[name])}; --resume keeps a run's settings "
+                            f"(only a larger {grows} extends it): drop the flag, or start a new run with --out",
+                            field=flag, value=_shown(value))
+
+
+def _more_episodes(config: RunConfig, episodes: int | None, flag: str, shown: int | None = None) -> RunConfig:
+    """--resume with a larger --episodes (--markets) extends the run; a smaller one is refused."""
+    if episodes is None or episodes == config.episodes:
+        return config
+    if episodes < config.episodes:
+        raise UserError(f"the run already has {config.episodes} episodes per seller; --resume can add episodes, not drop them",
+                        field=flag, value=shown if shown is not None else episodes)
+    return dataclasses.replace(config, episodes=episodes)
+
+
+def _resumed_config(args: argparse.Namespace, out: Path) -> RunConfig:
+    config = load_config(out)
+    collect = args.command == "collect"
+    given = {
+        "sellers": ("--seller", _sellers(args.seller) if args.seller is not None else None),
+        "buyers": ("--buyers", args.buyers.strip() if args.buyers is not None else None),
+        "split": ("--split", args.split), "seed": ("--seed", args.seed), "shard": ("--shard", args.shard),
+        "group": ("--group", args.group), "seller_timeout": ("--seller-timeout", args.seller_timeout),
+        "reply_timeout": ("--reply-timeout", args.reply_timeout),
+    }
+    grows = "--markets" if collect else "--episodes"
+    _refuse_conflicts(given, config.to_json() | {"sellers": config.sellers, "shard": config.shard}, out, grows)
+    if collect:
+        return _more_episodes(config, args.markets * config.group if args.markets else None, "--markets", args.markets)
+    return _more_episodes(config, args.episodes, "--episodes")
+
+
+def _new_config(args: argparse.Namespace) -> RunConfig:
+    collect = args.command == "collect"
+    if collect and args.seller is None:
+        raise UserError("collect needs the seller(s) to collect from, like --seller 'hf:checkpoints/sft?temperature=1'",
+                        field="--seller", value=None)
+    sellers = _sellers(args.seller if args.seller is not None else ",".join(SELLERS))
+    buyers = args.buyers if args.buyers is not None else "threshold"
+    group = args.group if args.group is not None else 8 if collect else 1
+    episodes = (args.markets if args.markets is not None else 32) * group if collect else args.episodes or 200
+    return RunConfig(sellers=sellers, buyers=buyers, split=args.split if args.split is not None else "train", episodes=episodes,
+                     seed=args.seed if args.seed is not None else 0, shard=args.shard or (1, 1), group=group,
+                     run_id=new_run_id(args.command), **_timeouts(args, (*sellers, buyers)))
+
+
+# -- commands -----------------------------------------------------------------------------------------
+
+
+def _failures(console: Console, rows: list[dict], log_file: Path) -> int:
+    """The exit code of a finished run: 1, with one line, if any episode failed."""
+    failed = [row for row in rows if row.get("outcome") == "failed"]
+    if not failed:
+        return EXIT_OK
+    reason, count = Counter(str(row.get("reason")) for row in failed).most_common(1)[0]
+    line = Text(f"{len(failed)} of {len(rows)} episodes failed", style="bold red")
+    line.append(f" (commonest reason, {count} of them: {reason}); each one is in {log_file}")
+    console.print(line, soft_wrap=True, highlight=False)
+    return EXIT_FAILED
+
+
 def _serve(args: argparse.Namespace, console: Console) -> int:
     if args.resume is not None:
         out = args.resume
-        config = load_config(out)
+        config = _resumed_config(args, out)
     else:
-        collect = args.command == "collect"
-        config = RunConfig(
-            sellers=_list(args.seller), buyers=args.buyers, split=args.split,
-            episodes=args.markets * args.group if collect else args.episodes, seed=args.seed,
-            shard=args.shard, group=args.group, **_timeouts(args, (*_list(args.seller), args.buyers)),
-        )
+        config = _new_config(args)
         out = args.out or Path("traces") / time.strftime(f"{args.command}-%Y%m%d-%H%M%S")
-        if (out / "run.json").exists():
-            raise UserError("already holds a run; pass --resume to finish it or choose another --out", source=str(out))
+        _check_new_out(out)
+    check_workers(args.workers, [*config.sellers, config.buyers])  # before the specs are parsed: see check_workers
     by = _by(args.by)
     summarize([], by)  # check --by before running anything
     prepared = prepare(config, out, resume=args.resume is not None)
-    check_workers(args.workers, [(prepared, out)])
     _check_models([(prepared, out)])
+    _make_out(out)
     save_config(config, out)
-    configure(out / "serve.log.jsonl")
-    log.info("run", out=str(out), sellers=list(config.sellers), buyers=config.buyers, split=config.split,
-             episodes=len(prepared.jobs), already_done=prepared.done, concurrency=args.concurrency, shard=f"{config.shard[0]}/{config.shard[1]}")
-    done, elapsed, interrupted = _run_all([(prepared, out)], args, console, args.command, out / "serve.log.jsonl")
+    log_file = out / "serve.log.jsonl"
+    configure(log_file, console_level=args.console_level)
+    log.info("run", out=str(out), run=config.run_id, sellers=list(config.sellers), buyers=config.buyers, split=config.split,
+             episodes=config.episodes, to_play=len(prepared.jobs), already_done=prepared.done, concurrency=args.concurrency,
+             shard=f"{config.shard[0]}/{config.shard[1]}")
+    done, elapsed, interrupted = _run_all([(prepared, out)], args, console, args.command, log_file)
     if interrupted:
-        console.print(f"[yellow]interrupted:[/] {done + prepared.done} episodes kept in {out}; finish with: negotiate {args.command} --resume {out}")
-        return 130
-    log.info("done", episodes=done, seconds=round(elapsed, 2), out=str(out))
+        console.print(f"[yellow]interrupted:[/] {done + prepared.done} episodes kept in {out}", highlight=False)
+        _print_command(console, "finish with", "negotiate", args.command, "--resume", out)
+        return EXIT_INTERRUPTED
+    log.info("done", played=done, seconds=round(elapsed, 2), out=str(out))
     rows = rows_from_traces([out])
     console.print(summary_table(summarize(rows, by, {"seller": config.sellers}), by))
-    console.print(f"traces: {out}  ·  {done} episodes in {elapsed:.1f}s  ·  report again: negotiate report {out}")
-    return 0
+    console.print(f"traces: {out}  ·  {done} episodes in {elapsed:.1f}s", highlight=False, soft_wrap=True)
+    _print_command(console, "report again", "negotiate", "report", out)
+    return _failures(console, rows, log_file)
+
+
+def _eval_settings(path: Path) -> dict:
+    try:
+        settings = json.loads(path.read_text())
+        missing = [key for key in ("sellers", "splits", "baseline") if key not in settings]
+    except (ValueError, TypeError) as error:
+        raise UserError(f"not a valid eval.json ({error})", source=str(path)) from None
+    if missing:
+        raise UserError(f"not a valid eval.json (no {missing[0]!r})", source=str(path))
+    return settings
 
 
 def _eval(args: argparse.Namespace, console: Console) -> int:
@@ -279,39 +510,53 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
         path = out / "eval.json"
         if not path.exists():
             raise UserError("not an eval folder (no eval.json)", source=str(out))
-        try:
-            settings = json.loads(path.read_text())
-            sellers, splits, baseline = settings["sellers"], settings["splits"], settings["baseline"]
-        except (ValueError, KeyError) as error:
-            raise UserError(f"not a valid eval.json ({error})", source=str(path)) from None
-        configs = [load_config(out / split_dir(split)) for split in splits]
+        settings = _eval_settings(path)
+        sellers, splits, baseline = settings["sellers"], settings["splits"], settings["baseline"]
+        saved = {"sellers": tuple(sellers), "splits": tuple(splits), "baseline": baseline}
+        _refuse_conflicts({"sellers": ("--seller", _sellers(args.seller) if args.seller is not None else None),
+                           "splits": ("--split", _list(args.split) if args.split is not None else None),
+                           "baseline": ("--baseline", args.baseline)}, saved, out, "--episodes")
+        configs = []
+        for split in splits:
+            config = load_config(out / split_dir(split))
+            _refuse_conflicts({"buyers": ("--buyers", args.buyers.strip() if args.buyers is not None else None),
+                               "seed": ("--seed", args.seed), "seller_timeout": ("--seller-timeout", args.seller_timeout),
+                               "reply_timeout": ("--reply-timeout", args.reply_timeout)}, config.to_json(), out, "--episodes")
+            configs.append(_more_episodes(config, args.episodes, "--episodes"))
     else:
-        sellers, splits = list(_list(args.sellers)), list(_list(args.splits))
+        sellers = list(_sellers(args.seller if args.seller is not None else ",".join(SELLERS)))
+        splits = list(_list(args.split if args.split is not None else ",".join(SPLITS)))
+        if not splits:
+            raise UserError("names no split", field="--split", value=args.split)
         baseline = args.baseline or sellers[0]
         if baseline not in sellers:
-            raise UserError(f"is not one of --sellers ({', '.join(sellers)})", field="--baseline", value=baseline)
+            raise UserError(f"is not one of --seller ({', '.join(sellers)})", field="--baseline", value=baseline)
         if len(set(splits)) != len(splits):
-            raise UserError("a split is named twice", field="--splits", value=args.splits)
+            raise UserError("a split is named twice", field="--split", value=args.split)
         out = args.out or Path("traces") / time.strftime("eval-%Y%m%d-%H%M%S")
-        if (out / "eval.json").exists():
-            raise UserError("already holds an evaluation; pass --resume to finish it or choose another --out", source=str(out))
-        configs = [RunConfig(sellers=tuple(sellers), buyers=args.buyers, split=split, episodes=args.episodes, seed=args.seed,
-                             **_timeouts(args, (*sellers, args.buyers))) for split in splits]
+        _check_new_out(out)
+        buyers = args.buyers if args.buyers is not None else "threshold"
+        run_id = new_run_id("eval")
+        configs = [RunConfig(sellers=tuple(sellers), buyers=buyers, split=split, episodes=args.episodes or 200,
+                             seed=args.seed if args.seed is not None else 0, run_id=run_id, **_timeouts(args, (*sellers, buyers)))
+                   for split in splits]
+    check_workers(args.workers, [*configs[0].sellers, configs[0].buyers])
     runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None), out / split_dir(config.split))
             for config in configs]  # every spec and agent is checked before anything runs
-    check_workers(args.workers, runs)
-    _check_models(runs, {"seller": "--sellers"})
-    out.mkdir(parents=True, exist_ok=True)
+    _check_models(runs)
+    _make_out(out)
     (out / "eval.json").write_text(json.dumps({"sellers": sellers, "splits": splits, "baseline": baseline}, indent=2))
     for (_, run_out), config in zip(runs, configs):
         save_config(config, run_out)
-    configure(out / "eval.log.jsonl")
-    log.info("eval", out=str(out), sellers=sellers, splits=splits, baseline=baseline,
-             episodes=sum(len(p.jobs) for p, _ in runs), already_done=sum(p.done for p, _ in runs))
-    done, elapsed, interrupted = _run_all(runs, args, console, "eval", out / "eval.log.jsonl")
+    log_file = out / "eval.log.jsonl"
+    configure(log_file, console_level=args.console_level)
+    log.info("eval", out=str(out), run=configs[0].run_id, sellers=sellers, splits=splits, baseline=baseline,
+             episodes=configs[0].episodes, to_play=sum(len(p.jobs) for p, _ in runs), already_done=sum(p.done for p, _ in runs))
+    done, elapsed, interrupted = _run_all(runs, args, console, "eval", log_file)
     if interrupted:
-        console.print(f"[yellow]interrupted:[/] completed episodes kept in {out}; finish with: negotiate eval --resume {out}")
-        return 130
+        console.print(f"[yellow]interrupted:[/] completed episodes kept in {out}", highlight=False)
+        _print_command(console, "finish with", "negotiate", "eval", "--resume", out)
+        return EXIT_INTERRUPTED
     rows = rows_from_traces([out])
     by = ["seller", "split"]
     order = {"seller": sellers, "split": splits}
@@ -319,26 +564,45 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     paired = paired_differences(rows, baseline, order)
     console.print(summary_table(summaries, by, title="negotiate eval: metrics by seller and split, mean (± 95% CI)"))
     console.print(paired_table(paired, baseline))
+    again = _command_line("negotiate", "report", out, "--by", "seller,split", "--format", "markdown", "--baseline", baseline)
     (out / "results.md").write_text(
         f"# negotiate eval\n\nSellers {', '.join(sellers)} on {', '.join(splits)}; baseline {baseline}. "
-        f"Reproduce the numbers from the traces: `negotiate report {out} --by seller,split --format markdown --baseline {baseline}`.\n\n"
+        f"Reproduce the numbers from the traces: `{again}`.\n\n"
         f"## Metrics (mean ± 95% CI)\n\n{summary_markdown(summaries, by)}\n"
         f"## Paired differences against {baseline} (same markets)\n\n{paired_markdown(paired)}"
     )
     (out / "results.csv").write_text(summary_csv(summaries, by))
     (out / "paired.csv").write_text(paired_csv(paired, baseline))
-    plots = write_plots(rows, out / "plots", sellers, splits)
+    plots = write_plots(rows, out / "plots", sellers, splits, baseline=baseline)
     console.print(f"results: {out}/results.md, results.csv, paired.csv; plots: {', '.join(p.name for p in plots)}  ·  "
-                  f"{done} episodes in {elapsed:.1f}s")
-    return 0
+                  f"{done} episodes in {elapsed:.1f}s", highlight=False, soft_wrap=True)
+    _print_command(console, "report again", "negotiate", "report", out, "--baseline", baseline)
+    return _failures(console, rows, log_file)
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
     by = _by(args.by)
     summarize([], by)
-    rows = rows_from_traces(args.traces, allow_partial=args.allow_partial)
-    summaries = summarize(rows, by)
-    paired = paired_differences(rows, args.baseline) if args.baseline else None
+    skipped: list[str] = []
+    rows = rows_from_traces(args.traces, allow_partial=args.allow_partial, on_skip=skipped.append)
+    if skipped:
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        print(f"negotiate report: --allow-partial skipped {len(skipped)} incomplete episode{'s' if len(skipped) > 1 else ''}: "
+              f"{skipped[0]}{more}", file=sys.stderr)
+    order: dict[str, list[str]] = run_order(args.traces)
+    separate = overlapping_runs(rows)
+    if separate:
+        if args.baseline:
+            raise UserError(f"the traces hold {len(separate)} separate runs of the same markets ({', '.join(separate)}); "
+                            "pass one run's traces with --baseline", field="--baseline", value=args.baseline)
+        if "run" not in by:
+            by = ["run", *by]
+            print(f"negotiate report: {len(separate)} separate runs played the same episodes (same seller, split, seed and "
+                  f"index): reported apart, by run ({', '.join(separate)}); pass one run's traces to see it alone",
+                  file=sys.stderr)
+        order["run"] = separate
+    summaries = summarize(rows, by, order)
+    paired = paired_differences(rows, args.baseline, order) if args.baseline else None
     if args.format == "markdown":
         sys.stdout.write(summary_markdown(summaries, by))
         if paired is not None:
@@ -349,13 +613,72 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         console.print(summary_table(summaries, by))
         if paired is not None:
             console.print(paired_table(paired, args.baseline))
-    return 0
+    return EXIT_OK
+
+
+def _agents(console: Console) -> int:
+    from negotiate.agents.registry import describe_agents
+
+    for role, flag in (("seller", "--seller"), ("buyer", "--buyers")):
+        table = Table(title=f"scripted {role}s ({flag} NAME or NAME?KEY=VALUE&...)", title_justify="left", show_lines=False)
+        table.add_column(role, no_wrap=True)
+        table.add_column("what it does")
+        table.add_column("parameters")
+        for name, doc, params in describe_agents(role):
+            table.add_row(name, doc, params)
+        console.print(table)
+    console.print("models (either role; keys after ?, joined by &):", highlight=False)
+    for line in ("openai:MODEL@BASE_URL   any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); needs pip install "
+                 "'negotiate[llm]'; keys: format, server, temperature, top_p, max_tokens, timeout, retries, reask, "
+                 "max_inflight, logprobs, think, client, key_env",
+                 "hf:PATH_OR_ALIAS        a transformers model in this process (a folder, a .gguf file, or smollm2); needs pip "
+                 "install 'negotiate[hf]'; keys: format, temperature, top_p, max_tokens, batch, threads, dtype, reask",
+                 "vllm:MODEL              vLLM's engine in this process (a GPU); needs pip install 'negotiate[gpu]'; keys: format, "
+                 "temperature, top_p, max_tokens, reask, logprobs, think, dtype, gpu_memory_utilization, max_model_len, "
+                 "tensor_parallel_size, seed"):
+        console.print(Text("  " + line), highlight=False)
+    return EXIT_OK
+
+
+def _range(value) -> str:
+    return f"{value[0]}-{value[1]}" if isinstance(value, tuple) else str(value)
+
+
+def _splits(console: Console) -> int:
+    table = Table(title="splits (--split NAME)", title_justify="left")
+    for name in ("split", "buyers", "products", "valuation", "values", "costs", ""):
+        table.add_column(name)
+    for name, spec in SPLITS.items():
+        low, high = spec.price_low * spec.price_scale, spec.price_high * spec.price_scale
+        span = high - low
+        table.add_row(name, _range(spec.buyers), _range(spec.products),
+                      spec.valuation + (f" ({spec.correlation:g})" if spec.valuation == "correlated" else ""),
+                      f"{low:g}-{high:g}", f"{low + spec.cost_low * span:g}-{low + spec.cost_high * span:g}",
+                      "training" if name == "train" else "held out")
+    console.print(table)
+    fields = Table(title="fields of a TOML spec file (--split FILE.toml); split = NAME starts from a named split",
+                   title_justify="left")
+    fields.add_column("field", no_wrap=True)
+    fields.add_column("default", no_wrap=True)
+    fields.add_column("meaning")
+    for name, info in MarketSpec.model_fields.items():
+        default = json.dumps(list(info.default)) if isinstance(info.default, tuple) else "none" if info.default is None else str(info.default)
+        fields.add_row(name, default, info.description or "")
+    console.print(fields)
+    return EXIT_OK
+
+
+def _console_level(args: argparse.Namespace) -> int:
+    level = getattr(args, "log_level", None) or ("error" if getattr(args, "quiet", False) else "warning")
+    return getattr(logging, level.upper())
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``negotiate`` command; returns its exit code (see the module docstring)."""
     args = _parser().parse_args(argv)
     console = Console()
-    configure(None)
+    args.console_level = _console_level(args)
+    configure(None, console_level=args.console_level)
     if getattr(args, "max_inflight", None) is not None:
         from negotiate.agents.backends import set_max_inflight
 
@@ -373,10 +696,14 @@ def main(argv: list[str] | None = None) -> int:
             from negotiate.tui import commands  # Textual loads only for the UI commands
 
             return commands.play(args) if args.command == "play" else commands.replay(args)
+        if args.command == "agents":
+            return _agents(console)
+        if args.command == "splits":
+            return _splits(console)
         return _report(args, console)
     except UserError as error:
         print(f"negotiate {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     finally:
         if getattr(args, "max_inflight", None) is not None:  # main() called as a function: the flag ends with the command
             from negotiate.agents.backends import set_max_inflight

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from negotiate.metrics import aggregate, mean_ci
+from negotiate.metrics import aggregate
 
-__all__ = ["plot_by_split", "plot_violations", "plot_by_tier", "write_plots"]
+__all__ = ["plot_by_split", "plot_violations", "plot_paired", "violations_per_episode", "write_plots"]
 
 
 def _pyplot():
@@ -25,10 +25,11 @@ def _order(values, preferred=()):
 
 
 def plot_by_split(rows: list[dict], path: Path, sellers: list[str], splits: list[str]) -> Path:
-    """Grouped bars: profit/OPT and welfare/OPT per split, one bar per seller, 95% CI whiskers."""
+    """Grouped bars: profit/OPT and welfare/OPT per split, one bar per seller, 95% CI whiskers. The legend
+    sits outside the axes (inside, it covered bars that reach 1.0)."""
     plt = _pyplot()
     summaries = {s.key: s for s in aggregate(rows, ("seller", "split"))}
-    fig, axes = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(splits) * 2), 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(splits) * 2) + 1.5, 4), sharey=True, layout="constrained")
     width = 0.8 / max(1, len(sellers))
     for ax, metric, title in zip(axes, ("profit_ratio", "welfare_ratio"), ("profit / OPT", "welfare / OPT")):
         for k, seller in enumerate(sellers):
@@ -39,92 +40,97 @@ def plot_by_split(rows: list[dict], path: Path, sellers: list[str], splits: list
                 means.append(mean)
                 errs.append(half)
             xs = [x + (k - (len(sellers) - 1) / 2) * width for x in range(len(splits))]
-            ax.bar(xs, means, width, yerr=errs, capsize=2, label=seller)
+            ax.bar(xs, means, width, yerr=errs, capsize=2, label=seller if ax is axes[0] else None)
         ax.set_xticks(range(len(splits)), splits)
         ax.set_title(title)
         ax.set_ylim(0, 1.05)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=8, loc="lower left")
+    fig.legend(fontsize=8, loc="outside right upper", title="seller")
     fig.suptitle("sellers by split (mean, 95% CI)")
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
-def plot_violations(rows: list[dict], path: Path, sellers: list[str]) -> Path:
-    """Stacked bars: seller violations per episode, by type."""
+def violations_per_episode(rows: list[dict], seller: str, split: str) -> dict[str, float]:
+    """Mean seller violations per episode of ``seller`` on ``split``, by type (episodes that did not fail).
+
+    >>> rows = [{"seller": "a", "split": "s", "metrics": {"violations": v}} for v in ({"sold_out": 2}, {"sold_out": 1, "below_cost": 1})]
+    >>> violations_per_episode(rows, "a", "s")
+    {'sold_out': 1.5, 'below_cost': 0.5}
+    """
+    done = [r for r in rows if r["seller"] == seller and r["split"] == split and r.get("metrics")]
+    counts: dict[str, float] = defaultdict(float)
+    for r in done:
+        for kind, n in r["metrics"]["violations"].items():
+            counts[kind] += n / len(done)
+    return dict(counts)
+
+
+def plot_violations(rows: list[dict], path: Path, sellers: list[str], splits: list[str]) -> Path:
+    """Stacked bars: seller violations per episode, by type; one panel per split (a mean over splits would
+    hide the split where a seller breaks the rules)."""
     plt = _pyplot()
-    per_seller: dict[str, dict[str, float]] = {}
-    kinds: set[str] = set()
-    for seller in sellers:
-        done = [r for r in rows if r["seller"] == seller and r.get("metrics")]
-        counts: dict[str, float] = defaultdict(float)
-        for r in done:
-            for kind, n in r["metrics"]["violations"].items():
-                counts[kind] += n / max(1, len(done))
-        per_seller[seller] = counts
-        kinds.update(counts)
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(sellers)), 4))
-    bottom = [0.0] * len(sellers)
-    for kind in sorted(kinds):
-        heights = [per_seller[s].get(kind, 0.0) for s in sellers]
-        ax.bar(sellers, heights, bottom=bottom, label=kind)
-        bottom = [b + h for b, h in zip(bottom, heights)]
-    if not kinds:
-        ax.text(0.5, 0.5, "no violations", ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylabel("violations per episode")
-    ax.set_title("seller violations by type")
+    counts = {(seller, split): violations_per_episode(rows, seller, split) for seller in sellers for split in splits}
+    kinds = sorted({kind for per_kind in counts.values() for kind in per_kind})
+    fig, axes = plt.subplots(1, len(splits), figsize=(max(6, 1.1 * len(sellers) * len(splits)) + 1.5, 4), sharey=True,
+                             squeeze=False, layout="constrained")
+    for ax, split in zip(axes[0], splits):
+        bottom = [0.0] * len(sellers)
+        for kind in kinds:
+            heights = [counts[(seller, split)].get(kind, 0.0) for seller in sellers]
+            ax.bar(sellers, heights, bottom=bottom, label=kind if ax is axes[0][0] else None)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        if not any(bottom):
+            ax.text(0.5, 0.5, "no violations", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(split)
+        ax.tick_params(axis="x", labelrotation=45)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("violations per episode")
     if kinds:
-        ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
+        fig.legend(fontsize=8, loc="outside right upper", title="type")
+    fig.suptitle("seller violations per episode by type, per split")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
-def _tier_low(tier: str) -> float:
-    try:
-        return float(str(tier).split("-")[0])
-    except ValueError:
-        return float("inf")
+def plot_paired(rows: list[dict], path: Path, sellers: list[str], splits: list[str], baseline: str) -> Path:
+    """The evaluation's question in one picture: each seller's profit/OPT minus the baseline's on the same
+    markets, per split, with its 95% CI (a whisker that crosses 0 is no measured difference)."""
+    from negotiate.report import paired_differences
 
-
-def plot_by_tier(rows: list[dict], path: Path, sellers: list[str]) -> Path:
-    """Profit/OPT against the market's price range, one line per seller (95% CI whiskers)."""
     plt = _pyplot()
-    tiers = sorted({str(r["tier"]) for r in rows}, key=_tier_low)
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(tiers)), 4))
-    for seller in sellers:
-        means, errs = [], []
-        for tier in tiers:
-            values = [r["metrics"]["profit_ratio"] for r in rows
-                      if r["seller"] == seller and str(r["tier"]) == tier and r.get("metrics") and r["metrics"]["profit_ratio"] is not None]
-            mean, half = mean_ci(values)
-            means.append(mean)
-            errs.append(half)
-        ax.errorbar(range(len(tiers)), means, yerr=errs, marker="o", capsize=3, label=seller)
-    ax.set_xticks(range(len(tiers)), tiers)
-    ax.set_xlabel("price range of the market")
-    ax.set_ylabel("profit / OPT")
-    ax.set_ylim(0, 1.05)
-    ax.set_title("profit / OPT by price tier")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    found = {(p.seller, p.split): p.diffs["profit_ratio"] for p in paired_differences(rows, baseline, {"seller": sellers, "split": splits})}
+    others = [seller for seller in sellers if seller != baseline]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(splits) * max(1, len(others)) / 2) + 1.5, 4), layout="constrained")
+    width = 0.8 / max(1, len(others))
+    for k, seller in enumerate(others):
+        means = [found.get((seller, split), (float("nan"), 0.0, 0))[0] for split in splits]
+        errs = [found.get((seller, split), (float("nan"), 0.0, 0))[1] for split in splits]
+        xs = [x + (k - (len(others) - 1) / 2) * width for x in range(len(splits))]
+        ax.bar(xs, means, width, yerr=errs, capsize=2, label=seller)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(splits)), splits)
+    ax.set_ylabel(f"profit / OPT minus {baseline}'s")
+    ax.set_title(f"paired differences against {baseline} (same markets; mean, 95% CI)")
+    ax.grid(axis="y", alpha=0.3)
+    if others:
+        fig.legend(fontsize=8, loc="outside right upper", title="seller")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
-def write_plots(rows: list[dict], out: Path, sellers: list[str] | None = None, splits: list[str] | None = None) -> list[Path]:
-    """All three plots into ``out``; returns their paths."""
+def write_plots(rows: list[dict], out: Path, sellers: list[str] | None = None, splits: list[str] | None = None,
+                baseline: str | None = None) -> list[Path]:
+    """All three plots into ``out``; returns their paths. ``baseline`` (default: the first seller) is the
+    seller the paired plot compares the others with."""
     out.mkdir(parents=True, exist_ok=True)
     sellers = sellers or _order(r["seller"] for r in rows)
     splits = splits or _order((r["split"] for r in rows), ("train", "shapes", "correlated", "prices-x10"))
     return [
         plot_by_split(rows, out / "profit_welfare_by_split.png", sellers, splits),
-        plot_violations(rows, out / "violations_by_type.png", sellers),
-        plot_by_tier(rows, out / "profit_by_tier.png", sellers),
+        plot_violations(rows, out / "violations_by_type.png", sellers, splits),
+        plot_paired(rows, out / "paired_profit_by_split.png", sellers, splits, baseline or sellers[0]),
     ]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
 from rich import box
 from rich.table import Table
 
@@ -17,35 +19,74 @@ from negotiate.metrics import RATIO_METRICS, Summary, sort_key, aggregate, mean_
 from negotiate.trace import read_episodes, trace_files
 
 __all__ = [
-    "rows_from_traces", "summary_table", "summary_markdown", "summary_csv", "GROUP_KEYS",
+    "rows_from_traces", "overlapping_runs", "run_order", "summary_table", "summary_markdown", "summary_csv", "GROUP_KEYS",
     "paired_differences", "paired_table", "paired_markdown", "paired_csv", "PAIRED_METRICS", "Paired",
 ]
 
-GROUP_KEYS = ("seller", "buyers", "split", "shape", "tier")
-"""Labels a report can be broken down by."""
+GROUP_KEYS = ("seller", "buyers", "split", "shape", "tier", "run")
+"""Labels a report can be broken down by (``run``: the run id, or for traces older than run ids, the folder)."""
 
 
-def rows_from_traces(paths: Iterable[str | Path], *, allow_partial: bool = False) -> list[dict]:
-    """One row per episode: its labels and metrics recomputed from its events."""
+def rows_from_traces(paths: Iterable[str | Path], *, allow_partial: bool = False,
+                     on_skip: Callable[[str], None] | None = None) -> list[dict]:
+    """One row per episode: its labels and metrics recomputed from its events.
+
+    Episodes are told apart by run (the ``run`` id a run writes into each episode; the trace's folder
+    for older traces), seller, split, run seed and index: the shards of one run merge, separate runs
+    stay apart (see :func:`overlapping_runs`), and one episode passed twice is an error.
+    """
     rows = []
     seen: dict[tuple, Path] = {}
     for path in trace_files(paths):
-        for events in read_episodes(path, allow_partial=allow_partial):
+        for events in read_episodes(path, allow_partial=allow_partial, on_skip=on_skip):
             start, end = events[0], events[-1]
-            key = (start.get("seller"), start.get("run_seed"), start.get("index"), start.get("split"))
+            run = start.get("run") or str(path.parent)
+            key = (run, start.get("seller"), start.get("run_seed"), start.get("index"), start.get("split"))
             if key in seen and start.get("index") is not None:
                 raise UserError(
-                    f"episode {start.get('episode')} appears twice (also in {seen[key]}); pass each shard once",
+                    f"episode {start.get('episode')} of run {run} appears twice (also in {seen[key]}); pass each shard once",
                     source=str(path), field="episode", value=start.get("episode"),
                 )
             seen[key] = path
             failed = end.get("outcome") == "failed"
             rows.append({k: start.get(k) for k in GROUP_KEYS + ("index", "episode", "seed", "run_seed")} | {
+                "run": run,
                 "outcome": end.get("outcome"),
                 "reason": end.get("reason"),
                 "metrics": None if failed else metrics_from_events(events),
             })
     return rows
+
+
+def overlapping_runs(rows: list[dict]) -> list[str]:
+    """The runs that played an episode another run also played (same seller, split, run seed and
+    index: ``serve`` then ``eval`` with one seed, say). Their rows are not shards of one run: a report
+    keeps them apart. Empty when every run is disjoint from the others (shards merge).
+
+    >>> rows = [{"run": r, "seller": "a", "split": "train", "run_seed": 0, "index": i} for r, i in [("x", 0), ("y", 1), ("z", 0)]]
+    >>> overlapping_runs(rows)
+    ['x', 'z']
+    """
+    runs_of: dict[tuple, set[str]] = defaultdict(set)
+    for row in rows:
+        runs_of[(row.get("seller"), row.get("split"), row.get("run_seed"), row.get("index"))].add(row["run"])
+    shared = {run for runs in runs_of.values() if len(runs) > 1 for run in runs}
+    return list(dict.fromkeys(row["run"] for row in rows if row["run"] in shared))
+
+
+def run_order(paths: Iterable[str | Path]) -> dict[str, list[str]]:
+    """The sellers in the order their runs list them (``run.json``, ``eval.json`` beside the traces), so a
+    report shows them as ``serve`` and ``eval`` did; sellers no run file names come after, alphabetically."""
+    sellers: list[str] = []
+    folders = dict.fromkeys(folder for path in trace_files(paths) for folder in (path.parent, path.parent.parent))
+    for folder in folders:
+        for name in ("eval.json", "run.json"):
+            try:
+                listed = orjson.loads((folder / name).read_bytes()).get("sellers") or []
+            except (OSError, orjson.JSONDecodeError, AttributeError):
+                continue
+            sellers.extend(str(s).strip() for s in listed if str(s).strip() not in sellers)
+    return {"seller": sellers}
 
 
 def _cell(mean: float, half: float, name: str) -> str:
@@ -87,6 +128,10 @@ def _short(mean: float, half: float, name: str, with_ci: bool) -> str:
     return f"{text}\n{ci}" if with_ci else text
 
 
+def _longest_word(header: str) -> int:
+    return max(len(word) for word in header.split())
+
+
 def short_label(value: str) -> str:
     """A model spec shortened for the terminal: ``openai:MODEL@URL?k=v`` -> ``openai:MODEL``."""
     head, at, _rest = value.partition("@")
@@ -96,11 +141,12 @@ def short_label(value: str) -> str:
 def summary_table(summaries: list[Summary], by: Sequence[str], title: str = "negotiate: metrics, mean (± 95% CI)") -> Table:
     """A compact terminal table: every metric's mean, the headline ratios with their CI."""
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
-    for name in by:
-        table.add_column(name, no_wrap=True)
-    table.add_column("n", justify="right")
+    for name in by:  # labels may fold (a long model spec); headers never break inside a word
+        table.add_column(name, overflow="fold", min_width=len(name))
+    table.add_column("n", justify="right", no_wrap=True)
     for name, title_text in RATIO_METRICS:
-        table.add_column(_SHORT_TITLES.get(name, title_text), justify="right", overflow="fold")
+        header = _SHORT_TITLES.get(name, title_text)
+        table.add_column(header, justify="right", no_wrap=True, min_width=_longest_word(header))
     overruns = 0
     for s in summaries:
         failed = f"/{s.failed}✗" if s.failed else ""
@@ -166,7 +212,7 @@ class Paired:
 
 
 def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequence[str]] | None = None) -> list[Paired]:
-    """Per split, every other seller minus ``baseline`` on the same markets (same split and market seed).
+    """Per split, every other seller minus ``baseline`` on the same markets (same run, split and market seed).
 
     >>> rows = [{"seller": s, "split": "train", "seed": k, "metrics": {"profit_ratio": p}}
     ...         for s, k, p in [("a", 1, 0.5), ("a", 2, 0.7), ("b", 1, 0.6), ("b", 2, 0.9)]]
@@ -177,12 +223,12 @@ def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequenc
     sellers = sorted({r["seller"] for r in rows})
     if baseline not in sellers:
         raise UserError(f"no episodes of this seller in the traces; sellers there: {', '.join(sellers)}", field="--baseline", value=baseline)
-    base = {(r["split"], r["seed"]): r["metrics"] for r in rows if r["seller"] == baseline and r.get("metrics")}
+    base = {(r.get("run"), r["split"], r["seed"]): r["metrics"] for r in rows if r["seller"] == baseline and r.get("metrics")}
     groups: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
     for r in rows:
         if r["seller"] == baseline or not r.get("metrics"):
             continue
-        other = base.get((r["split"], r["seed"]))
+        other = base.get((r.get("run"), r["split"], r["seed"]))
         if other is not None:
             groups.setdefault((r["seller"], r["split"]), []).append((r["metrics"], other))
     out = []
@@ -207,10 +253,11 @@ def _signed(mean: float, half: float, name: str) -> str:
 def paired_table(paired: list[Paired], baseline: str) -> Table:
     table = Table(title=f"paired differences against {baseline} (same markets; mean ± 95% CI)", title_justify="left",
                   box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
-    for name in ("seller", "split", "pairs"):
-        table.add_column(name, no_wrap=True, justify="right" if name == "pairs" else "left")
+    for name in ("seller", "split"):
+        table.add_column(name, overflow="fold", min_width=len(name))
+    table.add_column("pairs", justify="right", no_wrap=True)
     for _name, title in PAIRED_METRICS[:3] + PAIRED_METRICS[5:6]:
-        table.add_column(title, justify="right")
+        table.add_column(title, justify="right", no_wrap=True, min_width=_longest_word(title))
     for p in paired:
         table.add_row(short_label(p.seller), p.split, str(p.pairs),
                       *(_signed(*p.diffs[name][:2], name).replace(" ± ", "\n±") for name, _ in PAIRED_METRICS[:3] + PAIRED_METRICS[5:6]))

@@ -11,9 +11,12 @@ an interrupted run keeps every completed episode and ``resume`` runs only the re
 from __future__ import annotations
 
 import gc
+import math
 import os
 import re
+import secrets
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +32,7 @@ from negotiate.market import MarketSpec, generate, resolve_spec
 from negotiate.metrics import opt
 from negotiate.trace import TraceWriter, scan
 
-__all__ = ["RunConfig", "market_seed", "prepare", "run_batch", "run_async", "slug", "play", "build_episode", "build_buyers",
+__all__ = ["RunConfig", "new_run_id", "check_timeout", "market_seed", "prepare", "run_batch", "run_async", "slug", "play", "build_episode", "build_buyers",
            "save_config", "load_config"]
 
 log = structlog.get_logger("negotiate.runner")
@@ -77,6 +80,10 @@ class RunConfig:
     group: int = 1
     """Episodes per market instance: episodes ``i`` with the same ``i // group`` play one market,
     the seller sampling with a different seed each time (``negotiate collect``; training groups)."""
+    run_id: str = ""
+    """Names the run in every episode it writes (``run`` in ``episode_start``), so a report tells
+    separate runs of the same seeds apart (``serve``, then ``eval``) while a run's shards merge.
+    Runs written before run ids have none."""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -88,7 +95,7 @@ class RunConfig:
             data["sellers"] = tuple(data["sellers"])
             data["shard"] = tuple(data["shard"])
             return cls(**data)
-        except (KeyError, TypeError) as error:
+        except (KeyError, TypeError, ValueError) as error:
             raise UserError(f"not a run config ({error})", source=source) from None
 
     def trace_name(self, seller: str) -> str:
@@ -119,8 +126,25 @@ class Prepared:
     """Episodes already complete in the traces (resume)."""
 
 
+def new_run_id(command: str) -> str:
+    """A run id: the command, the time and 4 random hex digits, like ``serve-20261129-221500-3fa2``."""
+    return f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def check_timeout(value: float, flag: str) -> float:
+    """An agent deadline: a positive, finite number of seconds."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise UserError("must be a positive number of seconds", field=flag, value=value)
+    return float(value)
+
+
 def prepare(config: RunConfig, out: Path, *, resume: bool) -> Prepared:
     """Parse specs and agents, and list the jobs still to run (dropping a half-written tail on resume)."""
+    if not config.sellers:
+        raise UserError("names no seller; give one or more seller specs, comma-separated, like greedy,posted",
+                        field="--seller", value=",".join(config.sellers))
+    check_timeout(config.seller_timeout, "--seller-timeout")
+    check_timeout(config.reply_timeout, "--reply-timeout")
     spec = resolve_spec(config.split)
     sellers = [parse_agent(text, "seller") for text in config.sellers]
     if len({slug(s.text) for s in sellers}) != len(sellers):
@@ -169,7 +193,8 @@ async def play(prepared: Prepared, job: Job, *, opt_cache: dict | None = None) -
         opt_value = await anyio.to_thread.run_sync(opt, market) if cells >= 10_000 else opt(market)
         if opt_cache is not None:
             opt_cache[market.seed] = opt_value
-    labels = {"run_seed": config.seed, "index": job.index, "seed": market.seed, "seller": job.seller.text, "buyers": prepared.buyers.text}
+    labels = {"run": config.run_id} if config.run_id else {}
+    labels |= {"run_seed": config.seed, "index": job.index, "seed": market.seed, "seller": job.seller.text, "buyers": prepared.buyers.text}
     if config.group > 1:
         labels["group"], labels["repeat"] = config.group, job.index % config.group
     return await run_episode(
@@ -218,7 +243,7 @@ async def run_batch(
                 sink(job.seller.text, episode.events, row)
             rows.append(row)
             if episode.outcome == "failed":
-                log.warning("episode failed", episode=episode.id, reason=episode.reason)
+                log.info("episode failed", episode=episode.id, reason=episode.reason)  # the run counts them: one line at the end
             if len(opt_cache) > 4 * concurrency:
                 opt_cache.pop(next(iter(opt_cache)))
             if on_episode is not None:
@@ -238,12 +263,11 @@ async def run_batch(
     return rows
 
 
-async def preload_models(specs: list[AgentSpec], fields: dict[str, str] | None = None) -> None:
+async def preload_models(specs: list[AgentSpec]) -> None:
     """Before the first episode starts: load every local model (``hf:``, ``vllm:``) the specs name,
     so no agent deadline counts the load, and ask every server (``openai:``) for its models, so a
     server that is down, a bad key or a wrong model name stops the run here, naming its spec,
-    instead of failing every episode (and ``server=auto`` learns the kind of server). ``fields``
-    names the flag of each role in errors (``{"seller": "--sellers"}`` for eval)."""
+    instead of failing every episode (and ``server=auto`` learns the kind of server)."""
     for spec in specs:
         if spec.backend in ("hf", "vllm"):
             from negotiate.agents.local import preload as check
@@ -256,7 +280,7 @@ async def preload_models(specs: list[AgentSpec], fields: dict[str, str] | None =
         try:
             await check(spec)
         except LLMError as error:
-            field = (fields or {}).get(spec.role) or ("--seller" if spec.role == "seller" else "--buyers")
+            field = "--seller" if spec.role == "seller" else "--buyers"
             raise UserError(str(error), field=field, value=spec.text) from None
 
 

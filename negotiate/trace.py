@@ -10,7 +10,7 @@ run can drop a half-written tail and run only what is missing. The schema is in
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,7 @@ import orjson
 from negotiate.episode import SCHEMA_VERSION
 from negotiate.errors import UserError
 
-__all__ = ["TraceWriter", "encode", "read_episodes", "scan", "trace_files", "ScanResult"]
+__all__ = ["TraceWriter", "encode", "read_episodes", "scan", "trace_files", "ScanResult", "shown"]
 
 
 def encode(events: Iterable[dict]) -> bytes:
@@ -89,42 +89,77 @@ def _lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
             yield line_no, offset, line
 
 
-def read_episodes(path: str | Path, *, allow_partial: bool = False) -> Iterator[list[dict]]:
+def shown(line: bytes) -> str:
+    """A bad line as an error may show it: the start of its text, or only its size when it is not text
+    (a binary file's bytes are never echoed to a terminal).
+
+    >>> shown(b'{"type": "episode_start"\\n'), shown(b"\\x89PNG\\r\\n\\x1a\\n\\x00")
+    ('{"type": "episode_start"', '9 bytes of binary data')
+    """
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or any(ch < " " and ch not in "\t\r\n" or "\x7f" <= ch <= "\x9f" for ch in text):
+        return f"{len(line)} bytes of binary data"
+    return text.rstrip("\r\n")[:60]
+
+
+def _binary(line: bytes) -> bool:
+    return shown(line).endswith("bytes of binary data")
+
+
+def _not_json(path: Path, line_no: int, line: bytes, *, last: bool) -> UserError:
+    """A line that is not JSON: a cut-off last line is what a killed run leaves; anything else is not a trace."""
+    if _binary(line):
+        problem = "not a trace: binary data, not JSON lines"
+    elif last:
+        problem = "not a JSON line (cut off: a run killed mid-write? `negotiate serve --resume` repairs it, `report --allow-partial` skips it)"
+    else:
+        problem = "not a JSON line"
+    return UserError(problem, source=f"{path}:{line_no}", field="line", value=shown(line))
+
+
+def read_episodes(path: str | Path, *, allow_partial: bool = False,
+                  on_skip: Callable[[str], None] | None = None) -> Iterator[list[dict]]:
     """Yield each complete episode of a trace file as its list of events.
 
     A malformed line, an event outside an episode or a schema newer than this
     package raises :class:`UserError` naming the file, line, field and value. A
     half-written trailing episode (a run killed mid-write) raises too, unless
-    ``allow_partial``.
+    ``allow_partial``; then ``on_skip`` gets one line naming each part dropped.
     """
     path = Path(path)
     if not path.exists():
         raise UserError("no such trace file", source=str(path))
     current: list[dict] | None = None
     start_line = 0
-    broken: UserError | None = None
+    broken: tuple[int, bytes] | None = None
+
+    def skip(what: str) -> None:
+        if on_skip is not None:
+            on_skip(what)
+
     for line_no, _offset, line in _lines(path):
         if not line.strip():
             continue
         if broken is not None:
-            raise broken  # a bad line with more after it is corruption, not a killed run's tail
+            raise _not_json(path, *broken, last=False)  # a bad line with more after it is corruption, not a killed run's tail
         try:
             event = orjson.loads(line)
         except orjson.JSONDecodeError:
-            broken = UserError(
-                "not a JSON line (a truncated trace? `negotiate serve --resume` repairs a killed run)",
-                source=f"{path}:{line_no}", field="line", value=line[:60].decode("utf-8", "replace"),
-            )
-            if allow_partial:
-                continue
-            raise broken from None
+            broken = (line_no, line)
+            continue
         if not isinstance(event, dict):
-            raise UserError("not a JSON object", source=f"{path}:{line_no}", field="line", value=line[:60].decode("utf-8", "replace"))
+            raise UserError("not a JSON object", source=f"{path}:{line_no}", field="line", value=shown(line))
         kind = event.get("type")
         if kind == "episode_start":
             _check_start(event, path, line_no)
-            if current is not None and not allow_partial:
-                raise UserError("episode has no episode_end (truncated)", source=f"{path}:{start_line}", field="episode", value=current[0].get("episode"))
+            if current is not None:
+                if not allow_partial:
+                    raise UserError("episode has no episode_end (truncated)", source=f"{path}:{start_line}", field="episode",
+                                    value=current[0].get("episode"))
+                skip(f"{path}:{start_line}: episode {current[0].get('episode')!r} has no episode_end")
             current, start_line = [event], line_no
         elif kind is None:
             raise UserError("event has no 'type'", source=f"{path}:{line_no}", field="type", value=None)
@@ -135,11 +170,18 @@ def read_episodes(path: str | Path, *, allow_partial: bool = False) -> Iterator[
             if kind == "episode_end":
                 yield current
                 current = None
-    if current is not None and not allow_partial:
-        raise UserError(
-            "episode has no episode_end (truncated; `negotiate serve --resume` repairs a killed run)",
-            source=f"{path}:{start_line}", field="episode", value=current[0].get("episode"),
-        )
+    if broken is not None:
+        if not allow_partial or _binary(broken[1]):
+            raise _not_json(path, *broken, last=True)
+        skip(f"{path}:{broken[0]}: a cut-off last line" + (f" of episode {current[0].get('episode')!r}" if current else ""))
+        current = None
+    if current is not None:
+        if not allow_partial:
+            raise UserError(
+                "episode has no episode_end (truncated; `negotiate serve --resume` repairs a killed run)",
+                source=f"{path}:{start_line}", field="episode", value=current[0].get("episode"),
+            )
+        skip(f"{path}:{start_line}: episode {current[0].get('episode')!r} has no episode_end")
 
 
 def scan(path: str | Path) -> ScanResult:
@@ -158,9 +200,9 @@ def scan(path: str | Path) -> ScanResult:
         try:
             event = orjson.loads(line)
         except orjson.JSONDecodeError:
-            raise UserError("not a JSON line", source=f"{path}:{line_no}", field="line", value=line[:60].decode("utf-8", "replace")) from None
+            raise _not_json(path, line_no, line, last=False) from None
         if not isinstance(event, dict):
-            raise UserError("not a JSON object", source=f"{path}:{line_no}", field="line", value=line[:60].decode("utf-8", "replace"))
+            raise UserError("not a JSON object", source=f"{path}:{line_no}", field="line", value=shown(line))
         kind = event.get("type")
         if kind == "episode_start":
             _check_start(event, path, line_no)
@@ -173,16 +215,21 @@ def scan(path: str | Path) -> ScanResult:
 
 
 def trace_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand files and folders (searched recursively for ``*.jsonl``) into trace files."""
+    """Expand files and folders (searched recursively for ``*.jsonl``) into trace files. Operational logs
+    (``*.log.jsonl``) are not traces: they are left out, whether found in a folder or named (a shell glob)."""
     found: list[Path] = []
+    paths = list(paths)
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
             found.extend(sorted(p for p in path.rglob("*.jsonl") if not p.name.endswith(".log.jsonl")))
+        elif path.name.endswith(".log.jsonl") and path.exists():
+            continue
         elif path.exists():
             found.append(path)
         else:
             raise UserError("no such trace file or folder", source=str(path))
     if not found:
-        raise UserError("no *.jsonl trace files found", source=", ".join(str(p) for p in paths))
+        raise UserError("no *.jsonl trace files found (operational logs, *.log.jsonl, are not traces)",
+                        source=", ".join(str(p) for p in paths))
     return found

@@ -18,7 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -36,10 +36,14 @@ def _specs(runs: list):
     return [spec for prepared, _ in runs for spec in (*prepared.sellers, prepared.buyers)]
 
 
-def check_workers(workers: int, runs: list) -> None:
-    """Refuse ``--workers`` above 1 with local models (``hf:``, ``vllm:``): each process would load its own copy."""
+def check_workers(workers: int, specs: Iterable[str]) -> None:
+    """Refuse ``--workers`` above 1 with local models (``hf:``, ``vllm:``): each process would load its own copy.
+
+    It reads the specs as written, before they are parsed: parsing an ``hf:`` spec checks that torch is
+    installed, and a user who cannot use ``--workers`` here should hear that first, whatever is installed.
+    """
     if workers > 1:
-        local = [spec.text for spec in _specs(runs) if spec.backend in ("hf", "vllm")]
+        local = [text.strip() for text in specs if text.strip().partition(":")[0] in ("hf", "vllm")]
         if local:
             raise UserError(f"{local[0]!r} loads its model in every worker process; local models batch inside one "
                             "process, so play them with --workers 1", field="--workers", value=str(workers))

@@ -92,7 +92,7 @@ def test_csv_files_and_plots_are_written(evaluation):
     assert summary[0].startswith("seller,split,episodes,failed,valid_rate_mean") and len(summary) == 7
     paired = (evaluation / "paired.csv").read_text().splitlines()
     assert paired[0].startswith("seller,baseline,split,pairs") and len(paired) == 5
-    for name in ("profit_welfare_by_split.png", "violations_by_type.png", "profit_by_tier.png"):
+    for name in ("profit_welfare_by_split.png", "violations_by_type.png", "paired_profit_by_split.png"):
         data = (evaluation / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000, name
         width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
@@ -108,7 +108,7 @@ def test_resume_of_a_finished_evaluation_runs_nothing(evaluation):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--sellers", "greedy,posted", "--baseline", "oracle"], "--baseline: 'oracle': is not one of --sellers"),
+        (["--sellers", "greedy,posted", "--baseline", "oracle"], "--baseline: 'oracle': is not one of --seller"),
         (["--splits", "train,nope"], "unknown split"),
         (["--splits", "train,train"], "a split is named twice"),
         (["--sellers", "greedy,nobody"], "unknown seller agent 'nobody'"),

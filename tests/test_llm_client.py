@@ -396,5 +396,5 @@ def test_eval_names_its_own_flag(tmp_path, capsys):
     assert main(["eval", "--sellers", f"greedy,openai:m@{url}", "--splits", "train", "--episodes", "2", "--out", str(tmp_path / "e"),
                  "--quiet"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("negotiate eval: error: --sellers: ") and "cannot reach the server" in last, last
+    assert last.startswith("negotiate eval: error: --seller: ") and "cannot reach the server" in last, last  # one spelling (--sellers: an alias)
     assert not (tmp_path / "e").exists()

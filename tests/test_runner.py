@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from negotiate.errors import UserError
-from negotiate.report import rows_from_traces, summarize, summary_csv, summary_markdown
+from negotiate.report import overlapping_runs, rows_from_traces, summarize, summary_csv, summary_markdown
 from negotiate.runner import RunConfig, load_config, market_seed, prepare, run_batch, save_config, slug
 from negotiate.trace import read_episodes
 
@@ -218,9 +218,13 @@ def test_shards_are_disjoint_and_together_equal_the_unsharded_run(tmp_path):
     for name, value in whole_stats.items():
         assert shard_stats[name] == pytest.approx(value, nan_ok=True), name
 
-    # The same episodes twice (a shard and the whole run) is an error, not a silent double count.
+    # The same episodes in two runs (these shards, and the whole run) are not shards of one run: the
+    # report keeps the runs apart (for traces without a run id, each folder is a run) ...
+    both = rows_from_traces([shards, tmp_path / "whole"])
+    assert overlapping_runs(both) == [str(shards), str(tmp_path / "whole")]
+    # ... and one run's episodes passed twice are an error, not a silent double count.
     with pytest.raises(UserError, match="appears twice"):
-        rows_from_traces([shards, tmp_path / "whole"])
+        rows_from_traces([shards, shards / "greedy.shard-1-of-2.jsonl"])
 
 
 # -- report rows and tables ----------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 
 from rich.console import Console
 
@@ -26,11 +27,20 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         if name == "traces":
             parser.add_argument("--traces", nargs="+", default=[], metavar="DIR", help=help_text)
         elif kind == "bool":
-            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=default, help=f"{help_text} (default: {default})")
+            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=default,
+                                help=_with_default(help_text, default))
         else:
             convert = {"int": int, "int | None": int, "float": float}.get(kind, str)
-            parser.add_argument(_flag(name), type=convert, default=default, help=f"{help_text} (default: {default})")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+            parser.add_argument(_flag(name), type=convert, default=default, help=_with_default(help_text, default))
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None,
+                        help="least severe log line shown on the console (default: warning; --quiet: error); "
+                             "OUT/train.log.jsonl gets every line")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, and only errors logged to the console")
+
+
+def _with_default(help_text: str, default) -> str:
+    """The help of a flag with its default, unless the help already says it (``(default: torch's choice)``)."""
+    return help_text if "(default:" in help_text else f"{help_text} (default: {default})"
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -55,7 +65,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
     from pathlib import Path
 
     Path(config.out).mkdir(parents=True, exist_ok=True)
-    configure(Path(config.out) / "train.log.jsonl")
+    configure(Path(config.out) / "train.log.jsonl", console_level=getattr(args, "console_level", logging.WARNING))
     columns = (TextColumn(f"train {config.method}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, disable=args.quiet, transient=False) as progress:

@@ -1,4 +1,9 @@
-"""The seller ladder on the training split: oracle on top, greedy the best learner, random at the bottom."""
+"""The seller ladder: oracle on top, then the planner and greedy, random at the bottom.
+
+On the independent ``train`` split the planner's model of values is greedy's (uniform
+bounds), and the two are level (measured over 200 paired markets: -0.002 +/- 0.02
+profit/OPT); on ``correlated`` markets its belief over the common factors puts it well ahead.
+"""
 
 from __future__ import annotations
 
@@ -15,17 +20,16 @@ from negotiate.runner import build_episode
 EPISODES = 100
 
 
-@pytest.fixture(scope="module")
-def ladder() -> dict[str, float]:
+def _play(split: str, names) -> dict[str, float]:
     import anyio
 
     async def play_all() -> dict[str, float]:
         buyers = parse_agent("threshold", "buyer")
         means = {}
-        for name in SELLERS:
+        for name in names:
             ratios = []
             for index in range(EPISODES):
-                market, seller, agents = build_episode(SPLITS["train"], parse_agent(name, "seller"), buyers, 0, index)
+                market, seller, agents = build_episode(SPLITS[split], parse_agent(name, "seller"), buyers, 0, index)
                 episode = await run_episode(market, seller, agents, opt_value=opt(market))
                 assert episode.outcome in ("terminated", "truncated"), episode.reason
                 assert episode.metrics["budget_overrun"] == 0
@@ -38,6 +42,16 @@ def ladder() -> dict[str, float]:
     return anyio.run(play_all)
 
 
+@pytest.fixture(scope="module")
+def ladder() -> dict[str, float]:
+    return _play("train", SELLERS)
+
+
+@pytest.fixture(scope="module")
+def correlated() -> dict[str, float]:
+    return _play("correlated", ("planner", "greedy"))
+
+
 def test_oracle_takes_all_of_opt(ladder):
     # Threshold buyers accept any price up to their value, and the oracle offers exactly that value.
     assert ladder["oracle"] >= 0.99
@@ -47,10 +61,21 @@ def test_random_is_far_below(ladder):
     assert ladder["random"] < 0.5
 
 
-def test_greedy_is_between_and_the_best_learner(ladder):
-    assert ladder["random"] < ladder["greedy"] < ladder["oracle"]
-    others = {name: mean for name, mean in ladder.items() if name not in ("oracle", "greedy")}
-    assert all(ladder["greedy"] > mean for mean in others.values()), (ladder, others)
+def test_planner_and_greedy_lead_the_learners(ladder):
+    leaders = ("planner", "greedy")
+    others = {name: mean for name, mean in ladder.items() if name not in ("oracle", *leaders)}
+    for name in leaders:
+        assert ladder["random"] < ladder[name] < ladder["oracle"]
+        assert all(ladder[name] > mean for mean in others.values()), (ladder, others)
+
+
+def test_planner_is_level_with_greedy_on_independent_values(ladder):
+    assert ladder["planner"] >= ladder["greedy"] - 0.02, ladder
+
+
+def test_planner_beats_greedy_on_correlated_values(correlated):
+    # It reads each product's common factor back from its cost and learns each buyer's from its replies.
+    assert correlated["planner"] >= correlated["greedy"] + 0.05, correlated
 
 
 def test_every_learner_beats_random(ladder):

@@ -265,4 +265,4 @@ def resolve_spec(name_or_path: str) -> MarketSpec:
         return SPLITS[name_or_path]
     if name_or_path.endswith(".toml") or Path(name_or_path).exists():
         return load_spec(name_or_path)
-    raise UserError(f"unknown split; choose from {', '.join(SPLITS)} or give a .toml spec file", field="split", value=name_or_path)
+    raise UserError(f"unknown split; choose from {', '.join(SPLITS)} or give a .toml spec file", field="--split", value=name_or_path)

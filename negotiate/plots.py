@@ -73,7 +73,7 @@ def plot_violations(rows: list[dict], path: Path, sellers: list[str], splits: li
     plt = _pyplot()
     counts = {(seller, split): violations_per_episode(rows, seller, split) for seller in sellers for split in splits}
     kinds = sorted({kind for per_kind in counts.values() for kind in per_kind})
-    fig, axes = plt.subplots(1, len(splits), figsize=(max(6, 1.1 * len(sellers) * len(splits)) + 1.5, 4), sharey=True,
+    fig, axes = plt.subplots(1, len(splits), figsize=(len(splits) * max(2.5, 0.45 * len(sellers)) + 1.5, 4), sharey=True,
                              squeeze=False, layout="constrained")
     for ax, split in zip(axes[0], splits):
         bottom = [0.0] * len(sellers)
@@ -103,7 +103,7 @@ def plot_paired(rows: list[dict], path: Path, sellers: list[str], splits: list[s
     plt = _pyplot()
     found = {(p.seller, p.split): p.diffs["profit_ratio"] for p in paired_differences(rows, baseline, {"seller": sellers, "split": splits})}
     others = [seller for seller in sellers if seller != baseline]
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(splits) * max(1, len(others)) / 2) + 1.5, 4), layout="constrained")
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(splits) * len(others)) + 1.5, 4), layout="constrained")
     width = 0.8 / max(1, len(others))
     for k, seller in enumerate(others):
         means = [found.get((seller, split), (float("nan"), 0.0, 0))[0] for split in splits]

@@ -190,3 +190,318 @@ def test_agent_deadlines_default_longer_when_a_local_model_plays(tmp_path):
                  "--out", str(tmp_path / "c"), "--quiet"]) == 0
     saved = json.loads((tmp_path / "c" / "run.json").read_text())
     assert saved["seller_timeout"] == 600.0 and saved["reply_timeout"] == 7.0 and saved["group"] == 2
+
+
+# -- a newcomer's first hour (issue 12): every command right the first time ---------------------------
+
+
+def test_help_shows_every_default_and_the_exit_codes(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "market i is seeded from (seed, i) (default: 0)" in text
+    assert "exit codes: 0 every episode finished; 1 one or more episodes failed" in text and "130 interrupted" in text
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--format {table,markdown,csv} table: for the terminal" in text
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: torch's choice)" in text and "(default: torch's choice) (default: None)" not in text
+
+
+def test_version(capsys):
+    import negotiate
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"negotiate {negotiate.__version__}"
+
+
+def test_agents_and_splits_are_listed_with_their_parameters(capsys):
+    from negotiate.agents.scripted import BUYERS, SELLERS
+    from negotiate.market import SPLITS
+
+    assert main(["agents"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in (*SELLERS, *BUYERS))
+    assert "beta in (0, 100]" in out and "patience in [1, 1000]" in out and "share in (0, 1]" in out
+    assert "openai:MODEL@BASE_URL" in out and "pip install 'negotiate[llm]'" in out
+    assert main(["splits"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in SPLITS)
+    assert "1000-10000" in out  # prices-x10's values
+    assert "budget_per_pair" in out and "personas" in out  # every spec field
+
+
+def test_a_bad_flag_value_is_one_line_naming_the_flag_once(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--shard", "3/2", "--out", str(tmp_path / "r")])
+    assert done.value.code == 2
+    line = error_line(capsys)
+    assert line.count("--shard") == 1 and "'3/2': need 1 <= K <= N" in line
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
+def test_agent_deadlines_must_be_positive_and_finite(tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--seller-timeout", value, "--out", str(tmp_path / "r")])
+    assert done.value.code == 2
+    assert "--seller-timeout" in error_line(capsys)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_run_config_with_a_bad_deadline_is_refused_too(tmp_path):
+    from negotiate.errors import UserError
+    from negotiate.runner import RunConfig, prepare
+
+    with pytest.raises(UserError, match="--reply-timeout: nan: must be a positive number"):
+        prepare(RunConfig(sellers=("greedy",), reply_timeout=float("nan")), tmp_path, resume=False)
+
+
+@pytest.mark.parametrize("command", [["serve"], ["eval"], ["collect"]])
+def test_an_empty_seller_list_is_refused_and_leaves_no_folder(tmp_path, capsys, command):
+    assert main([*command, "--seller", " , ", "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert "--seller" in error_line(capsys)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_parameter_the_agent_does_not_take_is_named_whatever_its_value(tmp_path, capsys):
+    for spec in ("greedy?beta=", "greedy?beta=x", "greedy?beta=2"):
+        assert main(["serve", "--seller", spec, "--out", str(tmp_path / "r"), "--quiet"]) == 2
+        line = error_line(capsys)
+        assert "unknown parameter 'beta' for greedy; it takes none" in line and "not a number" not in line
+
+
+def test_eval_errors_name_its_flags(tmp_path, capsys):
+    assert main(["eval", "--split", "train,nowhere", "--out", str(tmp_path / "e"), "--quiet"]) == 2
+    assert error_line(capsys).startswith("negotiate eval: error: --split: 'nowhere': unknown split")
+    # the old spellings still work
+    assert main(["eval", "--sellers", "greedy,posted", "--splits", "train", "--baseline", "oracle", "--out", str(tmp_path / "e")]) == 2
+    assert "--baseline: 'oracle': is not one of --seller (greedy, posted)" in error_line(capsys)
+
+
+def test_out_must_be_a_folder_that_can_be_made(tmp_path, capsys):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    assert main(["serve", "--out", str(a_file), "--quiet"]) == 2
+    assert "is a file, not a folder" in error_line(capsys)
+    assert main(["eval", "--out", str(a_file / "sub"), "--quiet"]) == 2
+    assert f"cannot be made: {a_file} is a file" in error_line(capsys)
+    assert a_file.read_text() == "x"
+
+
+def test_a_new_run_never_writes_into_another_run(finished_run, tmp_path, capsys):
+    before = sorted(p.relative_to(finished_run) for p in finished_run.rglob("*"))
+    assert main(["eval", "--seller", "greedy", "--split", "train", "--episodes", "2", "--out", str(finished_run), "--quiet"]) == 2
+    assert "already holds a run" in error_line(capsys)
+    assert sorted(p.relative_to(finished_run) for p in finished_run.rglob("*")) == before
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "old.jsonl").write_text("")
+    assert serve(loose) == 2
+    assert "already holds trace files" in error_line(capsys)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert serve(empty) == 0  # an empty folder is fine
+
+
+def test_report_keeps_a_serve_and_an_eval_of_one_seed_apart(tmp_path, capsys):
+    assert main(["serve", "--seller", "greedy,posted", "--episodes", "3", "--out", str(tmp_path / "serve"), "--quiet"]) == 0
+    assert main(["eval", "--seller", "greedy,posted", "--split", "train", "--episodes", "3", "--out", str(tmp_path / "eval"),
+                 "--quiet"]) == 0
+    runs = {orjson.loads((tmp_path / f / "run.json").read_bytes())["run_id"] for f in ("serve", "eval/train")}
+    assert len(runs) == 2 and all(run.startswith(("serve-", "eval-")) for run in runs)
+    capsys.readouterr()
+    # logs picked up by a shell glob (traces/*/*) are skipped, not read as traces
+    files = sorted(str(p) for p in tmp_path.rglob("*.jsonl"))
+    assert any(f.endswith(".log.jsonl") for f in files)
+    assert main(["report", *files, "--format", "csv"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0].startswith("run,seller,split,episodes")
+    assert sorted(line.split(",")[0] for line in lines[1:]) == sorted([*runs, *runs])
+    assert all(line.split(",")[3] == "3" for line in lines[1:])
+    assert "2 separate runs played the same episodes" in captured.err
+    # one run alone: no run column
+    assert main(["report", str(tmp_path / "eval"), "--format", "csv"]) == 0
+    assert capsys.readouterr().out.startswith("seller,split,episodes")
+    assert main(["report", str(tmp_path), "--baseline", "greedy"]) == 2
+    assert "separate runs of the same markets" in error_line(capsys)
+
+
+def test_traces_without_a_run_id_still_report(finished_run, tmp_path, capsys):
+    old = tmp_path / "old.jsonl"
+    old.write_bytes(b"".join(orjson.dumps({k: v for k, v in e.items() if k != "run"}) + b"\n"
+                             for events in read_episodes(finished_run / "greedy.jsonl") for e in events))
+    assert main(["report", str(old), "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith("greedy,train,4,0,")
+
+
+def test_report_orders_sellers_as_the_run_did(tmp_path, capsys):
+    assert main(["serve", "--seller", "random,greedy,dutch", "--episodes", "2", "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "r"), "--format", "csv"]) == 0
+    assert [line.split(",")[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["random", "greedy", "dutch"]
+
+
+def test_a_binary_file_is_named_not_echoed(tmp_path, capsys):
+    path = tmp_path / "image.jsonl"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x1b[31m")
+    assert main(["report", str(path)]) == 2
+    line = error_line(capsys)
+    assert "binary data" in line and "\x1b" not in line and "PNG" not in line and "truncated" not in line
+
+
+def test_only_a_cut_off_last_line_gets_the_truncation_hint(finished_run, tmp_path, capsys):
+    data = (finished_run / "greedy.jsonl").read_bytes().splitlines(keepends=True)
+    middle = tmp_path / "middle.jsonl"
+    middle.write_bytes(b"".join(data[:3]) + b"{oops\n" + b"".join(data[3:]))
+    assert main(["report", str(middle)]) == 2
+    line = error_line(capsys)
+    assert f"{middle}:4" in line and "not a JSON line" in line and "cut off" not in line and "resume" not in line
+    tail = tmp_path / "tail.jsonl"
+    tail.write_bytes(b"".join(data) + data[0][:30])
+    assert main(["report", str(tail)]) == 2
+    assert "cut off" in error_line(capsys)
+
+
+def test_allow_partial_says_how_many_episodes_it_skipped(finished_run, tmp_path, capsys):
+    path = tmp_path / "cut.jsonl"
+    episodes = list(read_episodes(finished_run / "greedy.jsonl"))
+    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in [*episodes[0], *episodes[1][:2]]))
+    assert main(["report", str(path), "--allow-partial", "--format", "csv"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[1].startswith("greedy,train,1,")
+    assert "--allow-partial skipped 1 incomplete episode:" in captured.err and f"{path}:" in captured.err
+
+
+# -- --resume: more episodes extend a run; any other change is refused -------------------------------
+
+
+def test_resume_with_more_episodes_extends_the_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert serve(out) == 0
+    first = (out / "greedy.jsonl").read_bytes()
+    assert main(["serve", "--resume", str(out), "--episodes", "6", "--quiet"]) == 0
+    assert (out / "greedy.jsonl").read_bytes().startswith(first)  # the old episodes are untouched
+    for name in ("greedy.jsonl", "random.jsonl"):
+        assert sorted(e[0]["index"] for e in read_episodes(out / name)) == [0, 1, 2, 3, 4, 5]
+    assert orjson.loads((out / "run.json").read_bytes())["episodes"] == 6
+    # the same episodes as a run of 6 from the start
+    assert main(["serve", "--episodes", "6", "--seller", "greedy,random", "--out", str(tmp_path / "six"), "--quiet"]) == 0
+    strip = lambda path: [[{k: v for k, v in e.items() if k not in ("time", "run", "ts", "wall_s")} for e in events]
+                          for events in read_episodes(path)]
+    assert strip(out / "greedy.jsonl") == strip(tmp_path / "six" / "greedy.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--seller", "greedy"], "--seller: 'greedy': the run in"),
+        (["--split", "shapes"], "--split: 'shapes': the run in"),
+        (["--seed", "7"], "--seed: '7': the run in"),
+        (["--buyers", "concession"], "has --buyers threshold"),
+        (["--episodes", "2"], "the run already has 4 episodes per seller; --resume can add episodes, not drop them"),
+    ],
+)
+def test_resume_refuses_settings_that_differ_from_the_runs(finished_run, capsys, flags, needle):
+    before = (finished_run / "run.json").read_bytes()
+    assert main(["serve", "--resume", str(finished_run), *flags, "--quiet"]) == 2
+    assert needle in error_line(capsys)
+    assert (finished_run / "run.json").read_bytes() == before
+
+
+def test_resume_accepts_the_runs_own_settings(finished_run, capsys):
+    assert main(["serve", "--resume", str(finished_run), "--seller", "greedy, random", "--seed", "0", "--episodes", "4",
+                 "--quiet"]) == 0
+
+
+def test_eval_resume_extends_every_split(tmp_path, capsys):
+    out = tmp_path / "e"
+    args = ["--seller", "greedy,posted", "--split", "train,shapes", "--quiet"]
+    assert main(["eval", *args, "--episodes", "2", "--out", str(out)]) == 0
+    assert main(["eval", "--resume", str(out), "--split", "train", "--quiet"]) == 2
+    assert "--split: 'train': the run in" in error_line(capsys)
+    assert main(["eval", "--resume", str(out), "--episodes", "3", "--quiet"]) == 0
+    for split in ("train", "shapes"):
+        assert sorted(e[0]["index"] for e in read_episodes(out / split / "posted.jsonl")) == [0, 1, 2]
+
+
+# -- exit codes and what a run prints --------------------------------------------------------------------
+
+
+def test_a_run_whose_episodes_fail_exits_1_with_one_line(tmp_path, capsys, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_openai import Fault, serve_in_thread
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with serve_in_thread() as server:
+        server.faults.extend(Fault(status=400, message="This model's maximum context length is 8 tokens.") for _ in range(200))
+        code = main(["serve", "--seller", f"openai:{server.model}@{server.url}?retries=0", "--episodes", "3",
+                     "--out", str(tmp_path / "r"), "--quiet"])
+    assert code == 1
+    captured = capsys.readouterr()
+    assert captured.err == ""  # --quiet: no log line, not one per failed episode
+    assert "3 of 3 episodes failed" in captured.out and "maximum context length" in captured.out
+    assert "report again:\n  negotiate report " in captured.out
+    logged = [orjson.loads(line) for line in (tmp_path / "r" / "serve.log.jsonl").read_bytes().splitlines()]
+    assert sum(line["event"] == "episode failed" for line in logged) == 3
+
+
+def test_the_log_counts_episodes_per_seller_like_the_flag(tmp_path, capsys):
+    assert main(["serve", "--seller", "greedy,posted,dutch", "--episodes", "5", "--out", str(tmp_path / "r")]) == 0
+    assert capsys.readouterr().err == ""  # the default console level is warning: no info lines
+    (run,) = [orjson.loads(line) for line in (tmp_path / "r" / "serve.log.jsonl").read_bytes().splitlines()
+              if orjson.loads(line)["event"] == "run"]
+    assert (run["episodes"], run["to_play"], run["already_done"]) == (5, 15, 0)
+    assert main(["serve", "--resume", str(tmp_path / "r"), "--log-level", "info"]) == 0
+    assert "run" in capsys.readouterr().err
+
+
+def test_at_80_columns_headers_stay_whole_and_commands_are_not_wrapped(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    out = tmp_path / "a-rather-long-folder-name-for-the-traces-of-this-run" / "serve-with-a-long-name"
+    assert main(["serve", "--seller", "concession?beta=2,greedy", "--episodes", "3", "--by", "seller,split,shape",
+                 "--out", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines if str(out) not in line)  # a path is never cut either
+    rule = next(k for k, line in enumerate(lines) if line.strip().startswith("─"))
+    words = {word for line in lines[rule - 2:rule] for word in line.split()}
+    assert words == {"viol", "profit", "deal", "welf", "OPT", "turns", "seller", "split", "shape", "n", "valid", "/ep", "/OPT",
+                     "capt", "rate", "pairs", "regret", "/deal"}
+    assert f"  negotiate report {out}" in lines  # the whole command on one line
+
+
+def test_a_core_install_without_aiohttp_names_the_llm_extra(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "aiohttp", None)  # as on `pip install negotiate`: no HTTP client
+    spec = "openai:m@http://127.0.0.1:9/v1"
+    for command in (["serve", "--seller", spec], ["eval", "--seller", spec], ["collect", "--seller", spec],
+                    ["serve", "--buyers", spec]):
+        assert main([*command, "--out", str(tmp_path / "r"), "--quiet"]) == 2
+        line = error_line(capsys)
+        assert "aiohttp is not installed" in line and "pip install 'negotiate[llm]'" in line
+        assert not (tmp_path / "r").exists()
+
+
+def test_a_server_with_no_models_list_must_answer_a_chat_request(tmp_path, capsys):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_openai import serve_in_thread
+
+    with serve_in_thread(owned_by=None) as server:  # GET /models answers 404
+        assert main(["serve", "--seller", f"openai:not-served@{server.url}", "--episodes", "2", "--out", str(tmp_path / "r"),
+                     "--quiet"]) == 2
+    line = error_line(capsys)
+    assert "GET" in line and "/models is not found (404)" in line and "answers 404" in line and "not-served" in line
+    assert not (tmp_path / "r").exists()

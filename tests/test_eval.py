@@ -126,3 +126,37 @@ def test_an_existing_evaluation_is_not_overwritten(evaluation, capsys):
     assert main(["eval", "--episodes", "2", "--out", str(evaluation), "--quiet"]) == 2
     assert "already holds an evaluation" in capsys.readouterr().err
     assert (evaluation / "results.md").read_text() == before
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """Every figure the plots save, kept open for inspection."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    return figures
+
+
+def test_plots_say_what_they_average_and_keep_legends_off_the_bars(evaluation, tmp_path, drawn):
+    from negotiate.plots import write_plots
+    from negotiate.report import rows_from_traces
+
+    rows = rows_from_traces([evaluation])
+    write_plots(rows, tmp_path, ["greedy", "posted", "random"], ["train", "prices-x10"], baseline="posted")
+    by_split, violations, paired = drawn
+    for figure in drawn:  # legends belong to the figure, beside the axes, never inside them over the bars
+        assert all(ax.get_legend() is None for ax in figure.axes)
+        assert len(figure.legends) == 1
+    # violations: one panel per split (not a mean over splits), random's rule breaking on each
+    assert [ax.get_title() for ax in violations.axes] == ["train", "prices-x10"]
+    assert "per split" in violations._suptitle.get_text()
+    # paired: each seller minus the baseline on the same markets, per split, as the paired table says
+    from matplotlib.container import BarContainer
+
+    table = {(p.seller, p.split): p.diffs["profit_ratio"][0] for p in paired_differences(rows, "posted")}
+    bars = [c for c in paired.axes[0].containers if isinstance(c, BarContainer)]
+    assert [c.get_label() for c in bars] == ["greedy", "random"]
+    for container, seller in zip(bars, ["greedy", "random"]):
+        assert [bar.get_height() for bar in container] == pytest.approx([table[(seller, s)] for s in ("train", "prices-x10")])
+    assert "posted" in paired.axes[0].get_ylabel()

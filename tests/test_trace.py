@@ -224,3 +224,42 @@ def test_trace_files_expands_folders_and_skips_logs(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no \\*.jsonl"):
         trace_files([tmp_path / "empty"])
+
+
+def test_a_log_named_on_the_command_line_is_skipped_like_one_in_a_folder(tmp_path):
+    (tmp_path / "a.jsonl").write_text("")
+    (tmp_path / "serve.log.jsonl").write_text('{"event": "run"}\n')
+    assert trace_files([tmp_path / "a.jsonl", tmp_path / "serve.log.jsonl"]) == [tmp_path / "a.jsonl"]
+    with pytest.raises(UserError, match=r"operational logs, \*.log.jsonl, are not traces"):
+        trace_files([tmp_path / "serve.log.jsonl"])
+
+
+def test_bad_lines_are_shown_as_text_or_by_size_never_as_raw_bytes():
+    from negotiate.trace import shown
+
+    assert shown(b'{"type": "message"\n') == '{"type": "message"'
+    assert shown(b"x" * 100 + b"\n") == "x" * 60
+    assert shown(b"\x1b]8;;http://evil\x07click\n") == "23 bytes of binary data"  # an escape sequence is not echoed
+    assert shown("caf\u00e9 \u2713\n".encode()) == "caf\u00e9 \u2713"
+    assert shown(b"\xff\xfe{\n") == "4 bytes of binary data"
+
+
+def test_a_corrupt_middle_line_is_not_called_a_truncation(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in tiny("a")) + b"{corrupt\n"
+                     + b"".join(orjson.dumps(e) + b"\n" for e in tiny("b")))
+    with pytest.raises(UserError) as caught:
+        list(read_episodes(path))
+    assert str(caught.value) == f"{path}:4: line: '{{corrupt': not a JSON line"
+
+
+def test_allow_partial_reports_each_part_it_drops(tmp_path):
+    path = tmp_path / "t.jsonl"
+    _write_lines(path, tiny("a") + tiny("b")[:2], orjson.dumps(tiny("b")[2])[:20])
+    dropped: list[str] = []
+    assert [e[0]["episode"] for e in read_episodes(path, allow_partial=True, on_skip=dropped.append)] == ["a"]
+    assert dropped == [f"{path}:6: a cut-off last line of episode 'b'"]
+    _write_lines(path, tiny("a")[:2] + tiny("b") + tiny("c")[:2])
+    dropped.clear()
+    assert [e[0]["episode"] for e in read_episodes(path, allow_partial=True, on_skip=dropped.append)] == ["b"]
+    assert dropped == [f"{path}:1: episode 'a' has no episode_end", f"{path}:6: episode 'c' has no episode_end"]

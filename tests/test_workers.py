@@ -143,3 +143,21 @@ def test_every_worker_plays_every_seller(tmp_path):
     logs = sorted((tmp_path / "run").glob("requests.worker-*.log.jsonl"))
     assert len(logs) == 2 and all(log.read_bytes().count(b'"llm request"') for log in logs)
     assert sorted(e[0]["index"] for e in read_episodes(tmp_path / "run" / "greedy.jsonl")) == [0, 1, 2, 3]
+
+
+def test_workers_are_checked_before_a_local_models_packages(tmp_path, capsys, monkeypatch):
+    """On a core install (no torch) `--workers 2` with hf: must say what --workers cannot do, not that torch is
+    missing: the flag is checked on the specs as written, before parsing them checks the packages."""
+    from negotiate.agents import local
+
+    monkeypatch.setattr(local, "_installed", lambda name: False)  # as on `pip install negotiate`
+    assert main(["serve", "--seller", "hf:smollm2", "--episodes", "2", "--workers", "2", "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--workers" in err and "'hf:smollm2'" in err and "--workers 1" in err and "torch" not in err
+    assert main(["eval", "--seller", "greedy", "--buyers", " vllm:Qwen/Qwen3-8B", "--workers", "3", "--out", str(tmp_path / "e"),
+                 "--quiet"]) == 2
+    assert "'vllm:Qwen/Qwen3-8B' loads its model in every worker process" in capsys.readouterr().err
+    # with one worker, the missing package is what is named
+    assert main(["serve", "--seller", "hf:smollm2", "--episodes", "2", "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert "not installed" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "e").exists()

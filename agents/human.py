@@ -4,10 +4,13 @@
 does for any agent; the call parks until the UI calls :meth:`HumanAgent.send`.
 Before sending, the UI builds the message with :meth:`HumanAgent.draft`, which
 checks what a person can get wrong by typing (a product that does not exist, a
-price that is not a whole number, an accept that does not match the standing
-offer or bid, a message to a buyer that owes a reply, a price below one's own
-cost or above one's own valuation) and raises :class:`DraftError` with a sentence
-to show. The regulator still judges every message that is sent.
+price that is not a whole number or is negative, an accept that does not match
+the standing offer or bid, a message to a buyer that owes a reply, a price below
+one's own cost, above one's own valuation, or, for the seller, above the top of
+the public price range, where no buyer's value ever lies) and raises
+:class:`DraftError` with a sentence to show. The price is read as typed, never
+repaired: ``-5`` and ``12.5`` are refused, not read as 5 and 125. The regulator
+still judges every message that is sent.
 
 People are slow: ``instant`` is False, so the bus puts a deadline on every call
 (``negotiate play`` gives an hour). A person's episodes are traced like any other.
@@ -16,6 +19,7 @@ People are slow: ``instant`` is False, so the bus puts a deadline on every call
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -28,6 +32,15 @@ __all__ = ["HumanAgent", "DraftError", "parse_price"]
 class DraftError(ValueError):
     """A message the UI refuses to send; ``str(error)`` is the sentence to show the person."""
 
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+        """The composer field at fault (``price``, ``product``, ``talk``), or None."""
+
+
+_WHOLE = re.compile(r"-?[0-9]{1,15}")
+"""A whole number as typed (ASCII digits; 15 at most, far above any market's prices)."""
+
 
 def parse_price(text: str | int | None) -> int:
     """A price as a person types it: a whole number of currency units, ``$`` and ``,`` allowed.
@@ -37,30 +50,37 @@ def parse_price(text: str | int | None) -> int:
     >>> parse_price("12.5")
     Traceback (most recent call last):
     ...
-    negotiate.agents.human.DraftError: price '12.5' is not a whole number
+    negotiate.agents.human.DraftError: price '12.5' is not a whole number of dollars
+    >>> parse_price("-5")
+    Traceback (most recent call last):
+    ...
+    negotiate.agents.human.DraftError: price -5 is negative
     """
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
-        cleaned = (text or "").strip().removeprefix("$").replace(",", "").strip()
+        typed = (text or "").strip()
+        cleaned = typed.replace("$", "", 1).replace(",", "").strip()
         if not cleaned:
-            raise DraftError("give a price")
-        if not cleaned.lstrip("-").isdigit():
-            raise DraftError(f"price {text.strip()!r} is not a whole number")
+            raise DraftError("give a price", "price")
+        if not _WHOLE.fullmatch(cleaned):
+            if re.fullmatch(r"-?[0-9]{16,}", cleaned):
+                raise DraftError(f"price {cleaned[:6]}... ({len(cleaned.lstrip('-'))} digits) is far too large", "price")
+            raise DraftError(f"price {typed!r} is not a whole number of dollars", "price")
         value = int(cleaned)
     if value < 0:
-        raise DraftError(f"price {value} is negative")
+        raise DraftError(f"price {value} is negative", "price")
     return value
 
 
 def _product(obs, product: str | None):
     """The catalog line of ``product``, or a DraftError."""
     if not product:
-        raise DraftError("choose a product")
+        raise DraftError("choose a product", "product")
     for view in obs.products:
         if view.id == product:
             return view
-    raise DraftError(f"there is no product {product!r}")
+    raise DraftError(f"there is no product {product!r}", "product")
 
 
 class HumanAgent:
@@ -120,7 +140,7 @@ class HumanAgent:
         Raises :class:`DraftError` for what the person should fix before sending.
         """
         if len(talk) > TALK_MAX:
-            raise DraftError(f"talk is {len(talk)} characters; at most {TALK_MAX}")
+            raise DraftError(f"talk is {len(talk)} characters; at most {TALK_MAX}", "talk")
         if self.role == SELLER:
             return self._draft_seller(obs, kind, product, price, talk.strip(), to)
         return self._draft_buyer(obs, kind, product, price, talk.strip())
@@ -137,11 +157,11 @@ class HumanAgent:
             if obs.offer is None:
                 raise DraftError("there is no standing offer to accept")
             if obs.offer != (view.id, price):
-                raise DraftError(f"the standing offer is {obs.offer[0]} ${obs.offer[1]}; accept exactly that")
+                raise DraftError(f"the standing offer is {obs.offer[0]} ${obs.offer[1]}; accept exactly that", "price")
         if view.stock == 0:
-            raise DraftError(f"{view.id} is sold out")
+            raise DraftError(f"{view.id} is sold out", "product")
         if price > value:
-            raise DraftError(f"${price} is above your value of {view.id} (${value}); the market refuses that")
+            raise DraftError(f"${price} is above your value of {view.id} (${value}); the market refuses that", "price")
         return Message(self.id, SELLER, talk, Action(kind, view.id, price))
 
     def _draft_seller(self, obs: SellerObservation, kind: str, product, price, talk: str, to) -> Message:
@@ -164,11 +184,14 @@ class HumanAgent:
             if buyer.bid is None:
                 raise DraftError(f"{buyer.id} has no standing bid to accept")
             if buyer.bid != (view.id, price):
-                raise DraftError(f"{buyer.id}'s standing bid is {buyer.bid[0]} ${buyer.bid[1]}; accept exactly that")
+                raise DraftError(f"{buyer.id}'s standing bid is {buyer.bid[0]} ${buyer.bid[1]}; accept exactly that", "price")
         if view.stock == 0:
-            raise DraftError(f"{view.id} is sold out")
+            raise DraftError(f"{view.id} is sold out", "product")
         if view.cost is not None and price < view.cost:
-            raise DraftError(f"${price} is below the cost of {view.id} (${view.cost}); the market refuses that")
+            raise DraftError(f"${price} is below the cost of {view.id} (${view.cost}); the market refuses that", "price")
+        if price > obs.price_high:
+            raise DraftError(f"${price} is above the market's price range (${obs.price_low}-${obs.price_high}); "
+                             "no buyer values any product that much", "price")
         return Message(self.id, buyer.id, talk, Action(kind, view.id, price))
 
     def describe(self) -> dict:

@@ -152,9 +152,9 @@ async def test_seller_view_marks_and_talk_shown_literally(tmp_path):
     app = NegotiateApp.play(play)
     async with app.run_test(size=SIZE) as pilot:
         await my_turn(pilot, play)
-        await pilot.press("ctrl+o", "9", "9", "9", "9", "tab")
+        await pilot.press("ctrl+o", *str(play.market.price_high), "tab")
         app.screen.query_one("#talk").value = "[bold red]x[/]"
-        await pilot.press("enter")  # b1 rejects a price above every value
+        await pilot.press("enter")  # b1 rejects the top of the range, above its values
         await until(pilot, lambda: any(e["type"] == "message" and e["sender"] == "b1" for e in play.state.events))
         await pilot.pause()
         tabs = {tab.id: tab.label.plain for tab in app.screen.query("Tab")}

@@ -4,12 +4,22 @@ App -> Screens -> widgets. The app holds what every screen shares: the styleshee
 (``app.tcss``), the size breakpoints that swap any layout for a "terminal too
 small" message below 80x24, and quitting (twice, while a played episode is
 unfinished, since an unfinished episode is not saved).
+
+While "terminal too small" is shown, the layout is hidden but still focused and
+bound: the app drops every key (but ctrl+q) and paste before a screen sees it,
+so nothing can be typed or sent blind. SIGTERM exits like ctrl+q, through
+Textual's own shutdown, so the terminal leaves the alternate screen with mouse
+tracking off (Python's default action kills the process with the terminal as it
+was); the exit code is then 143, a shell's code for SIGTERM.
 """
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import time
 
+from textual import events
 from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
@@ -18,7 +28,10 @@ from negotiate.tui.session import PlaySession
 from negotiate.tui.transcript import Recorded
 from negotiate.tui.widgets import MIN_SIZE
 
-__all__ = ["NegotiateApp"]
+__all__ = ["NegotiateApp", "SIGTERM_EXIT"]
+
+SIGTERM_EXIT = 128 + signal.SIGTERM
+"""The app's return code after SIGTERM (143)."""
 
 
 class NegotiateApp(App[None]):
@@ -49,6 +62,33 @@ class NegotiateApp(App[None]):
     @classmethod
     def replay(cls, episodes: list[Recorded], source: str, index: int = 0) -> NegotiateApp:
         return cls(episodes=episodes, source=source, index=index)
+
+    @property
+    def too_small(self) -> bool:
+        """True while the terminal is below :data:`MIN_SIZE` and the layout is hidden."""
+        return self.size.width < MIN_SIZE[0] or self.size.height < MIN_SIZE[1]
+
+    async def on_event(self, event: events.Event) -> None:
+        if (isinstance(event, (events.Key, events.Paste)) and not event.is_forwarded and self.too_small
+                and getattr(event, "key", None) != "ctrl+q"):
+            event.stop()
+            return
+        await super().on_event(event)
+
+    def on_mount(self) -> None:
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminated)
+        except (NotImplementedError, RuntimeError, ValueError):  # no signals here (Windows, or not the main thread)
+            pass
+
+    def on_unmount(self) -> None:
+        try:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+
+    def _terminated(self) -> None:
+        self.exit(return_code=SIGTERM_EXIT)
 
     def get_default_screen(self) -> Screen:
         if self.session is not None:

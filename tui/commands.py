@@ -2,7 +2,16 @@
 
 Bad input (an unknown agent, a bad split or spec, a missing or truncated trace, an
 unknown episode id) raises :class:`~negotiate.errors.UserError` before any screen
-opens; the CLI prints it on one line and exits with 2.
+opens; the CLI prints it on one line and exits with 2. So does a model the person
+would play against that cannot answer: ``play`` asks every ``openai:`` server for
+its models and loads every ``hf:`` model first (``runner.preload_models``, as
+``serve`` does), so a wrong URL is one line, not an episode that fails on screen.
+(``vllm:`` engines are left to the episode: one serves only the event loop that
+first used it, and the check runs on a loop of its own.)
+
+Exit codes: 0 for a finished or abandoned episode, 1 for a failed one (it is
+kept in ``play.jsonl`` marked ``failed``, as ``serve`` keeps its failures; the
+training reader skips it, since it has no reward), 143 after SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from negotiate.agents.registry import parse_agent
 from negotiate.errors import UserError
 from negotiate.market import resolve_spec
 
+from negotiate.runner import close_model_clients, preload_models, run_async
 from negotiate.tui.session import PlaySession, fresh_seed
 from negotiate.tui.transcript import find_episode, load_trace, plain_transcript
 
@@ -36,20 +46,43 @@ def play(args: argparse.Namespace) -> int:
     _check_writable(out)
     seed = args.seed if args.seed is not None else fresh_seed()
     session = PlaySession(args.role, spec, seed, seller=seller, buyers=buyers, out=out)
+    check_models([buyers] if args.role == "seller" else [seller, buyers])
     _need_terminal()
     from negotiate.tui.app import NegotiateApp  # Textual loads only once the arguments are good
 
-    NegotiateApp.play(session).run()
+    app = NegotiateApp.play(session)
+    app.run()
     if session.result is None:
         print(f"negotiate play: seed {seed}; {session.abandon_note()}")
-        return 0
+        return app.return_code or 0
     episode = session.result.episode
     m = episode.metrics or {}
+    replay_hint = f"replay: negotiate replay {session.trace_path} --episode {episode.id}"
+    if episode.outcome == "failed":
+        print(f"negotiate play: the episode failed ({episode.reason}); seed {seed}")
+        print(f"kept in {session.trace_path} as {episode.id}, marked failed (training skips it); {replay_hint}")
+        return 1
     print(f"negotiate play: {episode.outcome} ({episode.reason}); profit/OPT {_r(m.get('profit_ratio'))}, "
           f"welfare/OPT {_r(m.get('welfare_ratio'))}, {m.get('deals', 0)} deals; seed {seed}")
-    print(f"saved to {session.trace_path} as {episode.id}; "
-          f"replay: negotiate replay {session.trace_path} --episode {episode.id}")
+    print(f"saved to {session.trace_path} as {episode.id}; {replay_hint}")
     return 0
+
+
+def check_models(specs) -> None:
+    """Ask each ``openai:`` server for its models and load each ``hf:`` model, before the UI opens;
+    a UserError naming the flag (``--seller``, ``--buyers``) if one cannot play."""
+    wanted = [spec for spec in specs if spec.backend in ("openai", "hf")]
+    if not wanted:
+        return
+
+    async def check() -> None:
+        try:
+            await preload_models(wanted)
+        finally:
+            await close_model_clients()  # this loop ends here; the episode opens clients on the app's own
+
+    print(f"negotiate play: checking {', '.join(spec.text for spec in wanted)} ...", flush=True)
+    run_async(check)
 
 
 def _check_writable(out: Path) -> None:
@@ -81,5 +114,6 @@ def replay(args: argparse.Namespace) -> int:
     _need_terminal("; --text prints a plain transcript")
     from negotiate.tui.app import NegotiateApp
 
-    NegotiateApp.replay(episodes, str(args.trace), index).run()
-    return 0
+    app = NegotiateApp.replay(episodes, str(args.trace), index)
+    app.run()
+    return app.return_code or 0

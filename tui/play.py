@@ -6,7 +6,11 @@ person's view is ``observe(state, <their id>)`` and nothing else: a buyer sees i
 own values, the seller's talk and actions to it (never the seller's thoughts) and
 the stock; the seller sees costs, stock, the turn budget and each buyer's public
 replies. The composer's draft is checked by :meth:`HumanAgent.draft` before it is
-sent; the regulator still judges it.
+sent; the regulator still judges it. An offer or bid on a product that has sold
+out is dead (nobody can accept it): the screens drop it rather than show it as
+standing, and the seller's accept key and hint are offered only for a bid it
+may accept now. Ending the market (the seller's ``end``, ^t) asks first: it
+cannot be undone.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from negotiate.tui.text import action_label, clean, esc, money, ratio
 from negotiate.tui.transcript import Recorded
 from negotiate.tui.widgets import Composer, Conversation, TooSmall
 
-__all__ = ["BuyerScreen", "SellerScreen", "ResultScreen"]
+__all__ = ["BuyerScreen", "SellerScreen", "ResultScreen", "ConfirmEnd"]
 
 
 def _thread_text(items, me: str) -> Table | None:
@@ -79,6 +83,13 @@ def _fill(table: DataTable, rows: list[tuple[Text, ...]]) -> None:
     table.clear()
     for row in rows:
         table.add_row(*row)
+
+
+def _live(standing: tuple[str, int] | None, products) -> tuple[str, int] | None:
+    """A standing offer or bid, or None once its product has sold out (nobody can accept it then)."""
+    if standing is None:
+        return None
+    return standing if any(p.id == standing[0] and p.stock > 0 for p in products) else None
 
 
 def _table(ident: str, padding: int = 1) -> DataTable:
@@ -167,6 +178,8 @@ class PlayScreen(Screen):
         waiting = self.session.human.waiting and self.result is None
         composer = self.query_one(Composer)
         composer.disabled = not waiting
+        if not waiting:
+            composer.clear_error()  # what it said was about a draft that can no longer be sent
         obs = self.session.view()
         self.draw(obs)
         if waiting and not self._was_waiting:
@@ -179,7 +192,7 @@ class PlayScreen(Screen):
 
     def turn_started(self, obs) -> None:
         """The bus now waits for the person: put the cursor in the talk field (unless it is in the composer already)."""
-        offer = getattr(obs, "offer", None)
+        offer = _live(getattr(obs, "offer", None), obs.products)
         if offer is not None:
             self.query_one(Composer).choose_product(offer[0])  # a bid or an accept is most likely about it
 
@@ -208,10 +221,24 @@ class PlayScreen(Screen):
             message = human.draft(self.session.view(), draft.kind, product=draft.product, price=draft.price,
                                   talk=draft.talk, to=self.addressee())
         except DraftError as error:
-            composer.error(str(error))
+            composer.error(str(error), field=error.field)
+            return
+        if message.action.kind == "end":
+            self.app.push_screen(ConfirmEnd(self.session), lambda yes: self._deliver(message) if yes else self._keep_selling())
+            return
+        self._deliver(message)
+
+    def _keep_selling(self) -> None:
+        """The person said no to ending the market: the composer goes back to its first action."""
+        composer = self.query_one(Composer)
+        composer.fill(composer.kinds[0], focus="talk")
+
+    def _deliver(self, message: Message) -> None:
+        human = self.session.human
+        if self.result is not None or not human.waiting:  # the market ended while the dialog was open
             return
         human.send(message)
-        composer.clear()
+        self.query_one(Composer).clear()
         self.query_one(Conversation).focus()
         self.after_send(message)
         self.sync()
@@ -289,73 +316,90 @@ class BuyerScreen(PlayScreen):
 
     def draw(self, obs) -> None:
         session = self.session
+        offer, bid = _live(obs.offer, obs.products), _live(obs.bid, obs.products)
         rows = []
         for j, product in enumerate(obs.products):
             sold = product.stock == 0
-            mark = Text("sold", style="dim") if sold else Text("◀ offer", style="yellow") if obs.offer and obs.offer[0] == product.id else Text("")
+            mark = Text("sold", style="dim") if sold else Text("◀ offer", style="yellow") if offer and offer[0] == product.id else Text("")
             rows.append((Text(product.id, style="bold"), _name(product.name, self._name_width), Text(f"${obs.values[j]}", style="dim" if sold else "bold green"), mark))
         _fill(self.query_one("#values", DataTable), rows)
         deal = self._deal(obs.thread)
+        left_market = self._left(obs.thread)
         standing = Text()
         if deal is not None:
             j = next(k for k, p in enumerate(obs.products) if p.id == deal.action.product)
             standing.append("Deal: ", style="bold green")
             standing.append(f"{deal.action.product} at ${deal.action.price}\nyour surplus ${obs.values[j] - deal.action.price}")
+        elif left_market:
+            standing.append("You left the market.", style="bold")
         else:
             standing.append("Offer to you: ", style="bold")
-            if obs.offer:
-                j = next(k for k, p in enumerate(obs.products) if p.id == obs.offer[0])
-                standing.append(f"{obs.offer[0]} ${obs.offer[1]}", style="yellow")
+            if offer:
+                j = next(k for k, p in enumerate(obs.products) if p.id == offer[0])
+                standing.append(f"{offer[0]} ${offer[1]}", style="yellow")
                 standing.append(f" (value ${obs.values[j]})", style="dim")
             else:
                 standing.append("none", style="dim")
             standing.append("\nYour bid: ", style="bold")
-            standing.append(f"{obs.bid[0]} ${obs.bid[1]}" if obs.bid else "none", style="cyan" if obs.bid else "dim")
+            standing.append(f"{bid[0]} ${bid[1]}" if bid else "none", style="cyan" if bid else "dim")
         stock = {p.id: p.stock for p in obs.products}
         for pid, before in getattr(self, "_stock", stock).items():
             if before and not stock[pid] and (deal is None or deal.action.product != pid):
                 self.notify(f"{pid} has been sold to another buyer", timeout=5)
         self._stock = stock
         left = sum(p.stock for p in obs.products)
+        turns, budget = session.seller_turns()
         standing.append(f"\nUnits left in the market: {left}", style="dim")
+        standing.append("\nSeller's turns left: ", style="dim")
+        standing.append(f"{turns} of {budget}", style="bold red" if turns <= 2 else "dim")
         self.query_one("#standing", Static).update(standing)
         self.query_one(Conversation).show(_thread_text(obs.thread, session.human_id))
         composer = self.query_one(Composer)
         composer.set_products([(p.id if p.stock else f"{p.id} sold", p.id, p.stock > 0) for p in obs.products])
-        self._status(obs, deal)
+        self._status(obs, offer, deal, left_market)
 
-    def _status(self, obs, deal) -> None:
+    def _left(self, thread) -> bool:
+        """Whether this person has left the market (sent ``quit``)."""
+        me = self.session.human_id
+        return any(isinstance(item, Message) and item.sender == me and item.action.kind == "quit" for item in thread)
+
+    def _status(self, obs, offer, deal, left_market: bool) -> None:
         composer = self.query_one(Composer)
         session = self.session
+        turns, _ = session.seller_turns()
+        budget = f" The seller has {turns} turn{'s' if turns != 1 else ''} left."
         if self.result is not None:
             composer.status("The episode is over. v: results · ctrl+q: quit")
         elif session.human.waiting:
-            if obs.offer:
-                j = next(k for k, p in enumerate(obs.products) if p.id == obs.offer[0])
-                composer.status(f"Your turn: the seller offers {obs.offer[0]} ${obs.offer[1]} (your value ${obs.values[j]}).")
+            if offer:
+                j = next(k for k, p in enumerate(obs.products) if p.id == offer[0])
+                composer.status(f"Your turn: the seller offers {offer[0]} ${offer[1]} (your value ${obs.values[j]}).{budget}")
             else:
-                composer.status("Your turn: the seller wrote to you (no offer stands).")
+                composer.status(f"Your turn: the seller wrote to you (no offer stands).{budget}")
         elif deal is not None:
-            composer.status("You have your deal; the market goes on without you.", thinking=bool(session.thinking))
+            composer.status("You have your deal; the market plays out without you, then the results show.")
+        elif left_market:
+            composer.status("You left the market; it plays out without you, then the results show.")
         elif SELLER in session.thinking:
-            composer.status("The seller is thinking…", thinking=True)
+            composer.status(f"The seller is thinking…{budget}", thinking=True)
         else:
-            composer.status("Waiting for the seller (it bargains with the other buyers too)…", thinking=True)
+            composer.status(f"Waiting for the seller (it bargains with the other buyers too).{budget}", thinking=True)
 
     def action_fill(self, kind: str) -> None:
         if not self.session.human.waiting or self.result is not None:
             return
         obs = self.session.view()
         composer = self.query_one(Composer)
+        offer = _live(obs.offer, obs.products)
         if kind == "accept":
-            if obs.offer is None:
+            if offer is None:
                 composer.error("there is no standing offer to accept")
                 return
-            composer.fill("accept", obs.offer[0], obs.offer[1], focus="talk")
+            composer.fill("accept", offer[0], offer[1], focus="talk")
         elif kind == "bid":
             in_stock = [p.id for p in obs.products if p.stock]
             favourite = max(in_stock, key=lambda pid: obs.values[[p.id for p in obs.products].index(pid)], default=None)
-            product = obs.offer[0] if obs.offer and obs.offer[0] in in_stock else favourite
+            product = offer[0] if offer else favourite
             composer.fill("bid", product, None, focus="price")
         else:
             composer.fill(kind, focus="talk")
@@ -366,7 +410,8 @@ class BuyerScreen(PlayScreen):
             if not waiting:
                 return False
             if parameters and parameters[0] == "accept":
-                return self.session.view().offer is not None
+                obs = self.session.view()
+                return _live(obs.offer, obs.products) is not None
             return True
         return super().check_action(action, parameters)
 
@@ -378,7 +423,7 @@ class SellerScreen(PlayScreen):
         Binding("ctrl+o", "fill('offer')", "Offer", priority=True),
         Binding("ctrl+y", "fill('accept')", "Accept bid", priority=True),
         Binding("ctrl+r", "fill('reject')", "Reject", priority=True),
-        Binding("ctrl+t", "fill('end')", "End", priority=True),
+        Binding("ctrl+t", "end", "End market", priority=True),
         Binding("ctrl+n", "next_buyer(1)", "Next buyer", priority=True),
         Binding("ctrl+p", "next_buyer(-1)", "Prev", show=False, priority=True),
         # Digits pick a buyer while the cursor is not in a text field (in one, they are text).
@@ -408,7 +453,10 @@ class SellerScreen(PlayScreen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#catalog", DataTable).border_title = "Your catalog"
+        catalog = self.query_one("#catalog", DataTable)
+        catalog.border_title = "Your catalog"
+        market = self.session.market
+        catalog.border_subtitle = f"values ${market.price_low}-${market.price_high}"
         self.reset_tables()
         buyers = self.query_one("#buyers", DataTable)
         buyers.border_title = "Buyers: your offers, their bids"
@@ -452,9 +500,10 @@ class SellerScreen(PlayScreen):
             items = self._conversation(obs, view.id)
             state, style = self._state(view)
             deal = self._deal(items) if view.status == "served" else None
+            offer, bid = _live(view.offer, obs.products), _live(view.bid, obs.products)
             rows.append((Text(f" {view.id}", style="bold"), Text(f" {state}", style=style),
-                          Text(f" {view.offer[0]} ${view.offer[1]}" if view.offer else " -", style="yellow" if view.offer else "dim"),
-                          Text(f" {view.bid[0]} ${view.bid[1]}" if view.bid else " -", style="cyan" if view.bid else "dim"),
+                          Text(f" {offer[0]} ${offer[1]}" if offer else " -", style="yellow" if offer else "dim"),
+                          Text(f" {bid[0]} ${bid[1]}" if bid else " -", style="cyan" if bid else "dim"),
                           Text(f" {deal.action.product} ${deal.action.price}" if deal else " -", style="bold green" if deal else "dim")))
             said = sum(1 for item in items if item.sender == view.id)
             if view.id == self.active:
@@ -496,8 +545,23 @@ class SellerScreen(PlayScreen):
             others = f"free: {', '.join(free)} (^n)" if free else "no buyer is free"
             composer.status(f"{head}{self.active} {state}; {others}. {busy}".strip(), thinking=bool(thinking))
         else:
-            bid = f"{self.active} bids {view.bid[0]} ${view.bid[1]} (^y accepts). " if view.bid else f"Write to {self.active}. "
-            composer.status(f"{head}{bid}{busy}".strip(), thinking=bool(thinking))
+            bid = _live(view.bid, obs.products)
+            if bid is None:
+                said = f"Write to {self.active}. "
+            elif self._acceptable(obs, view):
+                said = f"{self.active} bids {bid[0]} ${bid[1]} (^y accepts). "
+            else:
+                cost = next(p.cost for p in obs.products if p.id == bid[0])
+                said = f"{self.active} bids {bid[0]} ${bid[1]}, below its cost ${cost}. "
+            composer.status(f"{head}{said}{busy}".strip(), thinking=bool(thinking))
+
+    @staticmethod
+    def _acceptable(obs, view) -> bool:
+        """Whether the seller may accept this buyer's standing bid now: in stock, at or above cost, the buyer free."""
+        bid = _live(view.bid, obs.products)
+        if bid is None or view.status != "active" or view.awaiting:
+            return False
+        return next(p.cost for p in obs.products if p.id == bid[0]) <= bid[1]
 
     # -- the person's keys -----------------------------------------------------------------
 
@@ -525,8 +589,8 @@ class SellerScreen(PlayScreen):
         composer = self.query_one(Composer)
         view = next(b for b in obs.buyers if b.id == self.active)
         if kind == "accept":
-            if view.bid is None:
-                composer.error(f"{self.active} has no standing bid to accept")
+            if not self._acceptable(obs, view):
+                composer.error(f"{self.active} has no bid you may accept now")
                 return
             composer.fill("accept", view.bid[0], view.bid[1], focus="talk")
         elif kind == "offer":
@@ -538,13 +602,21 @@ class SellerScreen(PlayScreen):
         else:
             composer.fill(kind, focus="talk")
 
+    def action_end(self) -> None:
+        """End the market: the composer's talk goes with it, after the person confirms."""
+        self.action_fill("end")
+        self.action_send()
+
     def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action == "end":
+            action, parameters = "fill", ("end",)
         if action == "fill":
             if not self.ready or not self.session.human.waiting or self.result is not None:
                 return False
             if parameters and parameters[0] == "accept":
-                view = next((b for b in self.session.view().buyers if b.id == self.active), None)
-                return view is not None and view.bid is not None
+                obs = self.session.view()
+                view = next((b for b in obs.buyers if b.id == self.active), None)
+                return view is not None and self._acceptable(obs, view)
             return True
         return super().check_action(action, parameters)
 
@@ -560,6 +632,45 @@ class SellerScreen(PlayScreen):
             if view.status == "active" and not view.awaiting and view.id != message.to:
                 self.query_one(Tabs).active = f"tab-{view.id}"
                 return
+
+
+class ConfirmEnd(ModalScreen[bool]):
+    """Asks before the seller ends the market: y ends it, n or Esc goes back."""
+
+    BINDINGS = [
+        Binding("y", "dismiss(True)", "End the market"),
+        Binding("n,escape", "dismiss(False)", "Keep selling"),
+    ]
+
+    def __init__(self, session: PlaySession) -> None:
+        super().__init__()
+        self.session = session
+
+    def compose(self) -> ComposeResult:
+        yield TooSmall()
+        with Vertical(id="confirm-box"):
+            yield Static(self._question(), id="confirm")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#confirm-box").border_title = "End the market?"
+
+    def _question(self) -> Text:
+        obs = self.session.view()
+        units = sum(p.stock for p in obs.products)
+        active = sum(1 for b in obs.buyers if b.status == "active")
+        left = obs.budget - obs.turns_used
+        out = Text()
+        out.append("End the market now? It cannot be undone.\n\n", style="bold")
+        out.append(f"{units} unit{'s' if units != 1 else ''} unsold, {active} buyer{'s' if active != 1 else ''} still in the market, "
+                   f"{left} turn{'s' if left != 1 else ''} left.\n\n")
+        out.append("y", style="bold")
+        out.append(": end it   ")
+        out.append("n", style="bold")
+        out.append(" or ")
+        out.append("Esc", style="bold")
+        out.append(": keep selling")
+        return out
 
 
 class ResultScreen(ModalScreen[None]):
@@ -600,6 +711,11 @@ class ResultScreen(ModalScreen[None]):
         end = episode.events[-1]
         m = episode.metrics or {}
         out = Text()
+        if episode.outcome == "failed":
+            out.append(f"The episode failed: {clean(episode.reason)}\n\n", style="bold red")
+            out.append(f"Nobody's play decided it, so it has no score. It is kept in {clean(result.trace)} as "
+                       f"{clean(episode.id)}, marked failed; training skips it.")
+            return out
         out.append(f"{clean(end.get('outcome'))} ({clean(end.get('reason'))}) after {end.get('turns_used')} of {end.get('budget')} turns\n\n", style="bold")
         deals = [e for e in episode.events if e.get("type") == "deal"]
         opt_value, pairs = session.opt

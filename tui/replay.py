@@ -26,16 +26,20 @@ __all__ = ["ReplayScreen"]
 class ReplayScreen(Screen):
     """Step through the episodes of one trace file."""
 
+    STEP = Binding.Group("Step", compact=False)
+    ENDS = Binding.Group("Start/End", compact=False)
+    EPISODE = Binding.Group("Episode", compact=False)
+    # Quit comes first, and related keys share one label, so the footer keeps every key at 80 columns.
     BINDINGS = [
-        Binding("right,l", "step(1)", "Next", priority=True),
-        Binding("left,h", "step(-1)", "Back", priority=True),
-        Binding("home,g", "jump(0)", "Start", priority=True),
-        Binding("end,G", "jump(-1)", "End", priority=True),
-        Binding("space", "autoplay", "Play/pause", priority=True),
-        Binding("n,]", "episode(1)", "Next episode"),
-        Binding("p,[", "episode(-1)", "Prev episode"),
+        Binding("q,escape", "leave", "Quit", priority=True),
+        Binding("left,h", "step(-1)", "Back", priority=True, key_display="←", group=STEP),
+        Binding("right,l", "step(1)", "Next", priority=True, key_display="→", group=STEP),
+        Binding("home,g", "jump(0)", "Start", priority=True, key_display="g", group=ENDS),
+        Binding("end,G", "jump(-1)", "End", priority=True, key_display="G", group=ENDS),
+        Binding("space", "autoplay", "Play", priority=True),
+        Binding("p,[", "episode(-1)", "Prev episode", key_display="p", group=EPISODE),
+        Binding("n,]", "episode(1)", "Next episode", key_display="n", group=EPISODE),
         Binding("t", "thoughts", "Thoughts"),
-        Binding("escape,q", "leave", "Quit"),
     ]
 
     autoplay_seconds = 0.8

@@ -16,7 +16,16 @@ Two things are added around the core, neither of which changes a rule:
   person can follow the conversation and is not outrun by agents that answer in
   microseconds (``pace`` for the agents the person talks to, ``others_pace`` for
   the other buyers when the person is a buyer). It re-observes after the wait, so
-  a paced agent never acts on a stale view. Tests pass 0 for both.
+  a paced agent never acts on a stale view. Tests pass 0 for both. Once a person
+  playing a buyer has bought or left, there is nothing left for them to follow
+  (a buyer sees only its own conversation), so the pacing stops and the market
+  plays out at the agents' speed.
+
+A person playing a buyer also sees the seller's remaining turn budget
+(:meth:`PlaySession.seller_turns`), which no agent's observation carries: without
+it, an episode truncated by the budget right after the person's bid comes out
+of nowhere. The budget is the market's, public in its spec; only how much of it
+the seller has spent is extra, and it changes no rule.
 
 A finished episode is appended to ``OUT/play.jsonl`` with the labels ``negotiate
 serve`` writes (``seller``, ``buyers``, ``index``, ``seed``; ``play`` names the
@@ -109,7 +118,7 @@ class Watched:
         session.thinking.add(self.ident)
         session.changed()
         try:
-            if self.pace > 0:
+            if self.pace > 0 and not session.person_out:
                 await anyio.sleep(self.pace)
                 obs = self._fresh(obs)
             return await self.agent.act(obs)
@@ -197,6 +206,17 @@ class PlaySession:
     def labels(self) -> dict:
         return {"run_seed": None, "index": self.index, "seed": self.seed, "seller": self.seller_label,
                 "buyers": self.buyers_label, "play": self.role}
+
+    @property
+    def person_out(self) -> bool:
+        """True once a person playing a buyer has bought or left (the seller's seat is never out)."""
+        if self.role == "seller":
+            return False
+        return next(b for b in self.state.buyers if b.id == self.human_id).status != "active"
+
+    def seller_turns(self) -> tuple[int, int]:
+        """The seller's turns left and its budget, for a person playing a buyer."""
+        return self.state.budget_left, self.market.budget
 
     def changed(self) -> None:
         if self.role == "seller" and self.state.done and self.human.waiting:

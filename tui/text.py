@@ -6,13 +6,18 @@ sequences included) and bidirectional overrides are removed, newlines kept, tabs
 become spaces. The UI then shows it as :class:`rich.text.Text`, never as markup, so
 ``[bold]`` or ``[link=...]`` in a buyer's talk is just text. :func:`esc` is for the
 few places that take a markup string (titles, tab labels, notifications).
+
+Those places parse Textual's content markup, not Rich's: a tag opens at any ``[``
+not preceded by a backslash (``[ @click=app.quit]``, ``[B]`` and ``[$accent]``
+included), and ``\\[`` is a literal bracket. ``rich.markup.escape`` only escapes
+brackets followed by ``a-z#/@``, which leaves those tags live, so :func:`esc`
+escapes every ``[``.
 """
 
 from __future__ import annotations
 
 import re
 
-from rich.markup import escape
 from rich.text import Text
 
 __all__ = ["clean", "esc", "literal", "money", "ratio", "action_label"]
@@ -32,8 +37,15 @@ def clean(value: object) -> str:
 
 
 def esc(value: object) -> str:
-    """``value`` cleaned and markup-escaped, for widgets that read markup (titles, labels)."""
-    return escape(clean(value))
+    """``value`` cleaned and markup-escaped, for widgets that read Textual markup (titles, labels, toasts).
+
+    Every ``[`` gets a backslash: Textual's parser reads ``\\[`` as a bracket and
+    leaves any other backslash alone, so the text comes back exactly as :func:`clean` gave it.
+
+    >>> print(esc("[@click=app.quit]go[/] [ b]x"))
+    \\[@click=app.quit]go\\[/] \\[ b]x
+    """
+    return clean(value).replace("[", "\\[")
 
 
 def literal(value: object, style: str = "") -> Text:

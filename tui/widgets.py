@@ -81,7 +81,11 @@ class Composer(Widget):
     """Action, product, price and talk, with a status line; posts :class:`Composer.Send`.
 
     Enter in the price or talk field sends; the screen checks the draft and either
-    sends it or shows why not with :meth:`error`.
+    sends it or shows why not with :meth:`error`. An error stays on the status line,
+    over any status the screen sets meanwhile (the market moves on while the person
+    reads), until the person changes a field, sends, or the turn ends
+    (:meth:`clear_error`). The fields take what is typed as typed; checking is the
+    draft's job, so nothing is silently dropped or rewritten.
     """
 
     BINDINGS = [
@@ -101,12 +105,16 @@ class Composer(Widget):
         self.role = role
         self.kinds = SELLER_ACTIONS if role == "seller" else BUYER_ACTIONS
         self._products: list[tuple[str, str, bool]] = []
+        self._status: tuple[Text, bool] = (Text(""), False)
+        """The screen's latest status and spinner, shown again once an error is cleared."""
+        self.error_text: str | None = None
+        """The error on show, if any."""
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="fields"):
             yield Select([(kind, kind) for kind in self.kinds], value=self.kinds[0], allow_blank=False, compact=True, id="kind")
             yield Select([], prompt="product", compact=True, id="product")
-            yield Input(placeholder="price $", compact=True, restrict=r"[0-9$,]*", max_length=12, id="price")
+            yield Input(placeholder="price $", compact=True, id="price")
             yield Input(placeholder="talk (what you say)", compact=True, max_length=TALK_MAX, id="talk")
             yield Button("Send", compact=True, variant="primary", id="send")
         with Horizontal(classes="status-row"):
@@ -148,15 +156,34 @@ class Composer(Widget):
     def clear(self) -> None:
         self.query_one("#talk", Input).value = ""
         self.query_one("#price", Input).value = ""
+        self.clear_error()
 
-    def status(self, text: str | Text, *, thinking: bool = False, error: bool = False) -> None:
+    def status(self, text: str | Text, *, thinking: bool = False) -> None:
+        """Set the status line (kept behind an error until it is cleared)."""
+        self._status = (text if isinstance(text, Text) else Text(text), thinking)
+        if self.error_text is None:
+            self._show(*self._status, error=False)
+
+    def error(self, text: str, *, field: str | None = None) -> None:
+        """Show why the draft was not sent, marking ``field`` (``price``, ``product``, ``talk``) if it is the cause."""
+        self.error_text = clean(text)
+        for name in ("product", "price", "talk"):
+            self.query_one(f"#{name}").set_class(name == field, "wrong")
+        self._show(Text(self.error_text), False, error=True)
+
+    def clear_error(self) -> None:
+        if self.error_text is None:
+            return
+        self.error_text = None
+        for name in ("product", "price", "talk"):
+            self.query_one(f"#{name}").remove_class("wrong")
+        self._show(*self._status, error=False)
+
+    def _show(self, text: Text, thinking: bool, *, error: bool) -> None:
         label = self.query_one("#status", Label)
-        label.update(text if isinstance(text, Text) else Text(text))
+        label.update(text)
         label.set_class(error, "error")
-        self.query_one("#spinner", LoadingIndicator).display = thinking
-
-    def error(self, text: str) -> None:
-        self.status(Text(clean(text)), error=True)
+        self.query_one("#spinner", LoadingIndicator).display = thinking and not error
 
     def action_cycle_product(self, step: int) -> None:
         """Choose the previous or next product in stock without leaving the price or talk field."""
@@ -188,6 +215,11 @@ class Composer(Widget):
     @on(Select.Changed, "#kind")
     def _kind_changed(self) -> None:
         self._sync_fields()
+
+    @on(Input.Changed)
+    @on(Select.Changed)
+    def _edited(self) -> None:
+        self.clear_error()
 
     @on(Input.Submitted)
     @on(Button.Pressed, "#send")

@@ -73,6 +73,8 @@ class TrainConfig:
     lora: bool = _help("train a LoRA adapter (peft) instead of every weight", default=True)
     lora_r: int = _help("LoRA rank", default=16)
     lora_alpha: int = _help("LoRA alpha", default=32)
+    adapter: str | None = _help("continue training this LoRA adapter (a folder with adapter_config.json, trained on --model) "
+                                "instead of a fresh one", default=None)
     epochs: float = _help("passes over the examples", default=1.0)
     max_steps: int | None = _help("stop after this many optimizer steps", default=None)
     batch_size: int = _help("decisions per optimizer step (gradients accumulated one sequence at a time)", default=8)
@@ -106,6 +108,10 @@ class TrainConfig:
         if self.method == "offline-grpo" and self.kl_beta > 0 and not self.lora:
             raise UserError("a KL to the reference needs LoRA (the reference is the model with its adapter off); "
                             "drop --no-lora or set --kl-beta 0", field="--kl-beta", value=self.kl_beta)
+        if self.adapter is not None and not self.lora:
+            raise UserError("an adapter to continue needs LoRA; drop --no-lora", field="--adapter", value=self.adapter)
+        if self.adapter is not None and not (Path(self.adapter) / "adapter_config.json").is_file():
+            raise UserError("not a LoRA adapter folder (no adapter_config.json)", field="--adapter", value=self.adapter)
         if not 0 < self.top <= 1:
             raise UserError("must be in (0, 1]", field="--top", value=self.top)
         for name in ("batch_size", "max_length", "lora_r", "group", "markets", "max_tokens", "gen_batch"):
@@ -148,11 +154,34 @@ def load_policy(config: TrainConfig, *, wrap: bool = True):
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     model.config.use_cache = False
-    if config.lora and wrap:
+    if config.lora and wrap and config.adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, config.adapter, is_trainable=True)
+    elif config.lora and wrap:
         from peft import get_peft_model
 
         model = get_peft_model(model, lora_config(config))
     return model, tokenizer
+
+
+def export_model(model: str, out: Path) -> Path:
+    """Save ``model`` (anything ``--model`` takes: a folder, a .gguf file, ``smollm2``) as a transformers
+    folder of safetensors in ``out``, which vLLM serves; a GGUF is dequantized. Returns ``out``.
+    An ``out`` that already holds a model is kept as it is (an interrupted export is redone)."""
+    if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file() and any(out.glob("*.safetensors")):
+        return out
+    model_obj, tokenizer = load_policy(TrainConfig(model=model, lora=False), wrap=False)
+    model_obj.config.use_cache = True
+    partial = out.with_name(out.name + ".partial")
+    model_obj.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    partial.rename(out)
+    return out
 
 
 def lora_config(config: TrainConfig):

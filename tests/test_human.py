@@ -31,10 +31,32 @@ def test_parse_price(text, value):
     assert parse_price(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "12.5", "abc", "-3", "1e3", None])
-def test_parse_price_refuses(text):
-    with pytest.raises(DraftError):
+@pytest.mark.parametrize(("text", "problem"), [
+    ("", "give a price"),
+    (None, "give a price"),
+    ("12.5", "price '12.5' is not a whole number of dollars"),
+    ("abc", "price 'abc' is not a whole number of dollars"),
+    ("1e3", "price '1e3' is not a whole number of dollars"),
+    ("\u00b2", "price '\u00b2' is not a whole number of dollars"),  # a digit to str.isdigit, not to int()
+    ("-3", "price -3 is negative"),
+    ("$-5", "price -5 is negative"),
+    (-1, "price -1 is negative"),
+    ("9" * 20, "price 999999... (20 digits) is far too large"),
+])
+def test_parse_price_refuses_and_says_why(text, problem):
+    with pytest.raises(DraftError) as raised:
         parse_price(text)
+    assert str(raised.value) == problem and raised.value.field == "price"
+
+
+def test_seller_prices_stop_at_the_top_of_the_public_range(state):
+    person = HumanAgent(SELLER)
+    obs = observe(state, SELLER)
+    assert person.draft(obs, "offer", product="p1", price=400, to="b1").action == Action("offer", "p1", 400)
+    with pytest.raises(DraftError) as raised:
+        person.draft(obs, "offer", product="p1", price=401, to="b1")
+    assert str(raised.value) == "$401 is above the market's price range ($0-$400); no buyer values any product that much"
+    assert raised.value.field == "price"
 
 
 def test_buyer_drafts(state):
@@ -91,11 +113,17 @@ def test_seller_drafts(state):
 async def test_act_waits_for_send_and_release():
     person = HumanAgent("b2")
     turns = []
-    person.on_turn = turns.append
+    asked = asyncio.Event()
+
+    def on_turn(obs) -> None:
+        turns.append(obs)
+        asked.set()
+
+    person.on_turn = on_turn
     with pytest.raises(RuntimeError):
         person.send(Message("b2", SELLER, "", Action("reject")))  # nobody asked yet
     task = asyncio.ensure_future(person.act("obs-1"))
-    await asyncio.sleep(0)
+    await asyncio.wait_for(asked.wait(), 10)  # act() has asked the person
     assert person.waiting and person.observation == "obs-1" and turns == ["obs-1"]
     with pytest.raises(ValueError):
         person.send(Message("b1", SELLER, "", Action("reject")))  # not this person's seat
@@ -104,8 +132,9 @@ async def test_act_waits_for_send_and_release():
     with pytest.raises(RuntimeError):
         person.send(Message("b2", SELLER, "", Action("reject")))  # one message per turn
     assert (await task).talk == "no"
+    asked.clear()
     task = asyncio.ensure_future(person.act("obs-2"))
-    await asyncio.sleep(0)
+    await asyncio.wait_for(asked.wait(), 10)
     person.release()
     assert await task is None and not person.waiting
     assert person.decisions == 1

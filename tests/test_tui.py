@@ -52,6 +52,15 @@ def screen_text(app) -> str:
     return html.unescape(app.export_screenshot()).replace("\xa0", " ")
 
 
+def result_text(app) -> str:
+    """The results screen's text."""
+    return str(app.screen.query_one("#result").content)
+
+
+def tab_labels(app) -> dict[str, str]:
+    return {tab.id: tab.label.plain for tab in app.screen.query("Tab")}
+
+
 def session(tmp_path, role: str, spec=SOLO, seed: int = 7, seller: str = "greedy", buyers: str = "threshold") -> PlaySession:
     return PlaySession(role, spec, seed, seller=parse_agent(seller, "seller"), buyers=parse_agent(buyers, "buyer"),
                        out=tmp_path, pace=0, others_pace=0)
@@ -85,10 +94,8 @@ async def test_play_a_whole_episode_as_a_buyer(tmp_path):
             turns += 1
             await until(pilot, lambda: not play.human.waiting or play.result is not None)
             assert turns < 10
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        assert isinstance(app.screen, ResultScreen)
-        text = screen_text(app)
+        await until(pilot, lambda: isinstance(app.screen, ResultScreen))
+        text = result_text(app)
         assert "your surplus" in text and "profit/OPT" in text and "welfare/OPT" in text
     episode = play.result.episode
     deals = [e for e in episode.events if e["type"] == "deal"]
@@ -129,15 +136,12 @@ async def test_play_a_whole_episode_as_the_seller(tmp_path, monkeypatch):
         if play.result is None:
             await my_turn(pilot, play)
             if play.result is None:
-                await pilot.press("ctrl+t", "enter")
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        assert isinstance(app.screen, ResultScreen)
-        text = screen_text(app)
+                await pilot.press("ctrl+t", "y")
+        await until(pilot, lambda: isinstance(app.screen, ResultScreen))
+        text = result_text(app)
         assert "oracle" in text and "profit/OPT" in text
         await pilot.press("escape")
-        await pilot.pause()
-        assert not isinstance(app.screen, ResultScreen)  # back to the board
+        await until(pilot, lambda: not isinstance(app.screen, ResultScreen))  # back to the board
     result = play.result
     assert result.episode.metrics["profit_ratio"] == 1.0 and result.episode.metrics["violations"] == {}
     assert result.oracle is not None and result.oracle.metrics["profit_ratio"] == 1.0
@@ -156,19 +160,16 @@ async def test_seller_view_marks_and_talk_shown_literally(tmp_path):
         app.screen.query_one("#talk").value = "[bold red]x[/]"
         await pilot.press("enter")  # b1 rejects the top of the range, above its values
         await until(pilot, lambda: any(e["type"] == "message" and e["sender"] == "b1" for e in play.state.events))
-        await pilot.pause()
-        tabs = {tab.id: tab.label.plain for tab in app.screen.query("Tab")}
-        assert tabs["tab-b1"].endswith("●")  # an unread reply; the view moved on to b2
+        await until(pilot, lambda: tab_labels(app)["tab-b1"].endswith("●"))  # an unread reply; the view moved on to b2
+        assert app.screen.active == "b2"
         await pilot.press("ctrl+p")  # back to b1
-        await pilot.pause()
-        assert "[bold red]x[/]" in screen_text(app)
-        tabs = {tab.id: tab.label.plain for tab in app.screen.query("Tab")}
-        assert tabs["tab-b1"] == "b1"  # read now
+        await until(pilot, lambda: tab_labels(app)["tab-b1"] == "b1")  # read now
+        await until(pilot, lambda: "[bold red]x[/]" in screen_text(app))
         await pilot.press("ctrl+q")  # once: a warning, the episode is unfinished
-        await pilot.pause()
-        assert app.is_running
+        await until(pilot, lambda: app._quit_asked > 0)
+        assert app.is_running and app.return_code is None
         await pilot.press("ctrl+q")
-        await pilot.pause()
+        await until(pilot, lambda: app.return_code is not None)
     assert play.result is None and not (tmp_path / "play.jsonl").exists()
 
 
@@ -209,40 +210,37 @@ async def test_replay_steps_and_switches_episodes(trace, monkeypatch):
         screen = app.screen
         assert isinstance(screen, ReplayScreen) and screen.index == 0 and screen.step == 0
         await pilot.press("right", "right", "right")
-        assert screen.step == 3
+        await until(pilot, lambda: screen.step == 3)
         await pilot.press("left")
-        assert screen.step == 2
+        await until(pilot, lambda: screen.step == 2)
         await pilot.press("end")
-        assert screen.step == len(episodes[0].steps)
-        assert "profit/OPT" in screen_text(app)  # the final metrics
-        await pilot.press("right")
-        assert screen.step == len(episodes[0].steps)  # no step past the end
+        await until(pilot, lambda: screen.step == len(episodes[0].steps))
+        assert "profit/OPT" in screen.query_one("#score").content.plain  # the final metrics
+        await pilot.press("right", "left")  # no step past the end: one back is the step before it
+        await until(pilot, lambda: screen.step == len(episodes[0].steps) - 1)
         await pilot.press("home")
-        assert screen.step == 0
+        await until(pilot, lambda: screen.step == 0)
         await pilot.press("n")
-        await pilot.pause()
-        assert screen.index == 1 and screen.step == 0
-        assert "greedy-000001" in screen_text(app)
+        await until(pilot, lambda: screen.index == 1)
+        assert screen.step == 0 and "greedy-000001" in screen.sub_title
         await pilot.press("p")
-        await pilot.pause()
-        assert screen.index == 0
+        await until(pilot, lambda: screen.index == 0)
         await pilot.press("space")  # autoplay
         await until(pilot, lambda: screen.step >= 3)
         await pilot.press("space")
-        await pilot.pause(0.1)  # a tick already on its way may land
+        await until(pilot, lambda: not screen.playing)
         stopped = screen.step
-        await pilot.pause(0.2)
-        assert not screen.playing and screen.step == stopped
+        screen._tick()  # a tick that was already queued when autoplay stopped
+        assert screen.step == stopped
         await pilot.click("#episodes", offset=(3, 2))  # the mouse picks the second episode
-        await pilot.pause()
-        assert screen.index == 1
+        await until(pilot, lambda: screen.index == 1)
 
 
 async def test_replay_shows_model_text_literally(trace):
     app = NegotiateApp.replay(load_trace(trace), str(trace))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("right")
-        await pilot.pause()
+        await until(pilot, lambda: SHOWN in screen_text(app))
         text = screen_text(app)
         assert SHOWN in text and "[link=http://x]click[/link]" in text
         assert "\x1b" not in text and "\x07" not in text
@@ -253,22 +251,19 @@ async def test_replay_shows_model_text_literally(trace):
 async def test_terminal_too_small(trace):
     app = NegotiateApp.replay(load_trace(trace), str(trace))
     async with app.run_test(size=(60, 20)) as pilot:
-        await pilot.pause()
-        assert app.screen.query_one("#too-small").display
+        await until(pilot, lambda: app.screen.query_one("#too-small").display)
         assert not app.screen.query_one("#replay").display
         assert "terminal too small (need 80x24)" in screen_text(app)
         await pilot.resize_terminal(80, 24)
-        await pilot.pause()
+        await until(pilot, lambda: app.screen.query_one("#replay").display)
         assert not app.screen.query_one("#too-small").display
-        assert app.screen.query_one("#replay").display
 
 
 async def test_play_fits_80x24(tmp_path):
     play = session(tmp_path, "seller", spec=SPLITS["train"], seed=3)
     app = NegotiateApp.play(play)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: play.human.waiting)
-        await pilot.pause()
+        await until(pilot, lambda: play.human.waiting and app.screen.query_one("#conversation").region.height > 0)
         for selector in ("#catalog", "#buyers", "#conversation", "Composer", "#threads"):
             region = app.screen.query_one(selector).region
             assert region.height > 0 and region.right <= 80 and region.bottom <= 24, selector

@@ -324,11 +324,10 @@ async def test_the_focused_field_stands_out(tmp_path):
         await my_turn(pilot, play)
         talk, price = app.screen.query_one("#talk"), app.screen.query_one("#price")
         await pilot.press("ctrl+o")
-        await until(pilot, lambda: app.focused is price)
-        await pilot.pause()
+        await until(pilot, lambda: app.focused is price and price.rich_style.bold)
         focused, other = price.background_colors[1], talk.background_colors[1]
         assert abs(focused.brightness - other.brightness) >= 0.15, (focused, other)
-        assert price.rich_style.bold and not talk.rich_style.bold
+        assert not talk.rich_style.bold
 
 
 @pytest.mark.parametrize("width", [80, 100])
@@ -338,13 +337,12 @@ async def test_replay_footer_keeps_quit_below_120_columns(width):
     events = [{"type": "episode_start", "episode": "e", "market": {}}, {"type": "episode_end", "episode": "e", "outcome": "terminated"}]
     app = NegotiateApp.replay([Recorded(events)], "x.jsonl")
     async with app.run_test(size=(width, 24)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, ReplayScreen) and app.screen.ready)
-        await pilot.pause()
+        await until(pilot, lambda: isinstance(app.screen, ReplayScreen) and "Thoughts" in screen_lines(app)[-1])
         footer = screen_lines(app)[-1]
         for shown in ("q Quit", "← → Step", "g G Start/End", "space Play", "p n Episode", "t Thoughts"):
             assert shown in footer, footer
         await pilot.press("q")
-    assert not app.is_running
+        await until(pilot, lambda: app.return_code is not None)
 
 
 # -- esc() -------------------------------------------------------------------------------------------------------

@@ -207,6 +207,10 @@ class ReplayScreen(Screen):
         self.draw()
 
     def _tick(self) -> None:
+        if not self.playing:
+            # A tick posted before autoplay stopped can still arrive (timer events queue up on a busy
+            # machine): once stopped, the step stays where the person stopped it.
+            return
         if self.step >= len(self.episode.steps):
             self.playing = False
             self._timer.pause()

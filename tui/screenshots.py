@@ -67,7 +67,7 @@ async def seller(folder: Path, traces: Path) -> list[Path]:
         await pilot.press("ctrl+p", "ctrl+p")  # back to b2, to read its reply
         await pilot.pause(0.3)
         shots.append(Path(app.save_screenshot(path=str(folder), filename="play-seller.svg")))
-        await pilot.press("ctrl+t", "enter")
+        await pilot.press("ctrl+t", "y")  # end the market, confirmed
         await app.workers.wait_for_complete()
         await pilot.pause(0.3)
         shots.append(Path(app.save_screenshot(path=str(folder), filename="play-seller-results.svg")))

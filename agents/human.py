@@ -190,8 +190,7 @@ class HumanAgent:
         if view.cost is not None and price < view.cost:
             raise DraftError(f"${price} is below the cost of {view.id} (${view.cost}); the market refuses that", "price")
         if price > obs.price_high:
-            raise DraftError(f"${price} is above the market's price range (${obs.price_low}-${obs.price_high}); "
-                             "no buyer values any product that much", "price")
+            raise DraftError(f"${price} is above every buyer's value (the range is ${obs.price_low}-${obs.price_high})", "price")
         return Message(self.id, buyer.id, talk, Action(kind, view.id, price))
 
     def describe(self) -> dict:

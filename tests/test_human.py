@@ -55,7 +55,7 @@ def test_seller_prices_stop_at_the_top_of_the_public_range(state):
     assert person.draft(obs, "offer", product="p1", price=400, to="b1").action == Action("offer", "p1", 400)
     with pytest.raises(DraftError) as raised:
         person.draft(obs, "offer", product="p1", price=401, to="b1")
-    assert str(raised.value) == "$401 is above the market's price range ($0-$400); no buyer values any product that much"
+    assert str(raised.value) == "$401 is above every buyer's value (the range is $0-$400)"
     assert raised.value.field == "price"
 
 

@@ -152,7 +152,7 @@ def test_sigterm_leaves_the_alternate_screen_and_mouse_tracking(tmp_path):
 @pytest.mark.parametrize(("typed", "problem"), [
     ("-5", "price -5 is negative"),
     ("12.5", "price '12.5' is not a whole number of dollars"),
-    ("999999999999", "$999999999999 is above the market's price range ($100-$1000)"),
+    ("999999999999", "$999999999999 is above every buyer's value (the range is $100-$1000)"),
     ("99999999999999999999", "price 999999... (20 digits) is far too large"),
 ])
 async def test_the_seller_price_field_keeps_what_was_typed_and_names_the_problem(tmp_path, typed, problem):
@@ -223,7 +223,7 @@ async def test_the_buyer_sees_the_sellers_turns_left(tmp_path):
         await my_turn(pilot, play)
         assert play.state.turns_used == 1  # the seller's first offer
         assert "Seller's turns left: 7 of 8" in screen_text(app)
-        assert status(app).endswith("The seller has 7 turns left.")
+        assert status(app).endswith(" · 7 turns left")
 
 
 async def test_after_leaving_the_status_says_so(tmp_path):

@@ -367,15 +367,15 @@ class BuyerScreen(PlayScreen):
         composer = self.query_one(Composer)
         session = self.session
         turns, _ = session.seller_turns()
-        budget = f" The seller has {turns} turn{'s' if turns != 1 else ''} left."
+        budget = f" · {turns} turn{'s' if turns != 1 else ''} left"  # the seller's: short enough for 80 columns
         if self.result is not None:
             composer.status("The episode is over. v: results · ctrl+q: quit")
         elif session.human.waiting:
             if offer:
                 j = next(k for k, p in enumerate(obs.products) if p.id == offer[0])
-                composer.status(f"Your turn: the seller offers {offer[0]} ${offer[1]} (your value ${obs.values[j]}).{budget}")
+                composer.status(f"Your turn: the seller offers {offer[0]} ${offer[1]} (your value ${obs.values[j]}){budget}")
             else:
-                composer.status(f"Your turn: the seller wrote to you (no offer stands).{budget}")
+                composer.status(f"Your turn: the seller wrote to you (no offer stands){budget}")
         elif deal is not None:
             composer.status("You have your deal; the market plays out without you, then the results show.")
         elif left_market:
@@ -383,7 +383,7 @@ class BuyerScreen(PlayScreen):
         elif SELLER in session.thinking:
             composer.status(f"The seller is thinking…{budget}", thinking=True)
         else:
-            composer.status(f"Waiting for the seller (it bargains with the other buyers too).{budget}", thinking=True)
+            composer.status("Waiting for the seller (it bargains with the other buyers too)…", thinking=True)
 
     def action_fill(self, kind: str) -> None:
         if not self.session.human.waiting or self.result is not None:

@@ -314,6 +314,23 @@ async def test_ending_the_market_asks_first(tmp_path):
     assert (play.state.outcome, play.state.reason, play.state.turns_used) == ("terminated", "seller_end", 1)
 
 
+async def test_the_end_dialog_closes_when_the_market_ends_while_it_is_open(tmp_path):
+    play = session(tmp_path, "seller", spec=MarketSpec(name="one", buyers=2, products=1, budget=6), seed=1)
+    b1 = play.buyers["b1"] = HumanAgent("b1")
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=SIZE) as pilot:
+        price = play.market.products[0].cost
+        await _offer(pilot, app, play, "b1", "p1", price)
+        await until(pilot, lambda: play.human.waiting)  # b2 is free: the seller's turn
+        await pilot.press("ctrl+t")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmEnd))
+        await turn_on(pilot, b1)
+        b1.send(Message("b1", SELLER, "", Action("accept", "p1", price)))  # the last unit goes
+        await until(pilot, lambda: isinstance(app.screen, ResultScreen))
+        assert not any(isinstance(screen, ConfirmEnd) for screen in app.screen_stack)
+    assert (play.result.episode.outcome, play.result.episode.reason) == ("terminated", "sold_out")
+
+
 # -- focus, the replay footer ------------------------------------------------------------------------------------
 
 

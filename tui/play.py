@@ -180,6 +180,8 @@ class PlayScreen(Screen):
         composer.disabled = not waiting
         if not waiting:
             composer.clear_error()  # what it said was about a draft that can no longer be sent
+            if isinstance(self.app.screen, ConfirmEnd):
+                self.app.screen.dismiss(False)  # the market ended meanwhile (a buyer took the last unit)
         obs = self.session.view()
         self.draw(obs)
         if waiting and not self._was_waiting:

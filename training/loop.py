@@ -607,8 +607,9 @@ def write_loop_curve(out: Path, config: LoopConfig, state: State) -> Path:
     if rollouts:
         ks = sorted(int(k) for k in rollouts)
         rows = [next(iter(rollouts[str(k)].values()), {}).get("all", {}) for k in ks]
-        left.plot([k - 1 for k in ks], [r.get("profit_ratio") for r in rows], "s--", color="gray", label="training rollouts")
-        right.plot([k - 1 for k in ks], [r.get("valid_rate") for r in rows], "s--", color="gray", label="training rollouts")
+        label = "training rollouts (that round's policy)"
+        left.plot([k - 1 for k in ks], [r.get("profit_ratio") for r in rows], "s--", color="gray", label=label)
+        right.plot([k - 1 for k in ks], [r.get("valid_rate") for r in rows], "s--", color="gray", label=label)
     base_folder = out / "baselines" / _slug(buyers)
     if base_folder.exists():
         teacher = summarize_folder(base_folder).get(config.teacher, {}).get("all", {}).get("profit_ratio")
@@ -619,8 +620,8 @@ def write_loop_curve(out: Path, config: LoopConfig, state: State) -> Path:
     for axis in (left, right):
         axis.set_xticks(rounds or [0])
         axis.grid(alpha=0.3)
-    right.legend(loc="lower right", fontsize=8)
-    left.legend(loc="lower right", fontsize=8)
+    right.legend(loc="best", fontsize=8)
+    left.legend(loc="best", fontsize=8)
     fig.suptitle(f"negotiate loop: {config.model}, buyers {buyers}")
     fig.tight_layout()
     path = out / "curve.png"

@@ -21,7 +21,6 @@ import dataclasses
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -32,15 +31,14 @@ from collections import Counter
 import anyio
 import pytest
 
+from needs import missing
+
 pytestmark = pytest.mark.llamacpp
 
-_REQUIRED = os.environ.get("NEGOTIATE_REQUIRE_LLAMACPP", "") not in ("", "0")
 
 
 def _missing(reason: str) -> None:
-    if _REQUIRED:
-        pytest.fail(f"{reason} (NEGOTIATE_REQUIRE_LLAMACPP is set)", pytrace=False)
-    pytest.skip(reason, allow_module_level=True)
+    missing(reason, "NEGOTIATE_REQUIRE_LLAMACPP")
 
 
 if importlib.util.find_spec("aiohttp") is None:

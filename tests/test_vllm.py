@@ -22,22 +22,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import time
 import urllib.request
 
 import anyio
 import pytest
 
+from needs import missing
+
 pytestmark = pytest.mark.vllm
 
-_REQUIRED = os.environ.get("NEGOTIATE_REQUIRE_VLLM", "") not in ("", "0")
 
 
 def _missing(reason: str) -> None:
-    if _REQUIRED:
-        pytest.fail(f"{reason} (NEGOTIATE_REQUIRE_VLLM is set)", pytrace=False)
-    pytest.skip(reason, allow_module_level=True)
+    missing(reason, "NEGOTIATE_REQUIRE_VLLM")
 
 
 if importlib.util.find_spec("vllm") is None:
@@ -114,13 +112,20 @@ def _json_objects(raws: list[str]) -> list[dict]:
     return objects
 
 
-async def test_an_openai_seller_plays_a_whole_episode_on_a_real_vllm_server(server, closing):
-    market = small_market(budget=3)
-    seller = parse_agent(f"openai:{MODEL}@{server.base_url}?{QUERY}", SELLER).build(market, [1, 2])
+async def _play(seller_spec: str, budget: int):
+    """One episode of ``small_market`` with the model as the seller and threshold buyers."""
+    market = small_market(budget=budget)
+    seller = parse_agent(seller_spec, SELLER).build(market, [1, 2])
     buyers = {b.id: parse_agent("threshold", "buyer").build(market, [1, 1, k]) for k, b in enumerate(market.buyers)}
     with anyio.fail_after(400):
         ep = await run_episode(market, seller, buyers, seller_timeout=300, reply_timeout=300)
     assert ep.outcome in ("terminated", "truncated"), ep.reason
+    assert ep.events[-1]["turns_used"] <= budget
+    return ep
+
+
+async def test_an_openai_seller_plays_a_whole_episode_on_a_real_vllm_server(server, closing):
+    ep = await _play(f"openai:{MODEL}@{server.base_url}?{QUERY}", budget=3)
     # server=auto read vLLM's owned_by from GET /models and asked for the schema in vLLM's form.
     assert ep.events[0]["agents"]["seller"]["server"] == "vllm"
     sent = _check_model_messages(ep, "openai", MODEL)
@@ -129,19 +134,13 @@ async def test_an_openai_seller_plays_a_whole_episode_on_a_real_vllm_server(serv
     assert all(raw.lstrip().startswith("{") for raw in raws), raws
     finished = [o for o, e in zip(_json_objects(raws), sent) if e["extra"]["finish_reason"] == "stop"]
     assert all(set(json_schema(SELLER)["required"]) <= set(o) for o in finished), finished
-    assert ep.events[-1]["turns_used"] <= market.budget
 
 
 async def test_the_in_process_vllm_engine_plays_with_token_ids_and_logprobs(smollm2_folder, server, closing):
     # One engine at a time: the server of this module is stopped for the engine (memory), restarted after.
     server.stop()
     try:
-        market = small_market(budget=2)
-        seller = parse_agent(f"vllm:{smollm2_folder}?format=json&max_tokens=96&max_model_len=2048&kv_cache_gib=1", SELLER).build(market, [3, 4])
-        buyers = {b.id: parse_agent("threshold", "buyer").build(market, [1, 1, k]) for k, b in enumerate(market.buyers)}
-        with anyio.fail_after(400):
-            ep = await run_episode(market, seller, buyers, seller_timeout=300, reply_timeout=300)
-        assert ep.outcome in ("terminated", "truncated"), ep.reason
+        ep = await _play(f"vllm:{smollm2_folder}?format=json&max_tokens=96&max_model_len=2048&kv_cache_gib=1", budget=2)
         sent = _check_model_messages(ep, "vllm", str(smollm2_folder))
         raws = [e["raw"] for e in sent if e.get("raw")]
         assert all(raw.lstrip().startswith("{") for raw in raws), raws

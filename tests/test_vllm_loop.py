@@ -44,6 +44,10 @@ def test_the_closed_loop_runs_unattended_on_vllm_and_a_rerun_redoes_nothing(tmp_
     serving = state["serving"]
     assert serving["mode"] in ("merged", "adapter") and serving["ratio"] > 0 and serving["device"] == "cpu"
     assert serving["mode"] == ("merged" if serving["ratio"] > 1.5 else "adapter")
+    # A tiny random model writes no valid message, so each group's episodes may all score alike: then the round
+    # keeps round 0's policy and says so; otherwise offline GRPO trained on the rollouts.
+    trained = json.loads((out / "round-01" / "checkpoint" / "train.json").read_text())["config"]["method"]
+    assert trained == ("sft" if "1" in state.get("notes", {}) else "offline-grpo"), (trained, state.get("notes"))
     for k in (0, 1):
         checkpoint = out / f"round-{k:02d}" / "checkpoint"
         assert (checkpoint / "adapter" / "adapter_config.json").is_file() and (checkpoint / "model.safetensors").is_file()

@@ -532,6 +532,14 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
             def grpo(k=k, folder=folder) -> None:
                 serving.before_training()
                 _fresh(folder / "checkpoint")
+                if not learning_signal(folder / "rollouts"):
+                    # Every group's episodes scored alike: every advantage is 0, and so is GRPO's gradient.
+                    # The round keeps the previous policy (a copy, so that every round has its checkpoint).
+                    shutil.copytree(out / f"round-{k - 1:02d}" / "checkpoint", folder / "checkpoint")
+                    state.data.setdefault("notes", {})[str(k)] = ("no learning signal: every group's rewards were equal, "
+                                                                  "so the policy is unchanged")
+                    log.warning("no learning signal", round=k)
+                    return
                 steps = ["--max-steps", str(config.grpo_steps)] if config.grpo_steps else []
                 run_stage(f"round {k} grpo", tolerate_failed_episodes=False, args=["train", "--method", "offline-grpo", "--traces", str(folder / "rollouts"),
                                               "--model", str(base), "--adapter", str(out / f"round-{k - 1:02d}" / "checkpoint" / "adapter"),
@@ -548,6 +556,14 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
         serving.stop()
     write_report(out, config, state)
     return state.data
+
+
+def learning_signal(rollouts: Path) -> bool:
+    """Whether any group of the collected episodes has rewards that differ (a nonzero advantage)."""
+    from negotiate.training.dataset import DataFilter, advantages, load_episodes
+
+    episodes = load_episodes([rollouts], where=DataFilter(min_group=2))
+    return any(value != 0.0 for value in advantages(episodes).values())
 
 
 def _fresh(folder: Path) -> None:
@@ -584,6 +600,8 @@ def write_report(out: Path, config: LoopConfig, state: State) -> None:
             pairs += [(trained[-1], "SFT (round 0)"), (trained[-1], config.teacher)]
         table = results_table(rows, splits, pairs)
         sections.append(f"### buyers: {buyers}\n\nprofit/OPT mean ± 95% CI (valid-message rate, markets)\n\n{table}\n")
+    for k, note in sorted((state.data.get("notes") or {}).items()):
+        sections.append(f"Round {k}: {note}.\n")
     (out / "results.md").write_text("\n".join(sections))
     write_loop_curve(out, config, state)
 

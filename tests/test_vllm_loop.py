@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 
 import pytest
 from needs import missing

@@ -702,7 +702,8 @@ class VLLMBackend:
                         engine = await anyio.to_thread.run_sync(vllm.AsyncLLMEngine.from_engine_args, args)
                         tokenizer = await anyio.to_thread.run_sync(_load_tokenizer, self.settings.model)
                     except Exception as error:
-                        raise LLMError(f"vllm cannot start {self.settings.model}: {type(error).__name__}: {error}") from None
+                        reason = " ".join(str(error).split())  # one line: engine errors often span several
+                        raise LLMError(f"vllm cannot start {self.settings.model}: {type(error).__name__}: {reason[:500]}") from None
                     found = _ENGINES[key] = _Engine(engine, tokenizer)
             return found
 

@@ -292,11 +292,11 @@ async def test_a_vllm_agent_acts_and_the_trace_keeps_token_ids(fake_vllm):
 
 async def test_a_vllm_engine_that_cannot_start_is_an_llm_error(fake_vllm):
     def broken(args):
-        raise RuntimeError("CUDA out of memory")
+        raise RuntimeError("CUDA out of memory.\n  Tried to allocate 2 GiB")
 
     fake_vllm.AsyncLLMEngine.from_engine_args = staticmethod(broken)
     backend = parse_agent("vllm:m", "buyer").build(market(), 0).backend
-    with pytest.raises(LLMError, match="vllm cannot start m: RuntimeError: CUDA out of memory"):
+    with pytest.raises(LLMError, match=r"^vllm cannot start m: RuntimeError: CUDA out of memory\. Tried to allocate 2 GiB$"):
         await backend.complete([{"role": "user", "content": "x"}], role="buyer")
 
 

@@ -39,8 +39,8 @@ async def my_turn(pilot, play) -> None:
         play.human.waiting and app.focused is not None and app.screen.query_one(Composer) in app.focused.ancestors_with_self))
 
 
-async def until(pilot, condition, timeout: float = 10.0) -> None:
-    """Let the app run until ``condition()`` holds."""
+async def until(pilot, condition, timeout: float = 60.0) -> None:
+    """Let the app run until ``condition()`` holds; ``timeout`` only guards against a hang (a loaded 2-core CI machine is slow)."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting for the app"

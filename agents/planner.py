@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
+
 from scipy.special import ndtr, ndtri
 
 from negotiate.market import MarketSpec
@@ -42,7 +42,7 @@ from negotiate.protocol import Message
 from negotiate.regulator import ACTIVE, SellerObservation
 
 from negotiate.agents.base import ScriptedAgent
-from negotiate.agents.scripted import _accept_bid, _end, _offer
+from negotiate.agents.scripted import _accept_bid, _end, _offer, best_assigned
 
 __all__ = ["PlannerSeller"]
 
@@ -244,13 +244,7 @@ class PlannerSeller(ScriptedAgent):
                 first = ladder["sale"][r, j] * (ladder["prices"][r, j] - cost) + self._rest[r, j]
                 value[r, c] = worth[r, j]
                 plan[r, c] = _offer(buyer.id, product.id, max(int(ladder["prices"][r, j, int(np.argmax(first))]), cost))
-        expanded = [c for c, j in enumerate(cols) for _ in range(min(units[j], len(free)))]
-        rows, picks = linear_sum_assignment(value[:, expanded], maximize=True)
-        best = None
-        for r, k in zip(rows, picks):
-            c = expanded[k]
-            if value[r, c] > 0 and (best is None or value[r, c] > value[best]):
-                best = (r, c)
+        best = best_assigned(value, cols, units, len(free))
         if best is None:
             return None if any(b.awaiting for b in buyers) else _end()
         message = plan[best]

@@ -32,6 +32,20 @@ class _Seeded(ScriptedAgent):
         return cls(spec, params, np.random.default_rng(seed))
 
 
+def best_assigned(value: np.ndarray, cols: list[int], units, free: int) -> tuple[int, int] | None:
+    """The (row, column) of the most valuable pair in the joint assignment of buyers (rows) to products
+    (columns of ``value``; ``cols`` maps each to its product index, ``units`` its stock). Units are scarce:
+    a product with k units appears k times (at most ``free``). None when no assigned pair is worth anything."""
+    expanded = [c for c, j in enumerate(cols) for _ in range(min(units[j], free))]
+    rows, picks = linear_sum_assignment(value[:, expanded], maximize=True)
+    best = None
+    for r, k in zip(rows, picks):
+        c = expanded[k]
+        if value[r, c] > 0 and (best is None or value[r, c] > value[best]):
+            best = (r, c)
+    return best
+
+
 def _offer(to: str, product: str, price: int, talk: str = "", thought: str = "") -> Message:
     return Message(SELLER, to, talk or f"I can let you have {product} for ${price}.", Action("offer", product, price), thought)
 
@@ -158,14 +172,7 @@ class GreedySeller(_Learner):
                     continue
                 value[r, c] = worth
                 plan[r, c] = _offer(buyer.id, product.id, max(price, cost))
-        # Units are scarce: assign buyers to products jointly (a product with k units appears k times).
-        expanded = [c for c, j in enumerate(cols) for _ in range(min(units[j], len(free)))]
-        rows, picks = linear_sum_assignment(value[:, expanded], maximize=True)
-        best = None
-        for r, k in zip(rows, picks):
-            c = expanded[k]
-            if value[r, c] > 0 and (best is None or value[r, c] > value[best]):
-                best = (r, c)
+        best = best_assigned(value, cols, units, len(free))
         if best is None:
             return None if any(b.awaiting for b in obs.buyers) else _end()
         return self._record(plan[best])

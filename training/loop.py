@@ -51,6 +51,7 @@ import numpy as np
 import structlog
 
 from negotiate.errors import UserError
+from negotiate.runner import slug as _slug
 
 from negotiate.training.server import ServerError, ServerSpec, VLLMServer, detect_device, load_adapter, served_models
 
@@ -569,12 +570,6 @@ def learning_signal(rollouts: Path) -> bool:
 def _fresh(folder: Path) -> None:
     if folder.exists():
         shutil.rmtree(folder)  # a training cut short starts over: its partial checkpoint is not a policy
-
-
-def _slug(text: str) -> str:
-    from negotiate.runner import slug
-
-    return slug(text)
 
 
 def write_report(out: Path, config: LoopConfig, state: State) -> None:

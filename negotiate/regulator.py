@@ -12,7 +12,9 @@ synchronous loop drive the same state.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import NamedTuple
 
 from negotiate.market import Market
@@ -26,6 +28,7 @@ __all__ = [
     "BuyerObservation",
     "ProductView",
     "BuyerView",
+    "History",
     "observe",
     "VIOLATIONS",
     "BudgetExceeded",
@@ -91,7 +94,7 @@ class _BuyerState:
     bid: tuple[str, int] | None = None
     """This buyer's standing bid."""
     thread: list = field(default_factory=list)
-    """Messages and notices this buyer can see (seller thoughts removed)."""
+    """Messages and notices this buyer can see (seller thoughts removed). Append-only: observations hold views of it."""
     messages_received: int = 0
 
 
@@ -120,6 +123,64 @@ class BuyerView(NamedTuple):
     """This buyer's standing bid."""
 
 
+class History(Sequence):
+    """An append-only list seen up to the length it had when the view was taken.
+
+    Observations carry the seller's history and a buyer's thread as views, not copies: a
+    copy per decision made an episode cost the square of its turns (90 us per decision at
+    20,000 turns; benchmarks/bench_long.py). The regulator only ever appends, so a view
+    fixed at a length always shows the same items, however long the episode goes on. It
+    supports ``len``, indexing, slicing (a slice is a tuple), iteration and ``in``, and
+    compares equal to a tuple of the same items.
+    """
+
+    __slots__ = ("_items", "_len")
+
+    def __init__(self, items: list, length: int | None = None):
+        self._items = items
+        self._len = len(items) if length is None else length
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(map(self._items.__getitem__, range(*index.indices(self._len))))
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError("history index out of range")
+        return self._items[index]
+
+    def __iter__(self):
+        return islice(self._items, self._len)
+
+    def __reversed__(self):
+        return map(self._items.__getitem__, range(self._len - 1, -1, -1))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, History):
+            return self._len == other._len and all(a == b for a, b in zip(self, other))
+        if isinstance(other, tuple):
+            return self._len == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __add__(self, other):
+        return tuple(self) + tuple(other)
+
+    def __radd__(self, other):
+        return tuple(other) + tuple(self)
+
+    def __repr__(self) -> str:
+        return f"History({list(self)!r})"
+
+    def __reduce__(self):
+        return History, (self._items[: self._len],)
+
+
 class SellerObservation(NamedTuple):
     """Everything the seller may know, and nothing more (a named tuple: one is built per decision)."""
 
@@ -132,8 +193,8 @@ class SellerObservation(NamedTuple):
     buyers: tuple[BuyerView, ...]
     new: tuple[Message | Notice, ...]
     """Replies and notices since the seller last acted."""
-    history: tuple[Message | Notice, ...]
-    """Every message and notice the seller has seen (buyers' thoughts removed)."""
+    history: History
+    """Every message and notice the seller has seen (buyers' thoughts removed), oldest first: a view, not a copy."""
 
     @property
     def budget_left(self) -> int:
@@ -156,7 +217,8 @@ class BuyerObservation(NamedTuple):
     """The seller message this buyer must answer (None for a notice-only view)."""
     rounds: int
     """Seller messages this buyer has received, this one included."""
-    thread: tuple[Message | Notice, ...]
+    thread: History
+    """Every message and notice of this buyer's conversation (seller thoughts removed), oldest first: a view, not a copy."""
 
 
 def _public(message: Message) -> Message:
@@ -198,6 +260,7 @@ class EpisodeState:
         """The same without costs, for buyers."""
         self._seller_new: list[Message | Notice] = []
         self._seller_history: list[Message | Notice] = []
+        """Append-only: observations hold views of it (:class:`History`)."""
         self.on_finish: list = []
         """Callbacks run once when the outcome is set (the bus stops a seller still thinking)."""
 
@@ -476,7 +539,7 @@ class EpisodeState:
             products=self._seller_products(),
             buyers=tuple([BuyerView(b.id, b.status, b.awaiting, b.offer, b.bid) for b in self.buyers]),
             new=new,
-            history=tuple(self._seller_history),
+            history=History(self._seller_history),
         )
 
     def _seller_products(self) -> tuple[ProductView, ...]:
@@ -502,7 +565,7 @@ class EpisodeState:
             bid=buyer.bid,
             message=_public(message) if message is not None else None,
             rounds=buyer.messages_received,
-            thread=tuple(buyer.thread),
+            thread=History(buyer.thread),
         )
 
 

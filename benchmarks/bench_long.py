@@ -1,0 +1,174 @@
+"""Cost of long episodes: time per turn as the turn budget grows, and whether a long episode stalls others.
+
+Two measurements, both on the real async runtime (:func:`negotiate.episode.run_episode`):
+
+* **Growth.** One 1x1 market (concession seller, threshold buyer) whose buyer values the
+  product below its cost, so no deal is possible and the episode runs its whole budget:
+  exactly B seller turns and B buyer replies. It runs once per budget in ``--budgets``
+  (default 10,000, 20,000 and 40,000) and reports the wall time, the time per turn and,
+  for each budget against the one before it, the time ratio over the turn ratio. The
+  target (issue #13): twice the turns cost at most 2.2x the time, a ratio of at most 1.1
+  per doubling. Costs that grow with the history (an observation copying every past
+  message) show up as a ratio near 2.
+* **Stall** (``--stall``). The same long episode started together with ``--short``
+  ordinary episodes (train split, dutch seller, threshold buyers) in one task group: it
+  reports how many short episodes finished before the long one, and when the last of them
+  finished. Scripted agents never await, so a bus that never yields would hold the event
+  loop for the long episode's whole length, and every short one would finish after it.
+
+Both run with ``gc.set_threshold(50_000, 20, 20)``, as ``run_batch`` does.
+
+    python benchmarks/bench_long.py                            # budgets 10,000 / 20,000 / 40,000, then --stall
+    python benchmarks/bench_long.py --budgets 10000,20000,100000 --no-stall
+    python benchmarks/bench_long.py --budgets 100000 --short 200 --json long.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+from negotiate.agents.registry import parse_agent
+from negotiate.episode import run_episode
+from negotiate.market import SPLITS, MarketSpec, generate
+from negotiate.regulator import EpisodeState
+from negotiate.runner import build_episode
+
+GC_THRESHOLD = (50_000, 20, 20)
+"""What negotiate.runner.run_batch sets while a batch runs."""
+SEED = 3
+"""A 1x1 market whose buyer values the product (177) below its cost (207): no deal, so every budget is spent."""
+TARGET_RATIO = 1.1
+"""Time ratio over turn ratio between two budgets: 2.2x the time for twice the turns."""
+
+
+def long_episode(budget: int):
+    """The long episode's market, seller and buyers (fresh agents: they are stateful)."""
+    market = generate(MarketSpec(name="long", buyers=1, products=1, budget=budget), SEED)
+    seller = parse_agent("concession", "seller").build(market, [SEED, 2])
+    buyers = {b.id: parse_agent("threshold", "buyer").build(market, [SEED, 1, k]) for k, b in enumerate(market.buyers)}
+    return market, seller, buyers
+
+
+def growth(budget: int) -> dict:
+    """Play the long episode once with this budget; its wall time and counts."""
+    market, seller, buyers = long_episode(budget)
+    state = EpisodeState(market, episode=f"long-{budget}")
+    result: dict = {}
+
+    async def main() -> None:
+        t0 = time.perf_counter()
+        episode = await run_episode(market, seller, buyers, episode_id=state.episode, state=state)
+        result["wall_s"] = time.perf_counter() - t0
+        result["outcome"] = f"{episode.outcome}/{episode.reason}"
+
+    gc.collect()
+    old = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLD)
+    try:
+        anyio.run(main)
+    finally:
+        gc.set_threshold(*old)
+    return {"budget": budget, "turns": state.turns_used, "messages": sum(state.messages_by.values()), "outcome": result["outcome"],
+            "wall_s": result["wall_s"], "us_per_turn": result["wall_s"] / budget * 1e6}
+
+
+def stall(budget: int, short: int) -> dict:
+    """The long episode beside ``short`` short ones, all started at once: the order they finish in."""
+    long_market, long_seller, long_buyers = long_episode(budget)
+    seller, buyers = parse_agent("dutch", "seller"), parse_agent("threshold", "buyer")
+    shorts = [build_episode(SPLITS["train"], seller, buyers, 0, index) for index in range(short)]
+    finished: list[tuple[str, float]] = []
+
+    async def play(episode_id: str, market, seller_agent, buyer_agents, t0: float) -> None:
+        await run_episode(market, seller_agent, buyer_agents, episode_id=episode_id)
+        finished.append((episode_id, time.perf_counter() - t0))
+
+    async def main() -> None:
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(play, "long", long_market, long_seller, long_buyers, t0)  # started first: the worst case
+            for index, (market, seller_agent, buyer_agents) in enumerate(shorts):
+                tg.start_soon(play, f"short-{index}", market, seller_agent, buyer_agents, t0)
+
+    gc.collect()
+    old = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLD)
+    try:
+        anyio.run(main)
+    finally:
+        gc.set_threshold(*old)
+    order = [episode_id for episode_id, _ in finished]
+    at = dict(finished)
+    before = order.index("long")
+    last_short = max((t for episode_id, t in finished if episode_id != "long"), default=0.0)
+    return {"budget": budget, "short": short, "short_before_long": before, "long_s": at["long"], "last_short_s": last_short}
+
+
+def _budgets(text: str) -> list[int]:
+    try:
+        values = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--budgets: {text!r} is not a comma-separated list of whole numbers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"--budgets: {text!r}: every budget must be at least 1")
+    return values
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Time per turn of one long episode as its budget grows, and whether it stalls others.")
+    parser.add_argument("--budgets", type=_budgets, default=[10_000, 20_000, 40_000],
+                        help="turn budgets of the long episode, comma-separated (default: 10000,20000,40000)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per budget, the fastest kept (default: 1)")
+    parser.add_argument("--stall", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run the longest budget beside --short short episodes (default: on)")
+    parser.add_argument("--short", type=int, default=100, help="short episodes beside the long one with --stall (default: 100)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    print(f"negotiate long-episode benchmark: 1x1 market (seed {SEED}, no deal possible), concession seller, threshold buyer, "
+          f"Python {platform.python_version()}, gc.set_threshold{GC_THRESHOLD}")
+    growth(1_000)  # warm-up: imports, first-call caches
+    rows = []
+    print(f"{'budget':>9} {'turns':>9} {'messages':>9} {'wall s':>8} {'us/turn':>8} {'time ratio':>11} {'turn ratio':>11} {'per 2x':>7}  outcome")
+    for budget in args.budgets:
+        row = min((growth(budget) for _ in range(max(1, args.repeat))), key=lambda r: r["wall_s"])
+        if rows:
+            prev = rows[-1]
+            row["time_ratio"] = row["wall_s"] / prev["wall_s"]
+            row["turn_ratio"] = row["budget"] / prev["budget"]
+            row["normalized"] = row["time_ratio"] / row["turn_ratio"]
+        rows.append(row)
+        ratios = (f"{row['time_ratio']:>10.2f}x {row['turn_ratio']:>10.2f}x {2 * row['normalized']:>6.2f}x" if "time_ratio" in row
+                  else f"{'-':>11} {'-':>11} {'-':>7}")
+        print(f"{budget:>9,} {row['turns']:>9,} {row['messages']:>9,} {row['wall_s']:>8.2f} {row['us_per_turn']:>8.1f} {ratios}  {row['outcome']}")
+    compared = [row for row in rows if "normalized" in row]
+    met = all(row["normalized"] <= TARGET_RATIO for row in compared)
+    if compared:
+        worst = max(row["normalized"] for row in compared)
+        print(f"target: twice the turns cost at most 2.2x the time: worst {2 * worst:.2f}x per doubling -> {'met' if met else 'NOT met'}")
+    stalled = None
+    if args.stall:
+        stalled = stall(max(args.budgets), args.short)
+        print(f"stall: a {stalled['budget']:,}-turn episode started first beside {stalled['short']} short ones: "
+              f"{stalled['short_before_long']}/{stalled['short']} short episodes finished before it; "
+              f"the last short one at {stalled['last_short_s']:.3f} s, the long one at {stalled['long_s']:.2f} s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"python": platform.python_version(), "rows": rows, "met": met, "stall": stalled}, indent=2))
+        print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

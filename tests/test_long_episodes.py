@@ -1,0 +1,168 @@
+"""Long episodes: observations cost the same at any length, and a long scripted episode lets others run.
+
+The figures behind both are in benchmarks/bench_long.py; these tests pin the behaviour
+without timing anything: memory allocated per observation, and the order episodes finish in.
+"""
+
+from __future__ import annotations
+
+import pickle
+import tracemalloc
+
+import anyio
+import pytest
+
+from negotiate import bus
+from negotiate.agents.base import ScriptedAgent
+from negotiate.agents.scripted import ThresholdBuyer
+from negotiate.episode import run_episode
+from negotiate.market import Buyer, Market, MarketSpec, Product
+from negotiate.protocol import SELLER, Action, Message
+from negotiate.regulator import EpisodeState, History, observe
+
+
+class FirmSeller(ScriptedAgent):
+    """Offers p1 at $1,000 to b1 whenever b1 is free: a buyer valuing it less rejects every time."""
+
+    name = "firm"
+
+    def decide(self, obs):
+        b1 = obs.buyers[0]
+        return Message(SELLER, "b1", "Still $1,000.", Action("offer", "p1", 1000)) if not b1.awaiting else None
+
+
+def no_deal_market(budget: int) -> Market:
+    """b1 values p1 at $400 and the seller never asks less than $1,000: the budget is spent to the last turn."""
+    return Market(MarketSpec(), 0, (Product("p1", "Alpha", 200, 1),), (Buyer("b1", (400,)),), budget, 100, 1000)
+
+
+def played(turns: int, budget: int | None = None) -> EpisodeState:
+    """A state after ``turns`` offers and as many rejections: 2 x turns items in the seller's history."""
+    state = EpisodeState(no_deal_market(budget or turns))
+    offer = Message(SELLER, "b1", "Still $1,000.", Action("offer", "p1", 1000))
+    reject = Message("b1", SELLER, "No.", Action("reject"))
+    for _ in range(turns):
+        state.seller_send(offer)
+        state.buyer_reply("b1", reject)
+    return state
+
+
+# -- the view ------------------------------------------------------------------------------------------
+
+
+def test_a_history_view_shows_the_list_as_it_was_when_taken():
+    items = ["a", "b", "c"]
+    view = History(items)
+    items.append("d")  # the regulator appends after the agent has decided
+    assert len(view) == 3
+    assert list(view) == ["a", "b", "c"]
+    assert view == ("a", "b", "c")
+    assert view != ("a", "b", "c", "d")
+    assert view == History(["a", "b", "c", "x"], 3)
+    assert "c" in view and "d" not in view
+    assert view[0] == "a" and view[-1] == "c" and view[-3] == "a"
+    with pytest.raises(IndexError):
+        view[3]  # in the list, but after the view
+    with pytest.raises(IndexError):
+        view[-4]
+    assert view[1:] == ("b", "c")
+    assert view[::-1] == ("c", "b", "a")
+    assert view[-2:10] == ("b", "c")
+    assert view[5:] == ()
+    assert list(reversed(view)) == ["c", "b", "a"]
+    assert view.index("b") == 1 and view.count("a") == 1
+    assert view + ("z",) == ("a", "b", "c", "z")
+    assert ("z",) + view == ("z", "a", "b", "c")
+    assert hash(view) == hash(("a", "b", "c"))
+    assert pickle.loads(pickle.dumps(view)) == ("a", "b", "c")
+
+
+def test_an_observation_keeps_what_its_agent_saw_while_the_episode_goes_on():
+    state = played(2, budget=3)
+    seller = observe(state, SELLER)
+    buyer = observe(state, "b1")
+    assert len(seller.history) == 4 and len(buyer.thread) == 4
+    seen = tuple(seller.history)
+    state.seller_send(Message(SELLER, "b1", "Last chance: $900.", Action("offer", "p1", 900)))
+    state.buyer_reply("b1", Message("b1", SELLER, "No.", Action("reject")))
+    assert seller.history == seen  # 4 items, not 6
+    assert len(buyer.thread) == 4
+    later = observe(state, SELLER)
+    assert len(later.history) == 6
+    assert [m.action.price for m in later.history[4:]] == [900, None]
+    assert later.history[:4] == seen
+
+
+def _bytes_to_observe(state: EpisodeState) -> int:
+    """Peak memory allocated while building the seller's and b1's observations."""
+    observe(state, SELLER)  # takes the replies not yet seen as ``new``, and builds (and caches) the catalog views
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        seller, buyer = observe(state, SELLER, consume=False), observe(state, "b1")
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_observing_costs_the_same_after_10_turns_as_after_20000():
+    short, long = _bytes_to_observe(played(10)), _bytes_to_observe(played(20_000))
+    # Copies of the long histories would be 40,000 pointers each (320,000 bytes for the seller's alone).
+    assert short < 2_000 and long < 2_000
+
+
+# -- yielding to the event loop --------------------------------------------------------------------------
+
+
+async def test_a_long_scripted_episode_lets_a_short_one_beside_it_finish_first():
+    finished: list[str] = []
+
+    async def play(name: str, budget: int) -> None:
+        state = EpisodeState(no_deal_market(budget), episode=name)
+        await run_episode(state.market, FirmSeller("firm"), {"b1": ThresholdBuyer("threshold")}, episode_id=name, state=state)
+        assert (state.outcome, state.reason, state.turns_used) == ("truncated", "budget", budget)
+        finished.append(name)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(play, "long", 20 * bus.YIELD_TURNS)  # started first, and never awaits an agent
+        tg.start_soon(play, "short", 10)
+    assert finished == ["short", "long"]
+
+
+async def test_a_long_scripted_episode_can_be_cancelled_while_it_runs():
+    state = EpisodeState(no_deal_market(20 * bus.YIELD_TURNS))
+
+    async def cancel_once_started(scope: anyio.CancelScope) -> None:
+        while state.turns_used == 0:
+            await anyio.sleep(0)
+        scope.cancel()
+
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancel_once_started, scope)
+            await run_episode(state.market, FirmSeller("firm"), {"b1": ThresholdBuyer("threshold")}, state=state)
+    # Cancelled at its first yield: after YIELD_TURNS turns, long before its 2,000th.
+    assert state.turns_used == bus.YIELD_TURNS
+    assert state.outcome is None
+
+
+async def test_yielding_does_not_change_what_a_long_episode_plays():
+    async def alone() -> EpisodeState:
+        state = EpisodeState(no_deal_market(5 * bus.YIELD_TURNS + 7))
+        await run_episode(state.market, FirmSeller("firm"), {"b1": ThresholdBuyer("threshold")}, state=state)
+        return state
+
+    first = await alone()
+    async with anyio.create_task_group() as tg:
+        results: list[EpisodeState] = []
+
+        async def collect() -> None:
+            results.append(await alone())
+
+        for _ in range(3):
+            tg.start_soon(collect)
+    for state in results:
+        assert state.turns_used == first.turns_used == 507
+        assert state.messages_by == first.messages_by == {SELLER: 507, "buyer": 507}
+        assert observe(state, SELLER, consume=False).history == observe(first, SELLER, consume=False).history
+        assert observe(state, "b1").thread == observe(first, "b1").thread

@@ -49,7 +49,6 @@ import urllib.request
 from importlib.metadata import version
 from pathlib import Path
 
-import anyio
 import orjson
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"

@@ -19,6 +19,38 @@ def _pyplot():
     return plt
 
 
+_CHAR_IN = 0.075
+"""About the width of one character at the 8-point legend size, in inches (DejaVu Sans averages ~0.6 em)."""
+
+
+def _legend_in(labels, title: str = "") -> float:
+    """Width in inches a legend outside the axes needs: constrained layout takes it from the axes, and
+    labels long enough (a model spec) collapse them to zero width ("constrained_layout not applied")."""
+    longest = max([len(str(label)) for label in labels] + [len(title)], default=0)
+    return max(1.5, 0.6 + _CHAR_IN * longest)
+
+
+def _tick_names(sellers: list[str], limit: int = 32) -> list[str]:
+    """Seller names short enough to stand under a bar: a model spec without its URL and options, then at
+    most ``limit`` characters (the middle elided); the full names where shortening would merge two.
+
+    >>> _tick_names(["greedy", "openai:smol@http://localhost:8000/v1?temperature=0.7"])
+    ['greedy', 'openai:smol']
+    >>> _tick_names(["hf:" + "a" * 40 + "/checkpoint-1"], limit=20)
+    ['hf:aaaaaaa…ckpoint-1']
+    """
+    from negotiate.report import short_label
+
+    names = []
+    for seller in sellers:
+        name = short_label(seller)
+        if len(name) > limit:
+            head = (limit - 1) // 2 + (limit - 1) % 2
+            name = name[:head] + "…" + name[len(name) - (limit - 1 - head):]
+        names.append(name)
+    return names if len(set(names)) == len(names) else list(sellers)
+
+
 def _order(values, preferred=()):
     values = list(dict.fromkeys(values))
     return [v for v in preferred if v in values] + sorted(v for v in values if v not in preferred)
@@ -29,7 +61,9 @@ def plot_by_split(rows: list[dict], path: Path, sellers: list[str], splits: list
     sits outside the axes (inside, it covered bars that reach 1.0)."""
     plt = _pyplot()
     summaries = {s.key: s for s in aggregate(rows, ("seller", "split"))}
-    fig, axes = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(splits) * 2) + 1.5, 4), sharey=True, layout="constrained")
+    names = _tick_names(sellers)
+    fig, axes = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(splits) * 2) + _legend_in(names, "seller"), 4), sharey=True,
+                             layout="constrained")
     width = 0.8 / max(1, len(sellers))
     for ax, metric, title in zip(axes, ("profit_ratio", "welfare_ratio"), ("profit / OPT", "welfare / OPT")):
         for k, seller in enumerate(sellers):
@@ -40,7 +74,7 @@ def plot_by_split(rows: list[dict], path: Path, sellers: list[str], splits: list
                 means.append(mean)
                 errs.append(half)
             xs = [x + (k - (len(sellers) - 1) / 2) * width for x in range(len(splits))]
-            ax.bar(xs, means, width, yerr=errs, capsize=2, label=seller if ax is axes[0] else None)
+            ax.bar(xs, means, width, yerr=errs, capsize=2, label=names[k] if ax is axes[0] else None)
         ax.set_xticks(range(len(splits)), splits)
         ax.set_title(title)
         ax.set_ylim(0, 1.05)
@@ -73,13 +107,16 @@ def plot_violations(rows: list[dict], path: Path, sellers: list[str], splits: li
     plt = _pyplot()
     counts = {(seller, split): violations_per_episode(rows, seller, split) for seller in sellers for split in splits}
     kinds = sorted({kind for per_kind in counts.values() for kind in per_kind})
-    fig, axes = plt.subplots(1, len(splits), figsize=(len(splits) * max(2.5, 0.45 * len(sellers)) + 1.5, 4), sharey=True,
-                             squeeze=False, layout="constrained")
+    names = _tick_names(sellers)
+    # Seller names run under the bars at 45 degrees, as far left as down: each panel grows by both.
+    names_in = 0.1 * 0.71 * max((len(name) for name in names), default=0)
+    width = len(splits) * (max(2.5, 0.45 * len(sellers)) + names_in) + _legend_in(kinds, "type")
+    fig, axes = plt.subplots(1, len(splits), figsize=(width, 4 + names_in), sharey=True, squeeze=False, layout="constrained")
     for ax, split in zip(axes[0], splits):
         bottom = [0.0] * len(sellers)
         for kind in kinds:
             heights = [counts[(seller, split)].get(kind, 0.0) for seller in sellers]
-            ax.bar(sellers, heights, bottom=bottom, label=kind if ax is axes[0][0] else None)
+            ax.bar(names, heights, bottom=bottom, label=kind if ax is axes[0][0] else None)
             bottom = [b + h for b, h in zip(bottom, heights)]
         if not any(bottom):
             ax.text(0.5, 0.5, "no violations", ha="center", va="center", transform=ax.transAxes)
@@ -103,13 +140,14 @@ def plot_paired(rows: list[dict], path: Path, sellers: list[str], splits: list[s
     plt = _pyplot()
     found = {(p.seller, p.split): p.diffs["profit_ratio"] for p in paired_differences(rows, baseline, {"seller": sellers, "split": splits})}
     others = [seller for seller in sellers if seller != baseline]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(splits) * len(others)) + 1.5, 4), layout="constrained")
+    names = _tick_names(others)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(splits) * len(others)) + _legend_in(names, "seller"), 4), layout="constrained")
     width = 0.8 / max(1, len(others))
     for k, seller in enumerate(others):
         means = [found.get((seller, split), (float("nan"), 0.0, 0))[0] for split in splits]
         errs = [found.get((seller, split), (float("nan"), 0.0, 0))[1] for split in splits]
         xs = [x + (k - (len(others) - 1) / 2) * width for x in range(len(splits))]
-        ax.bar(xs, means, width, yerr=errs, capsize=2, label=seller)
+        ax.bar(xs, means, width, yerr=errs, capsize=2, label=names[k])
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(splits)), splits)
     ax.set_ylabel(f"profit / OPT minus {baseline}'s")

@@ -24,7 +24,7 @@ from negotiate.agents.registry import parse_agent
 from negotiate.cli import main
 from negotiate.episode import run_episode
 from negotiate.protocol import SELLER, render_tagged
-from negotiate.trace import TraceWriter, read_episodes
+from negotiate.trace import read_episodes
 from negotiate.training.dataset import DataFilter, Episode, advantages, decisions, group_key, load_episodes, replay
 from negotiate.training.rewards import REWARDS, profit_penalized, profit_share, reward_fn
 
@@ -357,8 +357,6 @@ def test_offline_grpo_from_collected_groups_and_the_checkpoint_plays_as_a_seller
 
 @pytest.mark.skipif(not HAVE_TRL, reason="needs trl and datasets: pip install 'negotiate[train]'")
 def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, monkeypatch):
-    import torch
-
     from negotiate.training import online
     from negotiate.training.trainer import train
 

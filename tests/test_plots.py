@@ -1,0 +1,52 @@
+"""The evaluation plots: long seller names (model specs) leave the axes room, and never merge two sellers."""
+
+from __future__ import annotations
+
+import doctest
+import warnings
+
+import pytest
+
+from negotiate import plots
+from negotiate.cli import main
+from negotiate.report import rows_from_traces
+
+SELLERS = ["greedy", "posted", "random", "dutch", "concession", "oracle", "planner"]
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plots") / "run"
+    assert main(["eval", "--sellers", ",".join(SELLERS), "--splits", "train", "--episodes", "3", "--out", str(out), "--quiet"]) == 0
+    return rows_from_traces([out])
+
+
+def _renamed(rows, name):
+    return [row | {"seller": name(row["seller"])} for row in rows]
+
+
+@pytest.mark.parametrize("splits", [["train"], ["train", "shapes", "correlated", "prices-x10"]])
+def test_model_spec_names_do_not_collapse_the_axes(rows, tmp_path, splits):
+    # Seven sellers named like checkpoints, 87 characters each: before, constrained layout gave up on the
+    # violations plot ("axes sizes collapsed to zero"), a warning and an unreadable figure.
+    long = _renamed(rows, lambda seller: "hf:/runs/" + "x" * 70 + "/" + seller)
+    names = sorted({row["seller"] for row in long})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = plots.write_plots(long, tmp_path, names, splits)  # splits not played are empty panels, as wide
+    assert [p.name for p in paths] == ["profit_welfare_by_split.png", "violations_by_type.png", "paired_profit_by_split.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_tick_names_shorten_specs_and_keep_sellers_apart():
+    assert plots._tick_names(["openai:smol@http://127.0.0.1:8000/v1?temperature=0.7", "greedy"]) == ["openai:smol", "greedy"]
+    # 3 + 40 + 13 = 56 characters, cut to 20: 10 from the front, the ellipsis, 9 from the back.
+    assert plots._tick_names(["hf:" + "a" * 40 + "/checkpoint-1"], limit=20) == ["hf:aaaaaaa…ckpoint-1"]
+    # Two checkpoints of one run differ only in their middle: shortened they would share a bar, so both stay whole.
+    same = ["hf:" + "a" * 20 + f"/step-{k}/" + "b" * 20 for k in (1, 2)]
+    assert plots._tick_names(same, limit=20) == same
+
+
+def test_plots_doctests_pass():
+    result = doctest.testmod(plots, report=False)
+    assert result.attempted >= 3 and result.failed == 0

@@ -1,0 +1,76 @@
+"""The import contract: the engine stands alone.
+
+The engine (protocol, market, regulator, bus, episode, trace, metrics, and errors beneath them) imports
+no agents, no training, no TUI and no application layer (cli, runner, workers, report, plots), neither at
+the top of a module nor inside a function; importing it loads none of them, nor textual, torch, an HTTP
+client or matplotlib. Agents, training and the TUI build on the engine, never the other way round.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import negotiate
+
+ENGINE = ["protocol", "market", "regulator", "bus", "episode", "trace", "metrics", "errors"]
+"""The engine modules, under negotiate/."""
+FORBIDDEN = ["negotiate.agents", "negotiate.training", "negotiate.tui", "negotiate.cli", "negotiate.runner",
+             "negotiate.workers", "negotiate.report", "negotiate.plots"]
+"""What the engine may not import: the layers above it."""
+HEAVY = ["textual", "torch", "transformers", "trl", "peft", "openai", "aiohttp", "httpx", "matplotlib", "vllm"]
+"""Third-party packages an engine import must not load (a core install, a fast start)."""
+
+ROOT = Path(negotiate.__file__).resolve().parent
+
+
+def _imported(path: Path) -> list[tuple[int, str]]:
+    """Every module an ``import`` statement in ``path`` names (lazy imports inside functions included), absolute."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # from . import x / from .agents import y: relative to the negotiate package
+                base = ".".join(["negotiate", *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return sorted(found, key=lambda item: item[0])  # ast.walk goes breadth first; report in file order
+
+
+def _breaks(name: str) -> bool:
+    return any(name == bad or name.startswith(bad + ".") for bad in FORBIDDEN)
+
+
+def test_imported_finds_lazy_and_relative_imports(tmp_path):
+    # The reader itself, on a file worked by hand: a top-level, a lazy and a relative import are all seen.
+    source = tmp_path / "m.py"
+    source.write_text("import os\n\ndef f():\n    from negotiate.agents import llm\n\nfrom .tui import app\n")
+    names = [name for _, name in _imported(source)]
+    assert names == ["os", "negotiate.agents", "negotiate.agents.llm", "negotiate.tui", "negotiate.tui.app"]
+    assert [name for name in names if _breaks(name)] == ["negotiate.agents", "negotiate.agents.llm", "negotiate.tui", "negotiate.tui.app"]
+
+
+@pytest.mark.parametrize("module", ENGINE)
+def test_engine_source_imports_nothing_above_it(module):
+    path = ROOT / f"{module}.py"
+    assert [f"{path.name}:{line}: {name}" for line, name in _imported(path) if _breaks(name)] == []
+
+
+def test_importing_the_engine_loads_no_agents_training_tui_or_heavy_packages():
+    # A fresh interpreter, so nothing this test session imported before counts.
+    code = ("import sys\n"
+            + "".join(f"import negotiate.{module}\n" for module in ENGINE)
+            + "print('\\n'.join(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.split()
+    assert "negotiate.episode" in loaded and "negotiate.regulator" in loaded  # the check saw the engine load
+    assert [name for name in loaded if _breaks(name)] == []
+    assert [name for name in loaded if name.split(".")[0] in HEAVY] == []

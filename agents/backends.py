@@ -27,8 +27,8 @@ Spec grammar (``--seller`` / ``--buyers``; see ``negotiate.agents.registry``)::
 ``client``       ``aiohttp`` (a lean client of our own, the default) or ``openai`` (the openai package)
 
 The API key is read from the environment, never from the spec: specs are written into
-traces. One HTTP client is shared per (base URL, key) and event loop, with an
-in-flight bound (a FIFO limiter) on the requests so a vLLM server can batch them
+traces. One HTTP client is shared per (base URL, key) and event loop in a run's pools
+(``negotiate.agents.pools``: the run owns and closes them), with an in-flight bound (a FIFO limiter) on the requests so a vLLM server can batch them
 without being flooded. The default client (``client=aiohttp``) posts with one shared
 ``aiohttp.ClientSession`` and does its own retries (exponential backoff with jitter,
 Retry-After honored) and error classification; its HTTP work costs about 0.3 ms of CPU
@@ -52,7 +52,6 @@ import os
 import random
 import re
 import time
-import weakref
 from collections import deque
 from dataclasses import asdict, dataclass
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -64,6 +63,8 @@ import structlog
 from negotiate.errors import UserError
 from negotiate.logs import request_log
 from negotiate.protocol import json_schema
+
+from negotiate.agents.pools import current_pools
 
 __all__ = [
     "OpenAIOptions",
@@ -368,9 +369,6 @@ class _Shared:
         return self.session
 
 
-_CLIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""event loop -> {(base_url, key): _Shared}. HTTP sessions belong to the loop that made them."""
-
 CONNECTIONS = 4096
 """Connection pool size of a shared client; ``max_inflight`` is the real bound."""
 
@@ -387,57 +385,21 @@ def _openai_client(base_url: str, key: str):
     return openai.AsyncOpenAI(api_key=key, base_url=base_url, http_client=http, max_retries=2, timeout=60.0)
 
 
-_INFLIGHT_OVERRIDE: int | None = None
-_INFLIGHT_SHARE = (0, 1)
-"""(worker, workers): this process's share of a run's in-flight bounds (the whole of them outside workers)."""
-
-
-_SETTINGS = [0]
-"""Bumped whenever the in-flight settings change, so backends look their shared client up again."""
+# The clients live in a run's pools (negotiate.agents.pools); these act on the current context's.
 
 
 def set_max_inflight(limit: int | None, *, share: tuple[int, int] = (0, 1)) -> None:
-    """The ``--max-inflight`` flag: requests in flight per server for this process, overriding
-    every spec's ``max_inflight`` (None goes back to the specs). In worker ``share[0]`` of
-    ``share[1]``, a spec's ``max_inflight`` is this worker's part of it (the parts add up to it,
-    at least 1 each), so the bound stays the run's."""
-    global _INFLIGHT_OVERRIDE, _INFLIGHT_SHARE
-    _INFLIGHT_OVERRIDE = limit
-    _INFLIGHT_SHARE = share
-    _SETTINGS[0] += 1
-
-
-def _spec_limit(options: OpenAIOptions) -> int:
-    worker, workers = _INFLIGHT_SHARE
-    return max(1, options.max_inflight // workers + (1 if worker < options.max_inflight % workers else 0))
+    """The ``--max-inflight`` override on the current pools (:meth:`Pools.set_max_inflight`)."""
+    current_pools().set_max_inflight(limit, share=share)
 
 
 def _shared(options: OpenAIOptions) -> _Shared:
-    loop = asyncio.get_running_loop()
-    clients = _CLIENTS.get(loop)
-    if clients is None:
-        clients = _CLIENTS[loop] = {}
-    key = os.environ.get(options.key_env) or "EMPTY"  # local servers take any key; vLLM's convention
-    shared = clients.get((options.base_url, key))
-    limit = _INFLIGHT_OVERRIDE or _spec_limit(options)
-    if shared is None:
-        shared = clients[(options.base_url, key)] = _Shared(options.base_url, key, _Limiter(limit))
-    elif _INFLIGHT_OVERRIDE is not None:
-        shared.limiter.total_tokens = _INFLIGHT_OVERRIDE  # the command line wins
-    elif shared.limiter.total_tokens != limit and options.max_inflight != OpenAIOptions.max_inflight:
-        shared.limiter.total_tokens = limit  # an explicit max_inflight wins
-    return shared
+    return current_pools().shared(options)
 
 
 async def aclose_clients() -> None:
-    """Close every shared client of the running event loop (call once at the end of a run)."""
-    clients = _CLIENTS.pop(asyncio.get_running_loop(), {})
-    _SETTINGS[0] += 1  # backends holding one of these look again
-    for shared in clients.values():
-        if shared.openai is not None:
-            await shared.openai.close()
-        if shared.session is not None:
-            await shared.session.close()
+    """Close every shared client of the running event loop in the current pools (once at the end of a run)."""
+    await current_pools().aclose()
 
 
 # -- the backend -------------------------------------------------------------------------
@@ -478,15 +440,17 @@ class OpenAIBackend:
 
     name = "openai"
 
-    def __init__(self, options: OpenAIOptions):
+    def __init__(self, options: OpenAIOptions, *, pools=None):
         self.options = options
+        self.pools = pools
+        """The run's pools (:class:`~negotiate.agents.pools.Pools`); None: the current context's, at each lookup."""
         self._schemas = {role: json_schema(role) for role in ("seller", "buyer")}
         self._url = None
         """The chat-completions URL as a ``yarl.URL`` (parsed once, not per request)."""
         self._timeout = None
         """``aiohttp.ClientTimeout`` of this backend's requests (made on first use)."""
         self._shared: tuple | None = None
-        """(event loop, settings generation, _Shared): the last lookup, reused while both hold."""
+        """(event loop, pools, their generation, _Shared): the last lookup, reused while all three hold."""
         self.server = "vllm" if options.server == "auto" else options.server
         """The server kind requests are shaped for: the spec's, or what :meth:`preflight` found (``auto``)."""
 
@@ -526,12 +490,13 @@ class OpenAIBackend:
         """One chat completion. Raises :class:`LLMError` or :class:`LLMTimeout`; never waits past its deadline."""
         o = self.options
         loop = asyncio.get_running_loop()
+        pools = self.pools or current_pools()
         cached = self._shared
-        if cached is not None and cached[0] is loop and cached[1] == _SETTINGS[0]:
-            shared = cached[2]
+        if cached is not None and cached[0] is loop and cached[1] is pools and cached[2] == pools.generation:
+            shared = cached[3]
         else:
-            shared = _shared(o)
-            self._shared = (loop, _SETTINGS[0], shared)
+            shared = pools.shared(o)
+            self._shared = (loop, pools, pools.generation, shared)
         payload = orjson.dumps(self.request(messages, role=role, seed=seed))  # serialized once, by orjson
         where = f"{o.model} at {o.base_url}"
         try:
@@ -590,7 +555,7 @@ class OpenAIBackend:
 
         async def ask(method: str, path: str, data: bytes | None = None) -> tuple[int, bytes]:
             try:
-                async with _shared(o).aiohttp().request(method, o.base_url + path, data=data, allow_redirects=False,
+                async with (self.pools or current_pools()).shared(o).aiohttp().request(method, o.base_url + path, data=data, allow_redirects=False,
                                                         headers={"Content-Type": "application/json"} if data else None,
                                                         timeout=aiohttp.ClientTimeout(total=limit)) as response:
                     return response.status, await response.read()

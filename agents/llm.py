@@ -41,7 +41,8 @@ from negotiate.protocol import (
 )
 from negotiate.regulator import ACTIVE, GONE, MALFORMED, SERVED, TIMEOUT, BuyerObservation, SellerObservation
 
-from negotiate.agents.backends import Completion, OpenAIBackend, OpenAIOptions
+from negotiate.agents.backends import Completion
+from negotiate.agents.pools import current_pools
 
 __all__ = [
     "LLMAgent",
@@ -362,30 +363,11 @@ def request_seed(seed) -> int | None:
     return int(np.random.SeedSequence(seed).generate_state(1)[0]) % (2**31 - 1)  # a third of a Generator's cost
 
 
-_BACKENDS: dict[OpenAIOptions, OpenAIBackend] = {}
-_OPTIONS: dict[tuple, OpenAIOptions] = {}
-
-
-def _options(params: dict) -> OpenAIOptions:
-    """The options of a parsed spec, built once per distinct spec (an agent is built per episode)."""
-    key = tuple(params.items())
-    options = _OPTIONS.get(key)
-    if options is None:
-        options = _OPTIONS[key] = OpenAIOptions(**params)
-    return options
-
-
-async def preflight(spec) -> None:
+async def preflight(spec, pools=None) -> None:
     """Ask the server of a parsed ``openai:`` spec for its models before a run; raises
     :class:`LLMError` when it is down, refuses the key or lacks the model."""
-    await _backend(_options(spec.params)).preflight()
-
-
-def _backend(options: OpenAIOptions) -> OpenAIBackend:
-    backend = _BACKENDS.get(options)
-    if backend is None:
-        backend = _BACKENDS[options] = OpenAIBackend(options)
-    return backend
+    pools = pools or current_pools()
+    await pools.openai_backend(pools.openai_options(spec.params)).preflight()
 
 
 class LLMAgent:
@@ -404,10 +386,12 @@ class LLMAgent:
         self._calls = 0
 
     @classmethod
-    def create(cls, spec, *, market, seed):
-        """An agent for one episode from a parsed ``openai:`` spec; ``seed`` seeds the server's sampling."""
-        options = _options(spec.params)
-        return cls(_backend(options), fmt=options.format, reask=options.reask, seed=request_seed(seed))
+    def create(cls, spec, *, market, seed, pools=None):
+        """An agent for one episode from a parsed ``openai:`` spec; ``seed`` seeds the server's sampling.
+        Its backend is the run's (``pools``; by default the current context's): one per spec."""
+        pools = pools or current_pools()
+        options = pools.openai_options(spec.params)
+        return cls(pools.openai_backend(options), fmt=options.format, reask=options.reask, seed=request_seed(seed))
 
     def describe(self) -> dict:
         out = {"kind": "llm", **self.backend.describe(), "format": self.format}
@@ -464,7 +448,7 @@ class LLMBuyer(LLMAgent):
     role = "buyer"
 
 
-def build_llm_agent(spec, market, seed):
+def build_llm_agent(spec, market, seed, pools=None):
     """The agent for a parsed ``openai:`` spec (``AgentSpec.build`` calls this)."""
     cls = LLMSeller if spec.role == SELLER else LLMBuyer
-    return cls.create(spec, market=market, seed=seed)
+    return cls.create(spec, market=market, seed=seed, pools=pools)

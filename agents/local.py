@@ -25,10 +25,10 @@ loads it, dequantized), a folder holding exactly one ``.gguf`` file, or an alias
 ``reask``        re-asks after an unparseable reply (default 0)
 
 Generation runs in a worker thread, never on the event loop, and is batched across the
-episodes of the process: requests that arrive while a batch generates wait for the next
+episodes of the run: requests that arrive while a batch generates wait for the next
 one (left padding, one sampling generator per request, so a request's seed fixes its
 sample whatever else is in the batch up to float rounding). One model instance per
-(path, dtype) per process serves every spec naming it. Log-probs are under the model's
+(path, dtype) in a run's pools (``negotiate.agents.pools``) serves every spec naming it. Log-probs are under the model's
 own distribution (before temperature and top-p), as vLLM reports them by default.
 
 ``vllm:`` runs vLLM's ``AsyncLLM`` engine in this process (GPU machines; ``pip install
@@ -72,6 +72,7 @@ from negotiate.logs import request_log
 from negotiate.protocol import SELLER, json_schema
 
 from negotiate.agents.backends import FORMATS, Completion, LLMError, parse_query
+from negotiate.agents.pools import current_pools
 
 __all__ = [
     "HFOptions",
@@ -546,20 +547,6 @@ class _Batcher:
                     job.future.set_result(result)
 
 
-_MODELS: dict[tuple, _LocalModel] = {}
-_MODELS_LOCK = threading.Lock()
-
-
-def _model(options: HFOptions) -> _LocalModel:
-    key = (options.path, options.gguf_file, options.dtype)
-    with _MODELS_LOCK:
-        model = _MODELS.get(key)
-        if model is None:
-            model = _MODELS[key] = _LocalModel(options.path, options.gguf_file, options.dtype)
-        model.batch = max(model.batch, options.batch)
-    return model
-
-
 class HFBackend:
     """Chat completions from a local transformers model, batched across the process's episodes."""
 
@@ -568,7 +555,7 @@ class HFBackend:
     def __init__(self, options: HFOptions, model: _LocalModel | None = None):
         self.settings = options
         """The parsed spec (not named ``options``: LLMAgent.describe reads openai's fields from that)."""
-        self.model = model if model is not None else _model(options)
+        self.model = model if model is not None else current_pools().local_model(options)
         if options.threads is not None:
             import torch
 
@@ -759,29 +746,20 @@ def completion_from_vllm(final, *, model: str, latency_s: float, prompt_ids: lis
 
 # -- agents -----------------------------------------------------------------------------------------
 
-_BACKENDS: dict[tuple, object] = {}
-
-
-def _backend(kind: str, options):
-    key = (kind, options)
-    backend = _BACKENDS.get(key)
-    if backend is None:
-        backend = _BACKENDS[key] = (HFBackend if kind == "hf" else VLLMBackend)(options)
-    return backend
-
-
-def build_local_agent(spec, market, seed):
-    """The agent for a parsed ``hf:`` or ``vllm:`` spec (``AgentSpec.build`` calls this)."""
+def build_local_agent(spec, market, seed, pools=None):
+    """The agent for a parsed ``hf:`` or ``vllm:`` spec (``AgentSpec.build`` calls this); its backend is
+    the run's (``pools``; by default the current context's), one per spec."""
     from negotiate.agents.llm import LLMBuyer, LLMSeller, request_seed
 
     options = (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
     cls = LLMSeller if spec.role == SELLER else LLMBuyer
-    return cls(_backend(spec.backend, options), fmt=options.format, reask=options.reask, seed=request_seed(seed))
+    backend = (pools or current_pools()).local_backend(spec.backend, options)
+    return cls(backend, fmt=options.format, reask=options.reask, seed=request_seed(seed))
 
 
-async def preload(spec) -> None:
+async def preload(spec, pools=None) -> None:
     """Load the model of a parsed ``hf:`` or ``vllm:`` spec now, before any episode's clock runs
     (a load takes seconds to minutes). Raises :class:`LLMError` if it cannot load."""
     options = (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
     log.info("loading model", spec=spec.text)
-    await _backend(spec.backend, options).warm()
+    await (pools or current_pools()).local_backend(spec.backend, options).warm()

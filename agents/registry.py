@@ -79,17 +79,18 @@ class AgentSpec:
     name: str
     params: dict = field(default_factory=dict)
 
-    def build(self, market: Market, seed: np.random.Generator | Sequence[int] | int):
+    def build(self, market: Market, seed: np.random.Generator | Sequence[int] | int, pools=None):
         """A fresh agent for one episode. ``seed`` is a numpy Generator or what seeds one;
-        agents that draw random numbers make their Generator from it, the rest skip the cost."""
+        agents that draw random numbers make their Generator from it, the rest skip the cost.
+        A model agent takes its backend from ``pools`` (the run's; by default the current context's)."""
         if self.backend == "openai":
             from negotiate.agents.llm import build_llm_agent  # the openai client loads only when used
 
-            return build_llm_agent(self, market, seed)
+            return build_llm_agent(self, market, seed, pools)
         if self.backend in ("hf", "vllm"):
             from negotiate.agents.local import build_local_agent  # torch and vllm load only when used
 
-            return build_local_agent(self, market, seed)
+            return build_local_agent(self, market, seed, pools)
         table = SELLERS if self.role == "seller" else BUYERS
         return table[self.name].create(self.text, self.params, market=market, seed=seed)
 

@@ -40,9 +40,9 @@ from negotiate.report import (
     GROUP_KEYS, overlapping_runs, paired_csv, paired_differences, paired_markdown, paired_table, rows_from_traces, run_order,
     summarize, summary_csv, summary_markdown, summary_table,
 )
+from negotiate.agents.pools import Pools
 from negotiate.runner import (
-    Prepared, RunConfig, close_model_clients, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config,
-    slug,
+    Prepared, RunConfig, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug,
 )
 from negotiate.workers import check_workers, models_play, run_workers
 
@@ -298,9 +298,9 @@ def _print_command(console: Console, label: str, *words: str) -> None:
 
 
 def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, console: Console, label: str,
-             log_file: Path | None = None) -> tuple[int, float, bool]:
-    """Play every pending job of ``runs`` under one progress bar (in ``--workers`` processes).
-    Returns (episodes, seconds, interrupted)."""
+             log_file: Path | None, pools: Pools) -> tuple[int, float, bool]:
+    """Play every pending job of ``runs`` under one progress bar (in ``--workers`` processes), each one
+    a :class:`~negotiate.run.Run` on the command's ``pools``. Returns (episodes, seconds, interrupted)."""
     total = sum(len(p.jobs) for p, _ in runs)
     progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                         TextColumn("[red]{task.fields[failed]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
@@ -321,7 +321,7 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
         async def main() -> None:
             for prepared, out in runs:
                 await run_batch(prepared, out, concurrency=args.concurrency, on_episode=lambda episode, _seller: tick(episode.outcome),
-                                fsync=getattr(args, "fsync", False))
+                                fsync=getattr(args, "fsync", False), pools=pools)
 
         try:
             if args.workers > 1 and total > 0:
@@ -340,7 +340,7 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
     return counter["n"], time.perf_counter() - began, False
 
 
-def _check_models(runs: list[tuple[Prepared, Path]]) -> None:
+def _check_models(runs: list[tuple[Prepared, Path]], pools: Pools) -> None:
     """Before anything is written: ask every model server of ``runs`` for its models and load every
     local model (a run does it again, cheaply), so a server that is down, a wrong model name or a
     model that cannot load is one error line and leaves no run folder behind."""
@@ -350,9 +350,9 @@ def _check_models(runs: list[tuple[Prepared, Path]]) -> None:
     async def check() -> None:
         try:
             for prepared, _ in runs:
-                await preload_models([*prepared.sellers, prepared.buyers])
+                await preload_models([*prepared.sellers, prepared.buyers], pools)
         finally:
-            await close_model_clients()
+            await pools.aclose()  # this loop's clients; loaded models stay for the run
 
     run_async(check)
 
@@ -481,7 +481,8 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     by = _by(args.by)
     summarize([], by)  # check --by before running anything
     prepared = prepare(config, out, resume=args.resume is not None)
-    _check_models([(prepared, out)])
+    pools = Pools(max_inflight=args.max_inflight)
+    _check_models([(prepared, out)], pools)
     _make_out(out)
     save_config(config, out)
     log_file = out / "serve.log.jsonl"
@@ -489,7 +490,7 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     log.info("run", out=str(out), run=config.run_id, sellers=list(config.sellers), buyers=config.buyers, split=config.split,
              episodes=config.episodes, to_play=len(prepared.jobs), already_done=prepared.done, concurrency=args.concurrency,
              shard=f"{config.shard[0]}/{config.shard[1]}")
-    done, elapsed, interrupted = _run_all([(prepared, out)], args, console, args.command, log_file)
+    done, elapsed, interrupted = _run_all([(prepared, out)], args, console, args.command, log_file, pools)
     if interrupted:
         console.print(f"[yellow]interrupted:[/] {done + prepared.done} episodes kept in {out}", highlight=False)
         _print_command(console, "finish with", "negotiate", args.command, "--resume", out)
@@ -552,7 +553,8 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     check_workers(args.workers, [*configs[0].sellers, configs[0].buyers])
     runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None), out / split_dir(config.split))
             for config in configs]  # every spec and agent is checked before anything runs
-    _check_models(runs)
+    pools = Pools(max_inflight=args.max_inflight)  # the splits share the servers' clients and the loaded models
+    _check_models(runs, pools)
     _make_out(out)
     (out / "eval.json").write_text(json.dumps({"sellers": sellers, "splits": splits, "baseline": baseline}, indent=2))
     for (_, run_out), config in zip(runs, configs):
@@ -561,7 +563,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     configure(log_file, console_level=args.console_level)
     log.info("eval", out=str(out), run=configs[0].run_id, sellers=sellers, splits=splits, baseline=baseline,
              episodes=configs[0].episodes, to_play=sum(len(p.jobs) for p, _ in runs), already_done=sum(p.done for p, _ in runs))
-    done, elapsed, interrupted = _run_all(runs, args, console, "eval", log_file)
+    done, elapsed, interrupted = _run_all(runs, args, console, "eval", log_file, pools)
     if interrupted:
         console.print(f"[yellow]interrupted:[/] completed episodes kept in {out}", highlight=False)
         _print_command(console, "finish with", "negotiate", "eval", "--resume", out)
@@ -688,10 +690,6 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     args.console_level = _console_level(args)
     configure(None, console_level=args.console_level)
-    if getattr(args, "max_inflight", None) is not None:
-        from negotiate.agents.backends import set_max_inflight
-
-        set_max_inflight(args.max_inflight)
     try:
         if args.command in ("serve", "collect"):
             return _serve(args, console)
@@ -717,11 +715,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"negotiate {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    finally:
-        if getattr(args, "max_inflight", None) is not None:  # main() called as a function: the flag ends with the command
-            from negotiate.agents.backends import set_max_inflight
-
-            set_max_inflight(None)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 A run is a set of jobs (seller, episode index). Episode ``index`` of a run with
 seed ``s`` is played on the market drawn with seed ``market_seed(s, index)`` by
-every seller of the run, with identically seeded buyers: a paired comparison.
+every seller of the run, with identically seeded buyers: a paired comparison
+(the conventions, and the :class:`~negotiate.run.Run` a batch plays in, are in
+:mod:`negotiate.run`).
 ``--shard K/N`` keeps the indices ``i`` with ``i % N == K - 1``. A pool of workers
 (the concurrency limit) pulls jobs; each finished episode is written at once, so
 an interrupted run keeps every completed episode and ``resume`` runs only the rest.
@@ -11,100 +13,30 @@ an interrupted run keeps every completed episode and ``resume`` runs only the re
 from __future__ import annotations
 
 import gc
-import math
 import os
-import re
 import secrets
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 import orjson
 import structlog
 
+from negotiate.agents.pools import Pools, current_pools
 from negotiate.agents.registry import AgentSpec, parse_agent
-from negotiate.episode import Episode, run_episode
+from negotiate.episode import Episode
 from negotiate.errors import UserError
-from negotiate.market import MarketSpec, generate, resolve_spec
+from negotiate.market import MarketSpec, resolve_spec
 from negotiate.metrics import opt
-from negotiate.trace import TraceWriter, scan
+from negotiate.run import Run, RunConfig, build_buyers, check_timeout, market_seed, slug
+from negotiate.trace import scan
 
 __all__ = ["RunConfig", "new_run_id", "check_timeout", "market_seed", "prepare", "run_batch", "run_async", "slug", "play", "build_episode", "build_buyers",
            "save_config", "load_config"]
 
 log = structlog.get_logger("negotiate.runner")
-
-
-_MASK = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
-
-
-def market_seed(run_seed: int, index: int) -> int:
-    """The market seed of episode ``index`` in a run seeded ``run_seed`` (SplitMix64 of both; 63 bits).
-
-    >>> market_seed(0, 0) != market_seed(0, 1) != market_seed(1, 0)
-    True
-    """
-    return _splitmix64(_splitmix64(run_seed & _MASK) ^ (index & _MASK)) >> 1
-
-
-def slug(text: str) -> str:
-    """A file-name-safe form of an agent spec: ``concession?beta=2`` -> ``concession-beta-2``."""
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "agent"
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything that defines a run; saved as ``run.json`` so ``--resume`` can finish it."""
-
-    sellers: tuple[str, ...]
-    buyers: str = "threshold"
-    split: str = "train"
-    """A split name or a TOML spec path."""
-    episodes: int = 200
-    """Episodes per seller (before sharding)."""
-    seed: int = 0
-    shard: tuple[int, int] = (1, 1)
-    """(K, N): this run plays the K-th of N disjoint slices."""
-    seller_timeout: float = 120.0
-    reply_timeout: float = 120.0
-    group: int = 1
-    """Episodes per market instance: episodes ``i`` with the same ``i // group`` play one market,
-    the seller sampling with a different seed each time (``negotiate collect``; training groups)."""
-    run_id: str = ""
-    """Names the run in every episode it writes (``run`` in ``episode_start``), so a report tells
-    separate runs of the same seeds apart (``serve``, then ``eval``) while a run's shards merge.
-    Runs written before run ids have none."""
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict, source: str) -> RunConfig:
-        try:
-            data = dict(data)
-            data["sellers"] = tuple(data["sellers"])
-            data["shard"] = tuple(data["shard"])
-            return cls(**data)
-        except (KeyError, TypeError, ValueError) as error:
-            raise UserError(f"not a run config ({error})", source=source) from None
-
-    def trace_name(self, seller: str) -> str:
-        k, n = self.shard
-        return f"{slug(seller)}.jsonl" if n == 1 else f"{slug(seller)}.shard-{k}-of-{n}.jsonl"
-
-    def indices(self) -> range:
-        k, n = self.shard
-        return range(k - 1, self.episodes, n)
 
 
 @dataclass
@@ -129,13 +61,6 @@ class Prepared:
 def new_run_id(command: str) -> str:
     """A run id: the command, the time and 4 random hex digits, like ``serve-20261129-221500-3fa2``."""
     return f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-
-
-def check_timeout(value: float, flag: str) -> float:
-    """An agent deadline: a positive, finite number of seconds."""
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise UserError("must be a positive number of seconds", field=flag, value=value)
-    return float(value)
 
 
 def prepare(config: RunConfig, out: Path, *, resume: bool) -> Prepared:
@@ -169,23 +94,21 @@ def prepare(config: RunConfig, out: Path, *, resume: bool) -> Prepared:
 
 
 def build_episode(spec: MarketSpec, seller: AgentSpec, buyers: AgentSpec, run_seed: int, index: int, group: int = 1):
-    """Episode ``index`` of a run: its market, seller and buyers. With ``group`` > 1, ``group``
-    consecutive indices share the market and the buyers' seeds; only the seller's seed differs."""
-    seed = market_seed(run_seed, index // group)
-    market = generate(spec, seed)
-    seller_agent = seller.build(market, [seed, 2] if group == 1 else [seed, 2, index % group])
-    return market, seller_agent, build_buyers(market, buyers)
+    """Episode ``index`` of a run seeded ``run_seed``: its market, seller and buyers (:meth:`Run.episode`'s
+    conventions; model agents take the current context's pools)."""
+    plan = _run_of(spec, seller, buyers, run_seed, group).episode(seller, index)
+    return plan.market, plan.seller, plan.buyers
 
 
-def build_buyers(market, buyers: AgentSpec) -> dict:
-    """The buyers of a market, seeded from the market seed alone (every seller and repeat meets the same ones)."""
-    return {b.id: buyers.build(market, [market.seed, 1, k]) for k, b in enumerate(market.buyers)}
+def _run_of(spec: MarketSpec, seller: AgentSpec, buyers: AgentSpec, run_seed: int, group: int = 1) -> Run:
+    return Run(RunConfig(sellers=(seller.text,), buyers=buyers.text, seed=run_seed, group=group), spec=spec, buyers=buyers,
+               pools=current_pools())
 
 
-async def play(prepared: Prepared, job: Job, *, opt_cache: dict | None = None) -> Episode:
+async def play(run: Run, job: Job, *, opt_cache: dict | None = None) -> Episode:
     """Play one job of a run."""
-    config = prepared.config
-    market, seller, buyers = build_episode(prepared.spec, job.seller, prepared.buyers, config.seed, job.index, config.group)
+    plan = run.episode(job.seller, job.index)
+    market = plan.market
     cells = len(market.buyers) * len(market.products)
     opt_value = opt_cache.get(market.seed) if opt_cache is not None else None
     if opt_value is None:
@@ -193,18 +116,7 @@ async def play(prepared: Prepared, job: Job, *, opt_cache: dict | None = None) -
         opt_value = await anyio.to_thread.run_sync(opt, market) if cells >= 10_000 else opt(market)
         if opt_cache is not None:
             opt_cache[market.seed] = opt_value
-    labels = {"run": config.run_id} if config.run_id else {}
-    labels |= {"run_seed": config.seed, "index": job.index, "seed": market.seed, "seller": job.seller.text, "buyers": prepared.buyers.text}
-    if config.group > 1:
-        labels["group"], labels["repeat"] = config.group, job.index % config.group
-    return await run_episode(
-        market, seller, buyers,
-        episode_id=f"{slug(job.seller.text)}-{job.index:06d}",
-        labels=labels,
-        seller_timeout=config.seller_timeout,
-        reply_timeout=config.reply_timeout,
-        opt_value=opt_value,
-    )
+    return await plan.play(opt_value=opt_value)
 
 
 async def run_batch(
@@ -215,17 +127,26 @@ async def run_batch(
     on_episode: Callable[[Episode, str], None] | None = None,
     fsync: bool = False,
     sink: Callable[[str, list[dict], dict], None] | None = None,
+    pools: Pools | None = None,
 ) -> list[dict]:
     """Run every job of ``prepared``, ``concurrency`` at a time, writing traces under ``out``.
 
     Returns one row per episode (labels plus metrics) for the report table. With ``sink``, no
     trace is written here: ``sink(seller, events, row)`` gets each finished episode instead
-    (a worker process sends it to the parent, which writes it).
+    (a worker process sends it to the parent, which writes it). The batch is one :class:`Run`:
+    its model clients and loaded models are ``pools`` (the command's, shared by its batches), or
+    its own; it closes its trace files and this loop's HTTP clients when it ends.
     """
-    writers = {}
-    if sink is None:
-        out.mkdir(parents=True, exist_ok=True)
-        writers = {s.text: TraceWriter(out / prepared.config.trace_name(s.text), fsync=fsync) for s in prepared.sellers}
+    run = Run(prepared.config, spec=prepared.spec, buyers=prepared.buyers, pools=pools or Pools(),
+              out=out if sink is None else None, fsync=fsync)
+    async with run:
+        if sink is None:
+            for seller in prepared.sellers:
+                run.trace(seller.text)  # every seller's file exists once the run starts, as resume expects
+        return await _play_all(run, prepared, concurrency, on_episode, sink)
+
+
+async def _play_all(run: Run, prepared: Prepared, concurrency: int, on_episode, sink) -> list[dict]:
     rows: list[dict] = []
     jobs = iter(prepared.jobs)
     opt_cache: dict = {}
@@ -234,11 +155,11 @@ async def run_batch(
 
     async def worker() -> None:
         for job in jobs:
-            episode = await play(prepared, job, opt_cache=opt_cache)
+            episode = await play(run, job, opt_cache=opt_cache)
             start = episode.events[0]
             row = {k: start[k] for k in ("seller", "split", "shape", "tier", "index")} | {"outcome": episode.outcome, "metrics": episode.metrics}
             if sink is None:
-                writers[job.seller.text].write(episode.events)
+                run.write(job.seller.text, episode.events)
             else:
                 sink(job.seller.text, episode.events, row)
             rows.append(row)
@@ -251,19 +172,16 @@ async def run_batch(
 
     try:
         if prepared.jobs:
-            await preload_models([*prepared.sellers, prepared.buyers])
+            await preload_models([*prepared.sellers, prepared.buyers], run.pools)
         async with anyio.create_task_group() as tg:
             for _ in range(max(1, min(concurrency, len(prepared.jobs)))):
                 tg.start_soon(worker)
     finally:
         gc.set_threshold(*old_threshold)
-        for writer in writers.values():
-            writer.close()
-        await close_model_clients()
     return rows
 
 
-async def preload_models(specs: list[AgentSpec]) -> None:
+async def preload_models(specs: list[AgentSpec], pools: Pools | None = None) -> None:
     """Before the first episode starts: load every local model (``hf:``, ``vllm:``) the specs name,
     so no agent deadline counts the load, and ask every server (``openai:``) for its models, so a
     server that is down, a bad key or a wrong model name stops the run here, naming its spec,
@@ -278,16 +196,15 @@ async def preload_models(specs: list[AgentSpec]) -> None:
         from negotiate.agents.backends import LLMError
 
         try:
-            await check(spec)
+            await check(spec, pools or current_pools())
         except LLMError as error:
             field = "--seller" if spec.role == "seller" else "--buyers"
             raise UserError(str(error), field=field, value=spec.text) from None
 
 
-async def close_model_clients() -> None:
-    """Close the shared HTTP clients of this event loop's model agents, if any played."""
-    if "negotiate.agents.backends" in sys.modules:
-        await sys.modules["negotiate.agents.backends"].aclose_clients()
+async def close_model_clients(pools: Pools | None = None) -> None:
+    """Close this event loop's HTTP clients in ``pools`` (by default the current context's)."""
+    await (pools or current_pools()).aclose()
 
 
 def run_async(main: Callable[[], Awaitable]):

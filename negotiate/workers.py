@@ -68,7 +68,7 @@ def _child(task: dict, conn: Connection) -> None:
     """A worker: play the jobs of ``task`` and send each episode back (runs in a spawned process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     try:
-        from negotiate.agents.backends import set_max_inflight
+        from negotiate.agents.pools import Pools
         from negotiate.agents.registry import parse_agent
         from negotiate.market import resolve_spec
         from negotiate.runner import Job, Prepared, RunConfig, run_async, run_batch
@@ -77,7 +77,8 @@ def _child(task: dict, conn: Connection) -> None:
         configure(Path(task["log_file"]) if task["log_file"] else None)
         if task["log_file"] and task["models"]:  # a request log per worker: buffered lines from two processes would interleave
             request_log.open(Path(task["log_file"]).parent / f"requests.worker-{task['worker']}.log.jsonl")
-        set_max_inflight(task["max_inflight"], share=(task["worker"] - 1, task["workers"]))
+        # This process's part of the run's bounds: the --max-inflight share, or each spec's max_inflight split over the workers.
+        pools = Pools(max_inflight=task["max_inflight"], share=(task["worker"] - 1, task["workers"]))
         runs = []
         for config_json, out in task["runs"]:
             config = RunConfig.from_json(config_json, out)
@@ -91,7 +92,7 @@ def _child(task: dict, conn: Connection) -> None:
         async def main() -> None:
             for k, (prepared, out, _) in enumerate(runs):
                 if prepared.jobs:
-                    await run_batch(prepared, out, concurrency=task["concurrency"],
+                    await run_batch(prepared, out, concurrency=task["concurrency"], pools=pools,
                                     sink=lambda seller, events, row, k=k: conn.send(("episode", k, seller, encode(events), row)))
 
         run_async(main)

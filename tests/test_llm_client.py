@@ -20,8 +20,9 @@ from fake_openai import FakeOpenAI, Fault, free_port  # noqa: E402
 from tiny_model import small_market  # noqa: E402
 
 from negotiate.agents.backends import (  # noqa: E402
-    _CLIENTS, LLMError, LLMTimeout, OpenAIBackend, OpenAIOptions, _backoff, _Limiter, _retry_after, _shared, aclose_clients,
+    LLMError, LLMTimeout, OpenAIBackend, OpenAIOptions, _backoff, _Limiter, _retry_after, _shared, aclose_clients,
 )
+from negotiate.agents.pools import current_pools  # noqa: E402
 from negotiate.agents.registry import parse_agent  # noqa: E402
 from negotiate.errors import UserError  # noqa: E402
 
@@ -85,7 +86,22 @@ async def test_one_session_per_server_and_key_closed_at_the_end(server):
     assert shared is _shared(b.options) and shared.session is not None and shared.limiter.total_tokens == 3
     session = shared.session
     await aclose_clients()
-    assert session.closed and asyncio.get_running_loop() not in _CLIENTS
+    assert session.closed and not current_pools().has_clients()
+
+
+async def test_a_runs_pools_are_its_own_and_close_with_it(server):
+    from negotiate.agents.pools import Pools, use_pools
+
+    pools = Pools(max_inflight=5)
+    with use_pools(pools):
+        inside = backend(server)
+        await inside.complete(MESSAGES, role="seller")
+        assert current_pools() is pools and pools.has_clients()
+    assert current_pools() is not pools and not current_pools().has_clients()  # nothing leaked outside the run
+    assert pools.shared(inside.options).limiter.total_tokens == 5  # the run's --max-inflight, not the spec's 256
+    session = pools.shared(inside.options).session
+    await pools.aclose()
+    assert session.closed and not pools.has_clients()
 
 
 # -- retries -------------------------------------------------------------------------------------------
@@ -282,14 +298,21 @@ async def test_the_max_inflight_flag_overrides_every_spec():
     await backends.aclose_clients()
 
 
-def test_the_max_inflight_flag_reaches_the_backends(tmp_path, monkeypatch):
-    from negotiate.agents import backends
+def test_the_max_inflight_flag_reaches_the_runs_pools_and_ends_with_the_command(tmp_path, monkeypatch):
+    from negotiate.agents import pools
     from negotiate.cli import main
 
-    seen = []
-    monkeypatch.setattr(backends, "set_max_inflight", seen.append)
+    made = []
+
+    class Recorded(pools.Pools):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            made.append(self)
+
+    monkeypatch.setattr("negotiate.cli.Pools", Recorded)
     assert main(["serve", "--seller", "greedy", "--episodes", "1", "--max-inflight", "7", "--out", str(tmp_path / "r"), "--quiet"]) == 0
-    assert seen == [7, None]  # set for the command, withdrawn after it
+    assert [p.max_inflight for p in made] == [7]  # one pools object for the command, holding the flag
+    assert pools.current_pools() is not made[0] and pools.current_pools().max_inflight is None  # nothing left behind
 
 
 # -- before a run: GET /models (the server answers, the key works, the model is served, which server) ----

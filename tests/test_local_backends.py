@@ -230,7 +230,7 @@ def fake_vllm(monkeypatch):
     tokenizer = _FakeTokenizer()
     monkeypatch.setattr(local, "_load_tokenizer", lambda model: tokenizer)
     monkeypatch.setattr(local, "_ENGINES", {})
-    monkeypatch.setattr(local, "_BACKENDS", {})
+    monkeypatch.setattr("negotiate.agents.pools._PROCESS", [])  # fresh pools: no backend of another test's engine
     vllm.engines, vllm.tokenizer = engines, tokenizer
     return vllm
 
@@ -609,9 +609,7 @@ def test_a_run_loads_its_model_before_the_first_agent_deadline(tiny_llama, tmp_p
             time.sleep(4.0)
         return slow_load(self)
 
-    monkeypatch.setattr(local._LocalModel, "_load", _load)
-    local._MODELS.clear()
-    local._BACKENDS.clear()
+    monkeypatch.setattr(local._LocalModel, "_load", _load)  # the command's own pools: nothing loaded before it
     out = tmp_path / "run"
     assert main(["serve", "--seller", f"hf:{tiny_llama}?max_tokens=16&temperature=1", "--episodes", "2", "--split", "train",
                  "--seller-timeout", "3", "--out", str(out), "--quiet"]) == 0

@@ -145,12 +145,12 @@ async def test_the_in_process_vllm_engine_plays_with_token_ids_and_logprobs(smol
         raws = [e["raw"] for e in sent if e.get("raw")]
         assert all(raw.lstrip().startswith("{") for raw in raws), raws
     finally:
-        from negotiate.agents import local
+        from negotiate.agents import local, pools
 
         for engine in local._ENGINES.values():
             engine.engine.shutdown()
         local._ENGINES.clear()
-        local._BACKENDS.clear()
+        pools._PROCESS.clear()  # the backends of the stopped engine
         server.start()
 
 

@@ -1,0 +1,172 @@
+"""Model pools: every HTTP client, shared backend and loaded model a run holds, in one object.
+
+A :class:`Pools` belongs to a run (``negotiate.run.Run`` makes or is given one) and is
+closed by it; nothing here is module state. What it holds, and why it is shared:
+
+* the HTTP clients of ``openai:`` agents, one per (base URL, key) and event loop, with the
+  in-flight bound (a FIFO limiter) every agent of that server waits on, so a vLLM server can
+  batch the requests without being flooded. Sessions belong to the loop that made them: a
+  command that checks its servers on one loop and plays on another gets a client per loop,
+  and :meth:`Pools.aclose` closes the running loop's;
+* the ``--max-inflight`` override and this process's share of the bounds (``--workers``);
+  changing either bumps :attr:`Pools.generation`, so backends look their client up again;
+* one :class:`~negotiate.agents.backends.OpenAIBackend` per distinct spec (an agent is built
+  per episode; the backend, its parsed schema and URL, once per run);
+* the local models (``hf:``): one per (path, dtype), loaded once and batched across every
+  episode of the run, and one backend per ``hf:``/``vllm:`` spec. Local models outlive a
+  loop: an evaluation's splits and the check before a run share them.
+
+Agents built outside any run (a test, a script that builds one agent) use the pools of the
+current context (:func:`current_pools`): a run installs its own for its duration; otherwise one
+made on first use for the process, which :func:`negotiate.agents.backends.aclose_clients` closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import threading
+import weakref
+
+__all__ = ["Pools", "current_pools", "use_pools"]
+
+
+class Pools:
+    """The model clients, backends and local models of one run."""
+
+    def __init__(self, *, max_inflight: int | None = None, share: tuple[int, int] = (0, 1)):
+        self.max_inflight = max_inflight
+        """``--max-inflight``: requests in flight per server, overriding every spec's ``max_inflight`` (None: the specs')."""
+        self.share = share
+        """(worker, workers): this process's share of the run's in-flight bounds (the whole of them outside workers)."""
+        self.generation = 0
+        """Bumped whenever the in-flight settings change or clients close, so backends look their client up again."""
+        self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        """event loop -> {(base_url, key): _Shared}."""
+        self._options: dict[tuple, object] = {}
+        self._openai: dict[object, object] = {}
+        self._models: dict[tuple, object] = {}
+        self._models_lock = threading.Lock()
+        self._local: dict[tuple, object] = {}
+
+    # -- openai: ----------------------------------------------------------------------------------
+
+    def set_max_inflight(self, limit: int | None, *, share: tuple[int, int] = (0, 1)) -> None:
+        """The ``--max-inflight`` flag for this run (None goes back to the specs). In worker ``share[0]`` of
+        ``share[1]``, a spec's ``max_inflight`` is this worker's part of it (the parts add up to it, at least
+        1 each), so the bound stays the run's."""
+        self.max_inflight = limit
+        self.share = share
+        self.generation += 1
+
+    def _spec_limit(self, options) -> int:
+        worker, workers = self.share
+        return max(1, options.max_inflight // workers + (1 if worker < options.max_inflight % workers else 0))
+
+    def shared(self, options):
+        """The HTTP clients and in-flight bound of ``options``' server and key in the running loop (made on first use)."""
+        from negotiate.agents.backends import OpenAIOptions, _Limiter, _Shared
+
+        loop = asyncio.get_running_loop()
+        clients = self._clients.get(loop)
+        if clients is None:
+            clients = self._clients[loop] = {}
+        key = os.environ.get(options.key_env) or "EMPTY"  # local servers take any key; vLLM's convention
+        shared = clients.get((options.base_url, key))
+        limit = self.max_inflight or self._spec_limit(options)
+        if shared is None:
+            shared = clients[(options.base_url, key)] = _Shared(options.base_url, key, _Limiter(limit))
+        elif self.max_inflight is not None:
+            shared.limiter.total_tokens = self.max_inflight  # the command line wins
+        elif shared.limiter.total_tokens != limit and options.max_inflight != OpenAIOptions.max_inflight:
+            shared.limiter.total_tokens = limit  # an explicit max_inflight wins
+        return shared
+
+    def has_clients(self, loop=None) -> bool:
+        """Whether the loop (the running one by default) holds open clients."""
+        return bool(self._clients.get(loop or asyncio.get_running_loop()))
+
+    def openai_options(self, params: dict):
+        """The options of a parsed ``openai:`` spec, built once per distinct spec."""
+        from negotiate.agents.backends import OpenAIOptions
+
+        key = tuple(params.items())
+        options = self._options.get(key)
+        if options is None:
+            options = self._options[key] = OpenAIOptions(**params)
+        return options
+
+    def openai_backend(self, options):
+        """The one backend of ``options`` in this run."""
+        from negotiate.agents.backends import OpenAIBackend
+
+        backend = self._openai.get(options)
+        if backend is None:
+            backend = self._openai[options] = OpenAIBackend(options, pools=self)
+        return backend
+
+    async def aclose(self) -> None:
+        """Close every HTTP client of the running event loop (once at the end of a run; later use opens new ones)."""
+        clients = self._clients.pop(asyncio.get_running_loop(), {})
+        self.generation += 1  # backends holding one of these look again
+        for shared in clients.values():
+            if shared.openai is not None:
+                await shared.openai.close()
+            if shared.session is not None:
+                await shared.session.close()
+
+    # -- hf: and vllm: ----------------------------------------------------------------------------
+
+    def local_model(self, options):
+        """The one transformers model of ``options``' (path, file, dtype) in this run; its batch is the largest asked."""
+        from negotiate.agents.local import _LocalModel
+
+        key = (options.path, options.gguf_file, options.dtype)
+        with self._models_lock:
+            model = self._models.get(key)
+            if model is None:
+                model = self._models[key] = _LocalModel(options.path, options.gguf_file, options.dtype)
+            model.batch = max(model.batch, options.batch)
+        return model
+
+    def local_backend(self, kind: str, options):
+        """The one ``hf`` or ``vllm`` backend of ``options`` in this run."""
+        from negotiate.agents.local import HFBackend, VLLMBackend
+
+        key = (kind, options)
+        backend = self._local.get(key)
+        if backend is None:
+            backend = self._local[key] = (HFBackend(options, model=self.local_model(options)) if kind == "hf"
+                                          else VLLMBackend(options))
+        return backend
+
+
+_CURRENT: contextvars.ContextVar[Pools | None] = contextvars.ContextVar("negotiate_pools", default=None)
+_PROCESS: list[Pools] = []
+"""The pools of agents built outside any run, made on first use (empty until then)."""
+
+
+def current_pools() -> Pools:
+    """The pools of the run in progress in this context, else those of agents built outside a run."""
+    pools = _CURRENT.get()
+    if pools is not None:
+        return pools
+    if not _PROCESS:
+        _PROCESS.append(Pools())
+    return _PROCESS[0]
+
+
+class use_pools:
+    """``with use_pools(pools):`` agents built and backends used in this context take ``pools``."""
+
+    def __init__(self, pools: Pools):
+        self.pools = pools
+        self._token = None
+
+    def __enter__(self) -> Pools:
+        self._token = _CURRENT.set(self.pools)
+        return self.pools
+
+    def __exit__(self, *exc) -> None:
+        _CURRENT.reset(self._token)

@@ -1,0 +1,268 @@
+"""A run: what one run holds, and the one way to build episode *i* of it.
+
+Every place that plays episodes (``negotiate serve``/``collect``/``eval`` through
+:mod:`negotiate.runner`, the trainer's rollouts and evaluations, the terminal UI's play
+session and the screenshot script) builds them here, so the seed conventions exist once:
+
+* episode ``i`` of a run seeded ``s`` plays the market ``generate(spec, market_seed(s, i // group))``:
+  every seller of the run meets the same markets (a paired comparison), and ``group``
+  consecutive episodes share one (training groups);
+* the seller is seeded ``[market seed, 2]``, or ``[market seed, 2, repeat]`` for repeat
+  ``i % group`` of a group (:func:`seller_seed`);
+* buyer ``k`` is seeded ``[market seed, 1, k]``: every seller and every repeat faces identically
+  seeded buyers (:func:`build_buyers`);
+* the trace labels name the run, its seed, the index, the market seed and both agents
+  (:meth:`Run.labels`); the episode id is ``<seller slug>-<index:06d>``.
+
+A :class:`Run` also owns the model pools its agents use (HTTP clients, shared backends, loaded
+models: :class:`~negotiate.agents.pools.Pools`) and the trace writers of its sellers. It is an
+async context manager: inside ``async with run:`` agents built anywhere in the task take the run's
+pools, and on leaving it the run closes its trace files and the event loop's HTTP clients. Nothing
+about a run lives in module globals.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from negotiate.agents.pools import Pools, use_pools
+from negotiate.agents.registry import AgentSpec, parse_agent
+from negotiate.episode import Episode, run_episode
+from negotiate.errors import UserError
+from negotiate.market import Market, MarketSpec, generate, resolve_spec
+from negotiate.trace import TraceWriter
+
+__all__ = ["Run", "RunConfig", "EpisodePlan", "market_seed", "seller_seed", "build_buyers", "slug", "check_timeout",
+           "DEFAULT_TIMEOUT", "LOCAL_TIMEOUT", "default_timeout"]
+
+
+_MASK = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def market_seed(run_seed: int, index: int) -> int:
+    """The market seed of episode ``index`` in a run seeded ``run_seed`` (SplitMix64 of both; 63 bits).
+
+    >>> market_seed(0, 0) != market_seed(0, 1) != market_seed(1, 0)
+    True
+    """
+    return _splitmix64(_splitmix64(run_seed & _MASK) ^ (index & _MASK)) >> 1
+
+
+def seller_seed(market: int, repeat: int | None = None) -> list[int]:
+    """What seeds the seller on the market seeded ``market``: ``[market, 2]``, with the repeat appended
+    when the seller plays the market several times (a group).
+
+    >>> seller_seed(7), seller_seed(7, 0)
+    ([7, 2], [7, 2, 0])
+    """
+    return [market, 2] if repeat is None else [market, 2, repeat]
+
+
+def build_buyers(market: Market, buyers: AgentSpec, *, pools: Pools | None = None, skip: str | None = None) -> dict:
+    """The buyers of a market, buyer ``k`` seeded ``[market seed, 1, k]`` (every seller and repeat meets the
+    same ones); ``skip`` leaves one seat out (a person takes it)."""
+    return {b.id: buyers.build(market, [market.seed, 1, k], pools) for k, b in enumerate(market.buyers) if b.id != skip}
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of an agent spec: ``concession?beta=2`` -> ``concession-beta-2``."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "agent"
+
+
+def check_timeout(value: float, flag: str) -> float:
+    """An agent deadline: a positive, finite number of seconds."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise UserError("must be a positive number of seconds", field=flag, value=value)
+    return float(value)
+
+
+DEFAULT_TIMEOUT = 120.0
+"""Seconds an agent may think (seller) or stay silent (buyer) in ``serve`` and ``eval`` runs."""
+COLLECT_TIMEOUT = 600.0
+"""The same for ``collect``: it samples models at a high temperature, and long replies are the point."""
+LOCAL_TIMEOUT = 3600.0
+"""The deadline when a local model (``hf:``, ``vllm:``) plays, or a person or a policy in training: on a CPU a
+reply can wait minutes for its batch."""
+
+
+def default_timeout(base: float, specs) -> float:
+    """An agent deadline left unset: ``base``, or :data:`LOCAL_TIMEOUT` when a local model plays (specs as written)."""
+    local = any(spec.strip().startswith(("hf:", "vllm:")) for spec in specs)
+    return max(base, LOCAL_TIMEOUT) if local else base
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run; saved as ``run.json`` so ``--resume`` can finish it."""
+
+    sellers: tuple[str, ...]
+    """Seller specs; each plays every episode index of the run."""
+    buyers: str = "threshold"
+    """The buyer spec every buyer of every market plays."""
+    split: str = "train"
+    """A split name or a TOML spec path."""
+    episodes: int = 200
+    """Episodes per seller (before sharding)."""
+    seed: int = 0
+    """Run seed: market ``i`` is seeded from (seed, i // group)."""
+    shard: tuple[int, int] = (1, 1)
+    """(K, N): this run plays the K-th of N disjoint slices."""
+    seller_timeout: float = DEFAULT_TIMEOUT
+    """Seconds a seller may think before losing the turn."""
+    reply_timeout: float = DEFAULT_TIMEOUT
+    """Seconds a buyer may think before its silence counts as a reject."""
+    group: int = 1
+    """Episodes per market instance: episodes ``i`` with the same ``i // group`` play one market,
+    the seller sampling with a different seed each time (``negotiate collect``; training groups)."""
+    run_id: str = ""
+    """Names the run in every episode it writes (``run`` in ``episode_start``), so a report tells
+    separate runs of the same seeds apart (``serve``, then ``eval``) while a run's shards merge.
+    Runs written before run ids have none."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict, source: str) -> RunConfig:
+        try:
+            data = dict(data)
+            data["sellers"] = tuple(data["sellers"])
+            data["shard"] = tuple(data["shard"])
+            return cls(**data)
+        except (KeyError, TypeError, ValueError) as error:
+            raise UserError(f"not a run config ({error})", source=source) from None
+
+    def trace_name(self, seller: str) -> str:
+        k, n = self.shard
+        return f"{slug(seller)}.jsonl" if n == 1 else f"{slug(seller)}.shard-{k}-of-{n}.jsonl"
+
+    def indices(self) -> range:
+        k, n = self.shard
+        return range(k - 1, self.episodes, n)
+
+
+@dataclass(frozen=True)
+class EpisodePlan:
+    """Episode ``index`` of a run, built and not yet played: its market, agents, labels and deadlines."""
+
+    index: int
+    market: Market
+    seller: object
+    """The seller agent (anything with ``act``)."""
+    buyers: dict
+    """Buyer id -> agent."""
+    episode_id: str
+    labels: dict
+    """What ``episode_start`` records about the run (``run``, ``run_seed``, ``index``, ``seed``, ``seller``, ...)."""
+    seller_timeout: float
+    reply_timeout: float
+
+    async def play(self, *, opt_value=None, state=None) -> Episode:
+        """Play the episode to its end (``run_episode``); ``state`` is a caller's own ``EpisodeState`` (the UI's)."""
+        return await run_episode(self.market, self.seller, self.buyers, episode_id=self.episode_id, labels=self.labels,
+                                 seller_timeout=self.seller_timeout, reply_timeout=self.reply_timeout, opt_value=opt_value,
+                                 state=state)
+
+
+@dataclass
+class Run:
+    """One run: its config, market spec and buyers, the model pools and trace writers it owns, and
+    :meth:`episode`, the one way to build its episode ``i``.
+
+    ``async with Run(config) as run:`` installs the run's pools for the task (agents built inside
+    take them) and closes the trace files and this loop's HTTP clients on the way out. Pools given
+    by the caller (``pools=``) may serve several runs (an evaluation's splits share loaded models);
+    the run still closes the clients it opened on its loop.
+    """
+
+    config: RunConfig
+    spec: MarketSpec | None = None
+    """The market spec; by default ``resolve_spec(config.split)``."""
+    buyers: AgentSpec | None = None
+    """The parsed buyer spec; by default ``parse_agent(config.buyers, "buyer")``."""
+    pools: Pools = field(default_factory=Pools)
+    out: Path | None = None
+    """Trace folder: :meth:`write` appends each seller's episodes to ``out / config.trace_name(seller)``."""
+    fsync: bool = False
+    _writers: dict = field(default_factory=dict, repr=False)
+    _scope: object = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.spec is None:
+            self.spec = resolve_spec(self.config.split)
+        if self.buyers is None:
+            self.buyers = parse_agent(self.config.buyers, "buyer")
+
+    # -- the one way to build an episode ------------------------------------------------------------
+
+    def market(self, index: int) -> Market:
+        """The market of episode ``index`` (shared by the ``group`` episodes of its group)."""
+        return generate(self.spec, market_seed(self.config.seed, index // self.config.group))
+
+    def repeat(self, index: int) -> int | None:
+        """Episode ``index``'s repeat within its group; None outside groups."""
+        return index % self.config.group if self.config.group > 1 else None
+
+    def labels(self, seller: str, index: int, market: Market) -> dict:
+        """The labels ``episode_start`` records for episode ``index`` played by ``seller``."""
+        config = self.config
+        labels = {"run": config.run_id} if config.run_id else {}
+        labels |= {"run_seed": config.seed, "index": index, "seed": market.seed, "seller": seller, "buyers": self.buyers.text}
+        if config.group > 1:
+            labels["group"], labels["repeat"] = config.group, index % config.group
+        return labels
+
+    def episode(self, seller, index: int, *, repeat: int | None = None, episode_id: str | None = None) -> EpisodePlan:
+        """Episode ``index`` played by ``seller``: an :class:`AgentSpec`, or anything with ``text`` and
+        ``build(market, seed, pools)`` (the trainer's in-memory policy). ``repeat`` names the seller's
+        repeat where the default (``index % group`` in groups, none otherwise) is not wanted."""
+        market = self.market(index)
+        if repeat is None:
+            repeat = self.repeat(index)
+        return EpisodePlan(
+            index=index, market=market,
+            seller=seller.build(market, seller_seed(market.seed, repeat), self.pools),
+            buyers=build_buyers(market, self.buyers, pools=self.pools),
+            episode_id=episode_id or f"{slug(seller.text)}-{index:06d}",
+            labels=self.labels(seller.text, index, market),
+            seller_timeout=self.config.seller_timeout, reply_timeout=self.config.reply_timeout,
+        )
+
+    # -- what the run writes ------------------------------------------------------------------------
+
+    def trace(self, seller: str) -> TraceWriter:
+        """``seller``'s trace writer, ``out / config.trace_name(seller)`` (opened on first use, closed with the run)."""
+        writer = self._writers.get(seller)
+        if writer is None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            writer = self._writers[seller] = TraceWriter(self.out / self.config.trace_name(seller), fsync=self.fsync)
+        return writer
+
+    def write(self, seller: str, events: list[dict]) -> None:
+        """Append one finished episode to ``seller``'s trace file."""
+        self.trace(seller).write(events)
+
+    async def __aenter__(self) -> Run:
+        self._scope = use_pools(self.pools)
+        self._scope.__enter__()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        try:
+            for writer in self._writers.values():
+                writer.close()
+            self._writers.clear()
+            await self.pools.aclose()
+        finally:
+            self._scope.__exit__(*exc)
+            self._scope = None

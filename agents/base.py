@@ -13,21 +13,24 @@ from typing import ClassVar, Protocol, runtime_checkable
 from negotiate.protocol import Generated, Message, ParseFailure
 from negotiate.regulator import BuyerObservation, SellerObservation
 
-__all__ = ["SellerAgent", "BuyerAgent", "Decision", "ScriptedAgent"]
+__all__ = ["SellerAgent", "BuyerAgent", "ActResult", "ScriptedAgent"]
 
-Decision = Message | ParseFailure | Generated | None
+ActResult = Message | ParseFailure | Generated | None
+"""What ``act`` returns: a message, a parse failure, a model's generation, or None (a seller that waits)."""
+Decision = ActResult
+"""The former name of :data:`ActResult`, kept for old imports; ``negotiate.training.Decision`` is a training sample."""
 
 
 @runtime_checkable
 class SellerAgent(Protocol):
-    async def act(self, obs: SellerObservation) -> Decision: ...
+    async def act(self, obs: SellerObservation) -> ActResult: ...
 
     def describe(self) -> dict: ...
 
 
 @runtime_checkable
 class BuyerAgent(Protocol):
-    async def act(self, obs: BuyerObservation) -> Decision: ...
+    async def act(self, obs: BuyerObservation) -> ActResult: ...
 
     def describe(self) -> dict: ...
 
@@ -53,7 +56,7 @@ class ScriptedAgent:
     def decide(self, obs):  # pragma: no cover - every subclass overrides it
         raise NotImplementedError
 
-    async def act(self, obs) -> Decision:
+    async def act(self, obs) -> ActResult:
         return self.decide(obs)
 
     def describe(self) -> dict:

@@ -25,8 +25,6 @@ buyers said, never a valuation (tests/test_llm_prompts.py checks this).
 
 from __future__ import annotations
 
-import json
-import re
 import string
 import tomllib
 from functools import lru_cache
@@ -37,7 +35,7 @@ import numpy as np
 import orjson
 
 from negotiate.protocol import (
-    SELLER, TALK_MAX, Action, Generated, Message, Notice, ParseFailure, parse_json, parse_object, parse_tagged, render_tagged,
+    SELLER, TALK_MAX, Action, Generated, Message, Notice, ParseFailure, one_line, parse_lenient, render_tagged,
 )
 from negotiate.regulator import ACTIVE, GONE, MALFORMED, SERVED, TIMEOUT, BuyerObservation, SellerObservation
 
@@ -157,20 +155,8 @@ def _buyer_system(buyer: str, persona: str, fmt: str) -> str:
 
 # -- rendering -----------------------------------------------------------------------------
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]")
-_SPACE = re.compile(r"\s+")
-
-
-def _is_clean(text: str, limit: int) -> bool:
-    """Already one clean line (the common case: talk was cleaned when it was parsed): no regex pass needed."""
-    return len(text) <= limit and text.isprintable() and "  " not in text and text.strip() == text
-
-
-def _one_line(text: str, limit: int = TALK_MAX) -> str:
-    """Model text as one clean line: no control characters, whitespace collapsed, at most ``limit`` characters."""
-    if _is_clean(text, limit):
-        return text
-    return _SPACE.sub(" ", _CONTROL.sub("", text)).strip()[:limit].rstrip()
+_one_line = one_line
+"""Model text as one clean line (negotiate.protocol.one_line: the parser cleans talk the same way)."""
 
 
 def _standing(pair: tuple[str, int] | None) -> str:
@@ -262,93 +248,8 @@ def render_buyer(obs: BuyerObservation, fmt: str = "json") -> list[dict]:
 
 # -- parsing -------------------------------------------------------------------------------
 
-_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
-_RAW_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-"""Control characters other than tab and newlines (llama.cpp can emit them inside JSON strings)."""
-_TAG = re.compile(r"^\s*\**\s*(thought|to|talk|action)\s*\**\s*:\s*\**\s*", re.IGNORECASE | re.MULTILINE)
-"""The section tags of the tagged form, as negotiate.protocol reads them."""
-_BUYER_ID = re.compile(r"\bb\d+\b")
-_JSON = json.JSONDecoder(strict=False)
-
-
-def _clean_talk(talk: str, notes: list[str]) -> str:
-    if _is_clean(talk, TALK_MAX):
-        return talk
-    cleaned = _SPACE.sub(" ", _CONTROL.sub("", talk)).strip()
-    if len(cleaned) > TALK_MAX:
-        notes.append(f"talk truncated from {len(cleaned)} to {TALK_MAX} characters")
-        cleaned = cleaned[:TALK_MAX].rstrip()
-    return cleaned
-
-
-def _clean_to(to: str, notes: list[str]) -> str:
-    ids = set(_BUYER_ID.findall(to.lower()))
-    if len(ids) == 1:
-        (found,) = ids
-        if found != to.strip().lower():
-            notes.append(f"addressee {to.strip()!r} read as {found}")
-        return found
-    return to
-
-
-def _load_json(body: str):
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        pass
-    start = body.find("{")
-    if start < 0:
-        return None
-    try:  # lenient: raw control characters in strings, a code fence, text after the object
-        return _JSON.raw_decode(body, start)[0]
-    except ValueError:
-        return None
-
-
-def parse_reply(text: str, role: str, sender: str | None = None) -> tuple[Message | ParseFailure, list[str], str | None]:
-    """Parse model text (JSON or tagged, whichever it is) for ``role``; returns (result, clamp notes, reasoning).
-
-    Clamps what the model can get slightly wrong without changing what it meant;
-    everything else is a :class:`ParseFailure` whose ``raw`` is ``text`` verbatim.
-    """
-    notes: list[str] = []
-    reasoning = None
-    body = text
-    think = _THINK.match(body)
-    if think:
-        reasoning, body = think.group(1).strip(), body[think.end():]
-    body = _RAW_CONTROL.sub("", body)
-    if body.lstrip()[:1] in ("{", "`"):
-        data = _load_json(body)
-        if isinstance(data, dict):
-            if isinstance(data.get("talk"), str):
-                data["talk"] = _clean_talk(data["talk"], notes)
-            if role == SELLER and isinstance(data.get("to"), str):
-                data["to"] = _clean_to(data["to"], notes)
-            action = data.get("action")
-            if isinstance(action, dict) and isinstance(action.get("price"), str):
-                action["price"] = action["price"].strip().lstrip("$").strip()
-            result = parse_object(data, role, sender, text)
-        else:
-            result = parse_json(body, role, sender)
-    else:
-        parts: dict[str, str] = {}
-        matches = list(_TAG.finditer(body))
-        for k, match in enumerate(matches):
-            end = matches[k + 1].start() if k + 1 < len(matches) else len(body)
-            value = body[match.end():end].strip()
-            if value.startswith("<") and value.endswith(">"):  # the format line's placeholder brackets, copied
-                value = value[1:-1].strip()
-            parts.setdefault(match.group(1).lower(), value)
-        if "talk" in parts:
-            parts["talk"] = _clean_talk(parts["talk"], notes)
-        if role == SELLER and parts.get("to"):
-            parts["to"] = _clean_to(parts["to"], notes)
-        rebuilt = "\n".join(f"{tag.capitalize()}: {parts[tag]}" for tag in ("thought", "to", "talk", "action") if tag in parts)
-        result = parse_tagged(rebuilt if "action" in parts else body, role, sender)
-    if isinstance(result, ParseFailure):
-        return ParseFailure(result.reason, text), notes, reasoning
-    return result, notes, reasoning
+parse_reply = parse_lenient
+"""Model text (JSON or tagged) -> (result, clamp notes, reasoning): :func:`negotiate.protocol.parse_lenient`."""
 
 
 # -- the agent -----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ JSON form (schema from :func:`json_schema`)::
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Annotated, Literal, NamedTuple, get_type_hints
@@ -38,6 +39,9 @@ __all__ = [
     "parse_tagged",
     "parse_json",
     "parse_object",
+    "parse_lenient",
+    "one_line",
+    "CONTROL",
     "render_tagged",
     "json_schema",
     "Generated",
@@ -136,6 +140,11 @@ class Notice:
         return {"to": self.to, "kind": self.kind, "text": self.text}
 
 
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+"""Control characters other than tab and line breaks: C0, DEL and C1 (terminal escapes start with one).
+The one definition: model text loses them before it is parsed, and trace lines holding them are binary."""
+_SPACE = re.compile(r"\s+")
+
 _TAG = re.compile(r"^\s*\**\s*(thought|to|talk|action)\s*\**\s*:\s*\**\s*", re.IGNORECASE | re.MULTILINE)
 _ACTION = re.compile(
     r"^\[?\s*(?P<kind>[a-z]+)\s*\]?\s*(?:(?P<product>p\d+)\s*(?:(?:at|for|@)\s*)?\$?\s*(?P<price>-?[\d,]*\.?\d+))?\s*\.?\s*$",
@@ -183,14 +192,23 @@ def _build(role: str, sender: str, to: str | None, talk: str, thought: str, kind
     return Message(sender=sender, to=to, talk=talk, action=Action(kind, product, price), thought=thought[:THOUGHT_MAX])
 
 
-def parse_tagged(text: str, role: str, sender: str | None = None) -> Message | ParseFailure:
-    """Parse the tagged-text form. ``role`` is ``seller`` or ``buyer``."""
-    sender = sender or (SELLER if role == SELLER else "buyer")
+def _sections(text: str) -> dict[str, str]:
+    """The tagged form cut at its tags: ``{"thought": ..., "to": ..., "talk": ..., "action": ...}``, the first of each."""
     parts: dict[str, str] = {}
     matches = list(_TAG.finditer(text))
     for k, match in enumerate(matches):
         end = matches[k + 1].start() if k + 1 < len(matches) else len(text)
         parts.setdefault(match.group(1).lower(), text[match.end() : end].strip())
+    return parts
+
+
+def parse_tagged(text: str, role: str, sender: str | None = None) -> Message | ParseFailure:
+    """Parse the tagged-text form. ``role`` is ``seller`` or ``buyer``."""
+    return _from_sections(_sections(text), role, sender, text)
+
+
+def _from_sections(parts: dict[str, str], role: str, sender: str | None, text: str) -> Message | ParseFailure:
+    sender = sender or (SELLER if role == SELLER else "buyer")
     if "action" not in parts:
         return ParseFailure("no 'Action:' line", text)
     action_text = parts["action"].splitlines()[0].strip() if parts["action"] else ""
@@ -203,14 +221,16 @@ def parse_tagged(text: str, role: str, sender: str | None = None) -> Message | P
     )
 
 
+def _unfenced(text: str) -> str:
+    """``text`` without a Markdown code fence around it (```json ... ```)."""
+    body = text.strip()
+    return body.strip("`").removeprefix("json").strip() if body.startswith("```") else body
+
+
 def parse_json(text: str, role: str, sender: str | None = None) -> Message | ParseFailure:
     """Parse the JSON form (an object, possibly inside a ```json fence)."""
-    sender = sender or (SELLER if role == SELLER else "buyer")
-    body = text.strip()
-    if body.startswith("```"):
-        body = body.strip("`").removeprefix("json").strip()
     try:
-        data = orjson.loads(body)
+        data = orjson.loads(_unfenced(text))
     except orjson.JSONDecodeError as error:
         return ParseFailure(f"not valid JSON ({error})", text)
     return parse_object(data, role, sender, text)
@@ -243,6 +263,112 @@ def parse(text: str, role: str, sender: str | None = None) -> Message | ParseFai
     if head in ("{", "`"):
         return parse_json(text, role, sender)
     return parse_tagged(text, role, sender)
+
+
+# -- the lenient parser: model text, clamped where the model was slightly off --------------------
+
+_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
+_BUYER_ID = re.compile(r"\bb\d+\b")
+_JSON = json.JSONDecoder(strict=False)
+
+
+def _is_one_line(text: str, limit: int = TALK_MAX) -> bool:
+    """Already one clean line (the common case: talk was cleaned when it was parsed): no regex pass needed."""
+    return len(text) <= limit and text.isprintable() and "  " not in text and text.strip() == text
+
+
+def one_line(text: str, limit: int = TALK_MAX) -> str:
+    """Model text as one clean line: no control characters, whitespace collapsed, at most ``limit`` characters.
+
+    >>> one_line("Hi\\x1b[31m there,\\u2028 friend  ", 14)
+    'Hi[31m there,'
+    """
+    if _is_one_line(text, limit):
+        return text
+    return _SPACE.sub(" ", CONTROL.sub("", text)).strip()[:limit].rstrip()
+
+
+def _clean_talk(talk: str, notes: list[str]) -> str:
+    if _is_one_line(talk):
+        return talk
+    cleaned = _SPACE.sub(" ", CONTROL.sub("", talk)).strip()
+    if len(cleaned) > TALK_MAX:
+        notes.append(f"talk truncated from {len(cleaned)} to {TALK_MAX} characters")
+        cleaned = cleaned[:TALK_MAX].rstrip()
+    return cleaned
+
+
+def _clean_to(to: str, notes: list[str]) -> str:
+    ids = set(_BUYER_ID.findall(to.lower()))
+    if len(ids) == 1:
+        (found,) = ids
+        if found != to.strip().lower():
+            notes.append(f"addressee {to.strip()!r} read as {found}")
+        return found
+    return to
+
+
+def _load_json(body: str):
+    """What the JSON in ``body`` decodes to (a code fence around it allowed), or the reason it holds none."""
+    body = _unfenced(body)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        reason = ParseFailure(f"not valid JSON ({error})", body)
+    start = body.find("{")
+    if start < 0:
+        return reason
+    try:  # lenient: raw control characters in strings, a code fence, text after the object
+        return _JSON.raw_decode(body, start)[0]
+    except ValueError:
+        return reason
+
+
+def parse_lenient(text: str, role: str, sender: str | None = None) -> tuple[Message | ParseFailure, list[str], str | None]:
+    """Parse model text (JSON or tagged, whichever it is) for ``role``; returns (result, clamp notes, reasoning).
+
+    What :func:`parse` reads, and beside it what a model gets slightly wrong without changing what it
+    meant, clamped and noted: a ``<think>`` block set apart (the reasoning), control characters
+    stripped, talk made one line and truncated to ``TALK_MAX``, an addressee like ``Buyer b3`` read as
+    ``b3``, a ``$`` in a JSON price, a code fence or text around a JSON object, the format line's
+    ``<...>`` brackets copied into a tagged value. Everything else is a :class:`ParseFailure` whose
+    ``raw`` is ``text`` verbatim. The text is read once.
+
+    >>> result, notes, reasoning = parse_lenient("<think>keen</think>To: Buyer b3\\nTalk: hi\\nAction: <[OFFER] p2 $1,200>", SELLER)
+    >>> result.to, str(result.action), notes, reasoning
+    ('b3', '[OFFER] p2 $1200', ["addressee 'Buyer b3' read as b3"], 'keen')
+    """
+    notes: list[str] = []
+    reasoning = None
+    body = text
+    think = _THINK.match(body)
+    if think:
+        reasoning, body = think.group(1).strip(), body[think.end():]
+    body = CONTROL.sub("", body)
+    if body.lstrip()[:1] in ("{", "`"):
+        data = _load_json(body)
+        if isinstance(data, dict):
+            if isinstance(data.get("talk"), str):
+                data["talk"] = _clean_talk(data["talk"], notes)
+            if role == SELLER and isinstance(data.get("to"), str):
+                data["to"] = _clean_to(data["to"], notes)
+            action = data.get("action")
+            if isinstance(action, dict) and isinstance(action.get("price"), str):
+                action["price"] = action["price"].strip().lstrip("$").strip()
+        result = data if isinstance(data, ParseFailure) else parse_object(data, role, sender, text)
+    else:
+        parts = _sections(body)
+        for tag, value in parts.items():
+            if value.startswith("<") and value.endswith(">"):  # the format line's placeholder brackets, copied
+                parts[tag] = value[1:-1].strip()
+        if "talk" in parts:
+            parts["talk"] = _clean_talk(parts["talk"], notes)
+        if role == SELLER and parts.get("to"):
+            parts["to"] = _clean_to(parts["to"], notes)
+        result = _from_sections(parts, role, sender, text)
+    if isinstance(result, ParseFailure):
+        return ParseFailure(result.reason, text), notes, reasoning
+    return result, notes, reasoning
 
 
 def render_tagged(message: Message) -> str:

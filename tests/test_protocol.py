@@ -17,9 +17,12 @@ from negotiate.protocol import (
     Action,
     Message,
     ParseFailure,
+    CONTROL,
     json_schema,
+    one_line,
     parse,
     parse_json,
+    parse_lenient,
     parse_tagged,
     render_tagged,
 )
@@ -304,6 +307,48 @@ def test_json_form_round_trips(data, role):
     assert message_from_dict(message.to_dict()) == message
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), role=st.sampled_from([SELLER, "buyer"]), fmt=st.sampled_from(["tagged", "json"]))
+def test_the_lenient_parser_reads_clean_text_as_parse_does(data, role, fmt):
+    # On text parse accepts, the lenient parser returns the same message, and notes nothing; the only
+    # difference is the talk made one line (runs of spaces collapsed).
+    message = data.draw(messages(role))
+    if fmt == "tagged":
+        text = render_tagged(message)
+    else:
+        text = orjson.dumps({k: v for k, v in message.to_dict().items() if k != "sender"}).decode()
+    result, notes, reasoning = parse_lenient(text, role, message.sender)
+    assert (result, notes, reasoning) == (message._replace(talk=one_line(message.talk)), [], None)
+    if message.talk == one_line(message.talk):
+        assert result == parse(text, role, message.sender)
+
+
+def test_control_characters_are_one_set_tab_and_line_breaks_kept():
+    text = "a\x00b\x07c\x1b[31md\x7fe\x85f\x9fg\th\ni\rj"
+    assert CONTROL.sub("", text) == "abc[31mdefg\th\ni\rj"
+    # The lenient parser strips them from every part, thought included (C1 too), before reading.
+    result, _, _ = parse_lenient("Thought: x\x9b1my\nTo: b1\nTalk: hi\x1b[0m\nAction: [OFFER] p1 $5", SELLER)
+    assert (result.thought, result.talk) == ("x1my", "hi[0m")
+
+
+def test_the_lenient_parser_reads_a_tag_inside_talk_once():
+    # Cut at its tags once: a talk that quotes the format ("To: b1") is talk, and the clamps apply
+    # to what was cut, not to a rebuilt text read a second time.
+    text = "To: b2\nTalk: I said To: b1 earlier\nAction: [OFFER] p1 $100"
+    result, notes, _ = parse_lenient(text, SELLER)
+    assert result == parse(text, SELLER) == Message(SELLER, "b2", "I said To: b1 earlier", Action("offer", "p1", 100))
+    assert notes == []
+
+
+def test_lenient_failures_keep_the_text_verbatim():
+    text = "<think>hmm</think>\n{\"to\": \"b1\", \"action\": {\"kind\": \"offer\"}}"
+    result, notes, reasoning = parse_lenient(text, SELLER)
+    assert isinstance(result, ParseFailure) and result.raw == text
+    assert result.reason == "action offer needs a product and a price" and reasoning == "hmm"
+    result, _, _ = parse_lenient("```json\n[1, 2]\n```", SELLER)
+    assert result.reason == "JSON is not an object"
+
+
 def test_render_tagged_pinned():
     message = Message(SELLER, "b2", "The Pro is yours for $450.", Action("offer", "p2", 450), "start high")
     assert render_tagged(message) == (
@@ -412,3 +457,12 @@ def test_a_message_valid_under_the_schema_parses_back(role, body):
 )
 def test_schema_rejects_what_the_role_may_not_send(role, body):
     assert _schema_errors(body, json_schema(role)) != []
+
+
+def test_protocol_doctests_pass():
+    import doctest
+
+    import negotiate.protocol
+
+    result = doctest.testmod(negotiate.protocol, report=False)
+    assert result.attempted >= 3 and result.failed == 0

@@ -60,10 +60,11 @@ def market_seed(run_seed: int, index: int) -> int:
 
 def seller_seed(market: int, repeat: int | None = None) -> list[int]:
     """What seeds the seller on the market seeded ``market``: ``[market, 2]``, with the repeat appended
-    when the seller plays the market several times (a group).
+    when the seller plays the market several times (a group). NumPy's ``SeedSequence`` ignores trailing
+    zeros, so repeat 0 samples as a lone episode does (the trainer's rollouts always named it).
 
-    >>> seller_seed(7), seller_seed(7, 0)
-    ([7, 2], [7, 2, 0])
+    >>> seller_seed(7), seller_seed(7, 1)
+    ([7, 2], [7, 2, 1])
     """
     return [market, 2] if repeat is None else [market, 2, repeat]
 
@@ -222,21 +223,25 @@ class Run:
             labels["group"], labels["repeat"] = config.group, index % config.group
         return labels
 
-    def episode(self, seller, index: int, *, repeat: int | None = None, episode_id: str | None = None) -> EpisodePlan:
+    def episode(self, seller, index: int, *, episode_id: str | None = None) -> EpisodePlan:
         """Episode ``index`` played by ``seller``: an :class:`AgentSpec`, or anything with ``text`` and
-        ``build(market, seed, pools)`` (the trainer's in-memory policy). ``repeat`` names the seller's
-        repeat where the default (``index % group`` in groups, none otherwise) is not wanted."""
+        ``build(market, seed, pools)`` (the trainer's in-memory policy). ``episode_id`` replaces the
+        usual ``<seller slug>-<index:06d>`` (the trainer names its rollouts by market and repeat)."""
         market = self.market(index)
-        if repeat is None:
-            repeat = self.repeat(index)
+        seller_agent, buyers = self.agents(market, seller, repeat=self.repeat(index))
         return EpisodePlan(
-            index=index, market=market,
-            seller=seller.build(market, seller_seed(market.seed, repeat), self.pools),
-            buyers=build_buyers(market, self.buyers, pools=self.pools),
+            index=index, market=market, seller=seller_agent, buyers=buyers,
             episode_id=episode_id or f"{slug(seller.text)}-{index:06d}",
             labels=self.labels(seller.text, index, market),
             seller_timeout=self.config.seller_timeout, reply_timeout=self.config.reply_timeout,
         )
+
+    def agents(self, market: Market, seller=None, *, repeat: int | None = None, skip: str | None = None) -> tuple[object, dict]:
+        """The seller (None when ``seller`` is None: a person takes the seat) and the buyers of ``market``,
+        seeded by the run's conventions, with the run's pools; ``skip`` leaves a buyer's seat to a person.
+        :meth:`episode` uses it for the run's own markets; a play session for the market a person chose."""
+        seller_agent = None if seller is None else seller.build(market, seller_seed(market.seed, repeat), self.pools)
+        return seller_agent, build_buyers(market, self.buyers, pools=self.pools, skip=skip)
 
     # -- what the run writes ------------------------------------------------------------------------
 

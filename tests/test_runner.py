@@ -8,10 +8,12 @@ import anyio
 import orjson
 import pytest
 
+from negotiate.agents.registry import parse_agent
 from negotiate.errors import UserError
 from negotiate.report import overlapping_runs, rows_from_traces, summarize, summary_csv, summary_markdown
+from negotiate.run import Run
 from negotiate.runner import RunConfig, load_config, market_seed, prepare, run_batch, save_config, slug
-from negotiate.trace import read_episodes
+from negotiate.trace import encode, read_episodes
 
 
 def run(config: RunConfig, out, *, resume: bool = False, concurrency: int = 4, on_episode=None):
@@ -252,3 +254,67 @@ def test_report_rows_recompute_metrics_and_keep_failures(tmp_path):
 def test_report_by_an_unknown_key_is_a_user_error():
     with pytest.raises(UserError, match="cannot group by"):
         summarize([], ["colour"])
+
+
+# -- one way to build episode i ---------------------------------------------------------------------------
+
+
+def _untimed(events) -> list[dict]:
+    """An episode's trace lines as written, without the timing fields."""
+    lines = [orjson.loads(line) for line in encode(events).splitlines()]
+    return [{k: v for k, v in e.items() if k not in ("ts", "wall_s", "time")} for e in lines]
+
+
+def _draws(agent, n: int = 4) -> list[float]:
+    return [float(x) for x in agent.rng.random(n)]
+
+
+def test_serve_and_run_episode_play_the_same_episode_i(tmp_path):
+    config = RunConfig(sellers=("random",), buyers="random", episodes=3, seed=9)
+    prepared, _ = run(config, tmp_path)
+    served = {events[0]["index"]: events for events in episodes_in(tmp_path / "random.jsonl")}
+
+    async def direct(index: int) -> list[dict]:
+        async with Run(config) as built:
+            return (await built.episode(parse_agent("random", "seller"), index).play()).events
+
+    for index in range(3):
+        assert _untimed(anyio.run(direct, index)) == _untimed(served[index])
+        assert served[index][0]["seed"] == market_seed(9, index)
+
+
+def test_the_play_session_seats_the_agents_of_episode_i_around_the_person(tmp_path):
+    from negotiate.market import SPLITS
+    from negotiate.tui.session import HUMAN_BUYER, PlaySession
+
+    plan = Run(RunConfig(sellers=("random",), buyers="random", seed=4)).episode(parse_agent("random", "seller"), 2)
+    session = PlaySession("buyer", SPLITS["train"], market_seed(4, 2), seller=parse_agent("random", "seller"),
+                          buyers=parse_agent("random", "buyer"), out=tmp_path, pace=0, others_pace=0)
+    assert session.market.to_dict() == plan.market.to_dict()
+    assert _draws(session.seller.agent) == _draws(plan.seller)  # seeded [market seed, 2] both ways
+    others = [b for b in session.buyers if b != HUMAN_BUYER]
+    assert others and all(_draws(session.buyers[b].agent) == _draws(plan.buyers[b]) for b in others)  # [market seed, 1, k]
+    assert session.buyers[HUMAN_BUYER] is session.human
+
+
+def test_the_screenshot_episode_is_episode_3_of_a_serve_run_with_seed_0(tmp_path):
+    from negotiate.tui.screenshots import SEED, replay_episode
+
+    run(RunConfig(sellers=("greedy",), buyers="concession", episodes=SEED + 1, seed=0), tmp_path)
+    served = next(events for events in episodes_in(tmp_path / "greedy.jsonl") if events[0]["index"] == SEED)
+    assert _untimed(anyio.run(replay_episode).events) == _untimed(served)
+
+
+def test_a_group_shares_its_market_and_buyers_and_numbers_the_sellers_repeat():
+    spec = parse_agent("random", "seller")
+    built = Run(RunConfig(sellers=("random",), buyers="random", seed=5, group=3))
+    plans = [built.episode(spec, index) for index in (3, 4, 5)]  # market 1 of the run, repeats 0, 1, 2
+    assert {p.market.seed for p in plans} == {market_seed(5, 1)}
+    assert [p.labels["repeat"] for p in plans] == [0, 1, 2] and all(p.labels["group"] == 3 for p in plans)
+    assert len({tuple(_draws(p.seller)) for p in plans}) == 3  # the seller samples afresh each time ...
+    first, *others = [_draws(p.buyers["b1"]) for p in plans]
+    assert all(draws == first for draws in others)  # ... against the same buyers
+    # Repeat 0 samples as a lone episode does (SeedSequence ignores trailing zeros): the trainer's rollouts, which
+    # always seeded [market seed, 2, repeat], play their evaluations (groups of one) as serve does.
+    single = Run(RunConfig(sellers=("random",), buyers="random", seed=5))
+    assert _draws(built.episode(spec, 3).seller) == _draws(single.episode(spec, 1).seller)

@@ -415,34 +415,33 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
 
     from negotiate.agents.local import HFBackend, HFOptions, _LocalModel
     from negotiate.agents.llm import LLMSeller, request_seed
-    from negotiate.agents.registry import parse_agent
-    from negotiate.episode import run_episode
-    from negotiate.market import generate, resolve_spec
-    from negotiate.runner import build_buyers, market_seed
+    from negotiate.run import LOCAL_TIMEOUT, Run, RunConfig
 
     was_training = model.training
     local = _LocalModel.in_memory(model, tokenizer, label)
     local.batch = config.gen_batch
     options = HFOptions(model=label, path=label, temperature=config.temperature, max_tokens=config.max_tokens, batch=config.gen_batch)
     backend = HFBackend(options, model=local)
-    spec = resolve_spec(split)
-    buyers = parse_agent(config.eval_buyers, "buyer")
+
+    class Policy:
+        """The weights being trained, as a seller spec the run builds its episodes with (tagged format)."""
+
+        text = label
+
+        def build(self, market, seed, pools=None):
+            return LLMSeller(backend, fmt="tagged", seed=request_seed(seed))
+
+    # Market m's episodes are indices m * group + repeat of a run grouped by ``group``, as collect numbers them.
+    run = Run(RunConfig(sellers=(label,), buyers=config.eval_buyers, split=split, seed=run_seed, group=group,
+                        seller_timeout=LOCAL_TIMEOUT, reply_timeout=LOCAL_TIMEOUT))
     results: list = [None] * len(jobs)
 
     async def one(k: int, index: int, repeat: int) -> None:
-        seed = market_seed(run_seed, index)
-        market = generate(spec, seed)
-        seller = LLMSeller(backend, fmt="tagged", seed=request_seed([seed, 2, repeat]))  # as collect seeds a repeat
-        agents = build_buyers(market, buyers)
-        labels = {"run_seed": run_seed, "index": index * group + repeat, "seed": seed, "seller": label, "buyers": buyers.text}
-        if group > 1:
-            labels["group"], labels["repeat"] = group, repeat
-        episode = await run_episode(market, seller, agents, episode_id=f"{label}-{index:06d}-{repeat:02d}", labels=labels,
-                                    seller_timeout=3600.0, reply_timeout=3600.0)
-        results[k] = episode.events
+        plan = run.episode(Policy(), index * group + repeat, episode_id=f"{label}-{index:06d}-{repeat:02d}")
+        results[k] = (await plan.play()).events
 
     async def main() -> None:
-        async with anyio.create_task_group() as tg:
+        async with run, anyio.create_task_group() as tg:
             for k, (index, repeat) in enumerate(jobs):
                 tg.start_soon(one, k, index, repeat)
 

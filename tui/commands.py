@@ -25,7 +25,8 @@ from negotiate.agents.registry import parse_agent
 from negotiate.errors import UserError
 from negotiate.market import resolve_spec
 
-from negotiate.runner import close_model_clients, preload_models, run_async
+from negotiate.agents.pools import Pools
+from negotiate.runner import preload_models, run_async
 from negotiate.tui.session import PlaySession, fresh_seed
 from negotiate.tui.transcript import find_episode, load_trace, plain_transcript
 
@@ -46,7 +47,7 @@ def play(args: argparse.Namespace) -> int:
     _check_writable(out)
     seed = args.seed if args.seed is not None else fresh_seed()
     session = PlaySession(args.role, spec, seed, seller=seller, buyers=buyers, out=out)
-    check_models([buyers] if args.role == "seller" else [seller, buyers])
+    check_models([buyers] if args.role == "seller" else [seller, buyers], session.episodes.pools)
     _need_terminal()
     from negotiate.tui.app import NegotiateApp  # Textual loads only once the arguments are good
 
@@ -68,18 +69,18 @@ def play(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_models(specs) -> None:
-    """Ask each ``openai:`` server for its models and load each ``hf:`` model, before the UI opens;
-    a UserError naming the flag (``--seller``, ``--buyers``) if one cannot play."""
+def check_models(specs, pools: Pools) -> None:
+    """Ask each ``openai:`` server for its models and load each ``hf:`` model into the session's ``pools``,
+    before the UI opens; a UserError naming the flag (``--seller``, ``--buyers``) if one cannot play."""
     wanted = [spec for spec in specs if spec.backend in ("openai", "hf")]
     if not wanted:
         return
 
     async def check() -> None:
         try:
-            await preload_models(wanted)
+            await preload_models(wanted, pools)
         finally:
-            await close_model_clients()  # this loop ends here; the episode opens clients on the app's own
+            await pools.aclose()  # this loop ends here; the episode opens clients on the app's own
 
     print(f"negotiate play: checking {', '.join(spec.text for spec in wanted)} ...", flush=True)
     run_async(check)

@@ -14,9 +14,8 @@ import tempfile
 from pathlib import Path
 
 from negotiate.agents.registry import parse_agent
-from negotiate.episode import run_episode
 from negotiate.market import SPLITS
-from negotiate.runner import build_episode
+from negotiate.run import Run, RunConfig
 
 from negotiate.tui.app import NegotiateApp
 from negotiate.tui.session import PlaySession
@@ -74,11 +73,14 @@ async def seller(folder: Path, traces: Path) -> list[Path]:
     return shots
 
 
+async def replay_episode():
+    """The replayed episode: index SEED of ``negotiate serve --seller greedy --buyers concession`` (run seed 0)."""
+    async with Run(RunConfig(sellers=("greedy",), buyers="concession")) as run:
+        return await run.episode(parse_agent("greedy", "seller"), SEED).play()
+
+
 async def replay(folder: Path) -> Path:
-    market, seller_agent, buyers = build_episode(SPLITS["train"], parse_agent("greedy", "seller"), parse_agent("concession", "buyer"), 0, SEED)
-    labels = {"run_seed": 0, "index": SEED, "seed": market.seed, "seller": "greedy", "buyers": "concession"}
-    episode = await run_episode(market, seller_agent, buyers, episode_id=f"greedy-{SEED:06d}", labels=labels)
-    recorded = Recorded(episode.events)
+    recorded = Recorded((await replay_episode()).events)
     app = NegotiateApp.replay([recorded], "traces/example/greedy.jsonl")
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press(*["right"] * max(1, len(recorded.steps) * 2 // 3))

@@ -1,8 +1,9 @@
 """One episode a person plays: the market, the agents, the live state, the trace.
 
 :class:`PlaySession` builds the market (``generate(spec, seed)``: ``--seed`` is the
-market seed) and the agents (the other buyers seeded like ``negotiate serve``
-seeds them), puts a :class:`~negotiate.agents.human.HumanAgent` in the person's
+market seed) and the agents through a :class:`~negotiate.run.Run` (``Run.agents``: the
+other buyers and the seller seeded as ``negotiate serve`` seeds them, model agents on the
+session's own pools, closed when the episode ends), puts a :class:`~negotiate.agents.human.HumanAgent` in the person's
 seat, and runs the episode with :func:`~negotiate.episode.run_episode` on the
 caller's event loop (the app runs it in a Textual worker). The UI reads the live
 episode only through ``observe(state, <the person's id>)``.
@@ -36,7 +37,6 @@ same market against identically seeded buyers, for comparison (not traced).
 from __future__ import annotations
 
 import secrets
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +50,7 @@ from negotiate.market import Market, MarketSpec, generate
 from negotiate.metrics import opt
 from negotiate.protocol import SELLER
 from negotiate.regulator import EpisodeState, observe
+from negotiate.run import Run, RunConfig
 from negotiate.trace import TraceWriter, scan
 
 __all__ = ["PlaySession", "PlayResult", "Watched", "WatchedState", "HUMAN_BUYER", "TRACE_NAME", "fresh_seed"]
@@ -166,6 +167,9 @@ class PlaySession:
         self.out = Path(out)
         self.pace = pace
         self.market: Market = generate(spec, seed)
+        self.episodes = Run(RunConfig(sellers=(self.seller_spec.text,), buyers=self.buyers_spec.text, split=spec.name, seed=seed,
+                                 seller_timeout=HUMAN_TIMEOUT, reply_timeout=HUMAN_TIMEOUT), spec=spec, buyers=self.buyers_spec)
+        """The episode's run: its agents' seeds, and their pools (``check_models`` loads models there before the UI opens)."""
         self.human_id = SELLER if role == "seller" else HUMAN_BUYER
         self.human = HumanAgent(self.human_id, on_turn=lambda _obs: self.changed())
         self.thinking: set[str] = set()
@@ -177,22 +181,20 @@ class PlaySession:
         self.episode_id = f"play-{role}-{self.index:04d}"
         self.state = WatchedState(self.market, episode=self.episode_id)
         self.state.on_change = self.changed
-        self.seller = self.human if role == "seller" else Watched(self._build_seller(), SELLER, self, pace)
+        seller, buyers = self.episodes.agents(self.market, None if role == "seller" else self.seller_spec,
+                                         skip=None if role == "seller" else HUMAN_BUYER)
+        self.seller = self.human if role == "seller" else Watched(seller, SELLER, self, pace)
         self.buyers: dict = {}
-        for k, buyer in enumerate(self.market.buyers):
+        for buyer in self.market.buyers:
             if buyer.id == self.human_id:
                 self.buyers[buyer.id] = self.human
             else:
-                agent = self.buyers_spec.build(self.market, [seed, 1, k])
                 # When the person is a buyer, the other buyers answer at a person's (or a model's) speed,
                 # so the units are not all gone before the person has read the first offer.
-                self.buyers[buyer.id] = Watched(agent, buyer.id, self, pace if role == "seller" else others_pace)
+                self.buyers[buyer.id] = Watched(buyers[buyer.id], buyer.id, self, pace if role == "seller" else others_pace)
         self.opt = opt(self.market)
         self.result: PlayResult | None = None
         self._started = False
-
-    def _build_seller(self):
-        return self.seller_spec.build(self.market, [self.seed, 2])
 
     @property
     def seller_label(self) -> str:
@@ -241,8 +243,7 @@ class PlaySession:
         )
         with TraceWriter(self.trace_path) as writer:
             writer.write(episode.events)
-        if "negotiate.agents.backends" in sys.modules:  # model agents played: close their HTTP clients
-            await sys.modules["negotiate.agents.backends"].aclose_clients()
+        await self.episodes.pools.aclose()  # model agents played: close this loop's HTTP clients
         oracle = await self._oracle() if self.role == "seller" else None
         self.result = PlayResult(episode, oracle, self.trace_path)
         self.changed()
@@ -250,10 +251,11 @@ class PlaySession:
 
     async def _oracle(self) -> Episode:
         """The full-information oracle on the same market, facing buyers seeded as the person's were."""
-        market = self.market
-        seller = parse_agent("oracle", "seller").build(market, [self.seed, 2])
-        buyers = {b.id: self.buyers_spec.build(market, [self.seed, 1, k]) for k, b in enumerate(market.buyers)}
-        return await run_episode(market, seller, buyers, episode_id=f"oracle-{self.episode_id}", opt_value=self.opt)
+        seller, buyers = self.episodes.agents(self.market, parse_agent("oracle", "seller"))
+        try:
+            return await run_episode(self.market, seller, buyers, episode_id=f"oracle-{self.episode_id}", opt_value=self.opt)
+        finally:
+            await self.episodes.pools.aclose()
 
     def abandon_note(self) -> str:
         return f"the episode was not finished, so it was not saved to {self.trace_path}"

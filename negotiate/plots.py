@@ -166,7 +166,10 @@ def write_plots(rows: list[dict], out: Path, sellers: list[str] | None = None, s
     seller the paired plot compares the others with."""
     out.mkdir(parents=True, exist_ok=True)
     sellers = sellers or _order(r["seller"] for r in rows)
-    splits = splits or _order((r["split"] for r in rows), ("train", "shapes", "correlated", "prices-x10"))
+    played = _order((r["split"] for r in rows), ("train", "shapes", "correlated", "prices-x10"))
+    # Rows name a split by its spec's name: one given as a spec file (`--split specs/tiny.toml`) is drawn
+    # under that name, after the splits named, never as an empty panel labelled with the path.
+    splits = [s for s in splits if s in played] + [s for s in played if s not in splits] if splits else played
     return [
         plot_by_split(rows, out / "profit_welfare_by_split.png", sellers, splits),
         plot_violations(rows, out / "violations_by_type.png", sellers, splits),

@@ -1,10 +1,15 @@
 """One episode: a market, a seller, its buyers, one task group, one trace.
 
-:func:`run_episode` owns every agent task of the episode in a single anyio task
-group; errors propagate to it and become a ``failed`` outcome with the reason.
-The episode's trace is its list of events: ``episode_start`` (spec, seed, full
-private information, agents), every message, violation, deal and notice, and
-``episode_end`` (outcome, reason and metrics).
+:func:`run_episode` owns every agent task of the episode in a single asyncio task
+group. The episode's trace is its list of typed events (``negotiate.trace``):
+``episode_start`` (spec, seed, full private information, agents), every message,
+violation, deal and notice, and ``episode_end`` (outcome, reason and metrics).
+
+An agent that raises is the agent's failure: each agent is wrapped (:class:`_Guarded`)
+so that its error arrives as an :class:`AgentError`, and the episode ends ``failed``
+with the reason. Any other error (the regulator, the bus, the market: a bug, such as
+:class:`~negotiate.regulator.BudgetExceeded`) propagates out of :func:`run_episode`
+and stops the run: a bug must not become a row of data.
 """
 
 from __future__ import annotations
@@ -12,32 +17,63 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from dataclasses import dataclass
 
 from negotiate.bus import Bus
 from negotiate.market import Market
 from negotiate.metrics import episode_metrics
 from negotiate.protocol import SELLER
 from negotiate.regulator import EpisodeState
+from negotiate.trace import SCHEMA_VERSION, EpisodeEnd, EpisodeRecord, EpisodeStart, Outcome
 
-__all__ = ["Episode", "run_episode", "SCHEMA_VERSION", "start_event", "end_event"]
+__all__ = ["Episode", "AgentError", "run_episode", "SCHEMA_VERSION", "start_event", "end_event"]
 
-SCHEMA_VERSION = 1
-"""Version of the trace schema written by this package (see traces/README.md)."""
+Episode = EpisodeRecord
+"""A finished episode: its typed events, with ``id``, ``outcome``, ``reason`` and ``metrics`` read from them."""
 
 
-@dataclass(frozen=True)
-class Episode:
-    """A finished episode."""
+class AgentError(Exception):
+    """An agent's ``act`` or ``decide`` raised: the episode fails with the agent's error as its reason."""
 
-    id: str
-    events: list[dict]
-    """The trace, in order."""
-    metrics: dict | None
-    """Live metrics (None when the episode failed)."""
-    outcome: str
-    """``terminated``, ``truncated`` or ``failed``."""
-    reason: str
+    def __init__(self, who: str, error: Exception):
+        super().__init__(f"{who}: {type(error).__name__}: {error}")
+        self.who = who
+        """``seller`` or the buyer id."""
+        self.error = error
+        """What the agent raised."""
+
+
+class _Guarded:
+    """An agent whose errors come out as :class:`AgentError` (its deadline's TimeoutError aside: the
+    bus turns that into a lost turn). Everything else is the agent's own (``instant``, ``describe``)."""
+
+    def __init__(self, agent, who: str):
+        self._agent = agent
+        self._who = who
+
+    def __getattr__(self, name: str):
+        return getattr(self._agent, name)
+
+    async def act(self, obs):
+        try:
+            return await self._agent.act(obs)
+        except TimeoutError:
+            raise
+        except Exception as error:
+            raise AgentError(self._who, error) from error
+
+
+class _GuardedInstant(_Guarded):
+    """The same for a scripted agent, whose synchronous ``decide`` the bus calls inline."""
+
+    def decide(self, obs):
+        try:
+            return self._agent.decide(obs)
+        except Exception as error:
+            raise AgentError(self._who, error) from error
+
+
+def _guard(agent, who: str):
+    return (_GuardedInstant if getattr(agent, "decide", None) is not None else _Guarded)(agent, who)
 
 
 _SPEC_DICTS: dict[int, tuple[object, dict]] = {}
@@ -53,20 +89,21 @@ def _spec_dict(spec) -> dict:
     return hit[1]
 
 
-def start_event(episode_id: str, market: Market, seller, buyers: dict, labels: dict) -> dict:
-    return {
-        "type": "episode_start",
-        "episode": episode_id,
-        "schema": SCHEMA_VERSION,
+def start_event(episode_id: str, market: Market, seller, buyers: dict, labels: dict) -> EpisodeStart:
+    """The ``episode_start`` record; ``labels`` are its run fields (``run``, ``run_seed``, ``index``, ``seed``,
+    ``group``, ``repeat``, ``seller``, ``buyers``, ``play``)."""
+    return EpisodeStart(
+        episode=episode_id,
+        schema=SCHEMA_VERSION,
         **labels,
-        "split": market.spec.name,
-        "shape": market.shape,
-        "tier": market.tier,
-        "spec": _spec_dict(market.spec),
-        "market": market.to_dict(),
-        "agents": {"seller": seller.describe(), "buyers": {k: a.describe() for k, a in buyers.items()}},
-        "time": time.time(),
-    }
+        split=market.spec.name,
+        shape=market.shape,
+        tier=market.tier,
+        spec=_spec_dict(market.spec),
+        market=market.to_dict(),
+        agents={"seller": seller.describe(), "buyers": {k: a.describe() for k, a in buyers.items()}},
+        time=time.time(),
+    )
 
 
 def live_metrics(state: EpisodeState, opt_value=None) -> dict:
@@ -81,22 +118,23 @@ def live_metrics(state: EpisodeState, opt_value=None) -> dict:
     )
 
 
-def end_event(state: EpisodeState, metrics: dict | None, wall: float) -> dict:
-    return {
-        "type": "episode_end",
-        "outcome": state.outcome,
-        "reason": state.reason,
-        "turns_used": state.turns_used,
-        "budget": state.market.budget,
-        "wall_s": round(wall, 6),
-        "metrics": metrics,
-    }
+def end_event(state: EpisodeState, metrics: dict | None, wall: float) -> EpisodeEnd:
+    return EpisodeEnd(
+        episode=state.episode,
+        outcome=state.outcome,
+        reason=state.reason,
+        turns_used=state.turns_used,
+        budget=state.market.budget,
+        wall_s=round(wall, 6),
+        metrics=metrics,
+    )
 
 
-def _describe(error: BaseException) -> str:
-    while isinstance(error, BaseExceptionGroup) and error.exceptions:
-        error = error.exceptions[0]
-    return f"{type(error).__name__}: {error}"
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for error in group.exceptions:
+        out.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    return out
 
 
 async def run_episode(
@@ -118,15 +156,18 @@ async def run_episode(
     called inline unless ``inline_instant`` is False. Each agent wait has a deadline:
     a seller that says nothing within ``seller_timeout`` loses the turn, a buyer
     silent for ``reply_timeout`` is taken to reject. An agent that raises fails the
-    episode (outcome ``failed``, the reason kept); cancellation from outside
-    propagates and nothing is recorded.
+    episode (outcome ``failed``, the reason kept). An error of the engine itself (regulator,
+    bus) propagates, unwrapped when it is the only one; so does cancellation from outside,
+    and then nothing is recorded.
     """
     # A checkpoint per episode: scripted episodes never wait on anything, and without it a
     # batch of them would hold the loop (and ignore cancellation) until the batch ended.
     await asyncio.sleep(0)
     began = time.perf_counter()
     state = state or EpisodeState(market, episode=episode_id)
+    state.episode = state.episode or episode_id
     state.events.append(start_event(episode_id, market, seller, buyers, labels or {}))
+    seller, buyers = _guard(seller, SELLER), {buyer_id: _guard(agent, buyer_id) for buyer_id, agent in buyers.items()}
     bus = Bus(state, seller, buyers, seller_timeout=seller_timeout, reply_timeout=reply_timeout, inline_instant=inline_instant)
     try:
         # asyncio's own TaskGroup: the same structured concurrency as anyio's on this
@@ -144,10 +185,13 @@ async def run_episode(
                 for task, buyer_id in zip(tasks, bus.tasked):
                     if not getattr(buyers[buyer_id], "instant", False):
                         task.cancel()  # a model still thinking about a reply nobody will read
-    except Exception as error:  # an ExceptionGroup from the task group: the episode failed
-        state.fail(_describe(error))
-    metrics = live_metrics(state, opt_value) if state.outcome != "failed" else None
-    end = end_event(state, metrics, time.perf_counter() - began)
-    end["episode"] = episode_id
-    state.events.append(end)
-    return Episode(episode_id, state.events, metrics, state.outcome, state.reason or "")
+    except ExceptionGroup as group:  # what the task group raises
+        leaves = _leaves(group)
+        engine = [error for error in leaves if not isinstance(error, AgentError)]
+        if engine:
+            raise engine[0] if len(engine) == 1 else group  # a bug: it stops the run, it is not data
+        error = leaves[0].error
+        state.fail(f"{type(error).__name__}: {error}")
+    metrics = live_metrics(state, opt_value) if state.outcome != Outcome.FAILED else None
+    state.events.append(end_event(state, metrics, time.perf_counter() - began))
+    return Episode(state.events)

@@ -22,6 +22,7 @@ from scipy.optimize import linear_sum_assignment
 from negotiate.market import Market, MarketSpec
 from negotiate.protocol import SELLER
 from negotiate.regulator import Deal
+from negotiate.trace import DealEvent, EpisodeStart, Event, MessageEvent, ViolationEvent, as_events
 
 __all__ = ["opt", "episode_metrics", "metrics_from_events", "aggregate", "mean_ci", "RATIO_METRICS", "Summary"]
 
@@ -102,28 +103,27 @@ def episode_metrics(
     }
 
 
-def metrics_from_events(events: Iterable[dict]) -> dict:
-    """Recompute an episode's metrics from its trace events alone."""
+def metrics_from_events(events: Iterable[Event | dict]) -> dict:
+    """Recompute an episode's metrics from its trace events alone (records, or dicts of schema 1 or 2)."""
     market = None
     deals: list[Deal] = []
     turns = 0
     counts = Counter()
     violations: dict[str, Counter] = {SELLER: Counter(), "buyer": Counter()}
-    for event in events:
-        kind = event["type"]
-        if kind == "episode_start":
-            market = Market.from_dict(MarketSpec.model_validate(event["spec"]), event["market"])
-        elif kind == "message":
-            role = SELLER if event["sender"] == SELLER else "buyer"
+    for event in as_events(events):
+        if isinstance(event, MessageEvent):
+            role = SELLER if event.sender == SELLER else "buyer"
             counts[role] += 1
-            if not event["valid"]:
+            if not event.valid:
                 counts[role + "_invalid"] += 1
-            if event.get("turn"):
-                turns = max(turns, event["turn"])
-        elif kind == "deal":
-            deals.append(Deal(event["buyer"], event["product"], event["price"], event["cost"], event["value"], event["turn"], event["by"]))
-        elif kind == "violation":
-            violations[SELLER if event["who"] == SELLER else "buyer"][event["kind"]] += 1
+            if event.turn:
+                turns = max(turns, event.turn)
+        elif isinstance(event, DealEvent):
+            deals.append(Deal(event.buyer, event.product, event.price, event.cost, event.value, event.turn, event.by))
+        elif isinstance(event, ViolationEvent):
+            violations[SELLER if event.who == SELLER else "buyer"][event.kind] += 1
+        elif isinstance(event, EpisodeStart):
+            market = Market.from_dict(MarketSpec.model_validate(event.spec), event.market)
     if market is None:
         raise ValueError("no episode_start event")
     return episode_metrics(

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from negotiate.market import Market
 from negotiate.protocol import SELLER, Action, Message, Notice, ParseFailure
+from negotiate.trace import TIMEOUT as TIMEOUT_KIND, DealEvent, MessageEvent, NoticeEvent, ViolationEvent
 
 __all__ = [
     "EpisodeState",
@@ -250,8 +251,8 @@ class EpisodeState:
         self.outcome: str | None = None
         """None while running; then ``terminated``, ``truncated`` or ``failed``."""
         self.reason: str | None = None
-        self.events: list[dict] = []
-        """The episode's trace events, in order."""
+        self.events: list = []
+        """The episode's trace events (``negotiate.trace`` records), in order."""
         self._clock = clock
         self._t0 = clock()
         self._products_view: tuple[ProductView, ...] | None = None
@@ -297,33 +298,32 @@ class EpisodeState:
         violation = Violation(who, kind, detail, self.turns_used)
         self.violations.append(violation)
         self.violation_counts[kind] = self.violation_counts.get(kind, 0) + 1
-        self.events.append({"type": "violation", "episode": self.episode, "ts": self._ts(), "turn": self.turns_used, "who": who, "kind": kind, "detail": detail})
+        self.events.append(ViolationEvent(episode=self.episode, ts=self._ts(), turn=self.turns_used, who=who, kind=kind, detail=detail))
         self._notify(who, "violation", f"{kind}: {detail}")
 
     def _notify(self, to: str, kind: str, text: str) -> None:
         notice = Notice(to, kind, text)
-        self.events.append({"type": "notice", "episode": self.episode, "ts": self._ts(), "to": to, "kind": kind, "text": text})
+        self.events.append(NoticeEvent(episode=self.episode, ts=self._ts(), to=to, kind=kind, text=text))
         if to == SELLER:
             self._seller_new.append(notice)
             self._seller_history.append(notice)
         else:
             self._buyer_by_id[to].thread.append(notice)
 
-    def _record_message(self, sender: str, result, raw: str | None, extra: dict | None, turn: int | None) -> dict:
+    def _record_message(self, sender: str, result, raw: str | None, extra: dict | None, turn: int | None,
+                        invalid: tuple[str, str] | None = None) -> MessageEvent:
+        """The message's event; ``invalid`` is the (violation kind, detail) of a message that broke a rule."""
         if isinstance(result, Message):
             action = result.action
-            event = {"type": "message", "episode": self.episode, "ts": self._ts(), "turn": turn,
-                     "sender": sender, "to": result.to, "thought": result.thought, "talk": result.talk,
-                     "action": {"kind": action.kind, "product": action.product, "price": action.price}, "valid": True}
+            event = MessageEvent(episode=self.episode, ts=self._ts(), turn=turn, sender=sender, to=result.to,
+                                 thought=result.thought, talk=result.talk,
+                                 action={"kind": action.kind, "product": action.product, "price": action.price}, valid=invalid is None,
+                                 error=None if invalid is None else f"{invalid[0]}: {invalid[1]}",
+                                 error_kind=None if invalid is None else invalid[0], raw=raw, extra=extra or None)
         else:
-            event = {"type": "message", "episode": self.episode, "ts": self._ts(), "turn": turn,
-                     "sender": sender, "to": None, "thought": "", "talk": "", "action": None, "valid": False,
-                     "error": result.reason}
-            raw = result.raw if raw is None else raw
-        if raw is not None:
-            event["raw"] = raw
-        if extra:
-            event["extra"] = extra
+            event = MessageEvent(episode=self.episode, ts=self._ts(), turn=turn, sender=sender, to=None, thought="", talk="",
+                                 action=None, valid=False, error=result.reason, error_kind=MALFORMED,
+                                 raw=result.raw if raw is None else raw, extra=extra or None)
         self.events.append(event)
         self.messages_by[SELLER if sender == SELLER else "buyer"] += 1
         return event
@@ -357,10 +357,8 @@ class EpisodeState:
         buyer.offer = buyer.bid = None
         deal = Deal(buyer.id, product.id, price, product.cost, value, self.turns_used, by)
         self.deals.append(deal)
-        self.events.append(
-            {"type": "deal", "episode": self.episode, "ts": self._ts(), "turn": self.turns_used, "buyer": buyer.id, "product": product.id,
-             "price": price, "cost": product.cost, "value": value, "by": by}
-        )
+        self.events.append(DealEvent(episode=self.episode, ts=self._ts(), turn=self.turns_used, buyer=buyer.id, product=product.id,
+                                     price=price, cost=product.cost, value=value, by=by))
         text = f"deal: {buyer.id} buys {product.id} at ${price}"
         self._notify(buyer.id, "deal", text)
         self._notify(SELLER, "deal", text)
@@ -382,7 +380,11 @@ class EpisodeState:
         if self.turns_used >= self.market.budget:
             raise BudgetExceeded(f"turn {self.turns_used + 1} exceeds the budget of {self.market.budget}")
         self.turns_used += 1
-        event = self._record_message(SELLER, result, raw, extra, self.turns_used)
+        invalid = None
+        if isinstance(result, Message) and result.action.kind != "end":
+            kind, detail = self._check_seller(result)
+            invalid = None if kind is None else (kind, detail)
+        self._record_message(SELLER, result, raw, extra, self.turns_used, invalid)
         if isinstance(result, ParseFailure):
             self.invalid_by[SELLER] += 1
             self._violate(SELLER, MALFORMED, result.reason)
@@ -392,12 +394,9 @@ class EpisodeState:
         if action.kind == "end":
             self.finish("terminated", "seller_end")
             return None
-        kind, detail = self._check_seller(result)
-        if kind is not None:
-            event["valid"] = False
-            event["error"] = f"{kind}: {detail}"
+        if invalid is not None:
             self.invalid_by[SELLER] += 1
-            self._violate(SELLER, kind, detail)
+            self._violate(SELLER, *invalid)
             return None
         buyer = self._buyer_by_id[result.to]
         public = _public(result)
@@ -443,8 +442,8 @@ class EpisodeState:
         self.turns_used += 1
         self.invalid_by[SELLER] += 1
         self.messages_by[SELLER] += 1
-        self.events.append({"type": "message", "episode": self.episode, "ts": self._ts(), "turn": self.turns_used, "sender": SELLER, "to": None,
-                            "thought": "", "talk": "", "action": None, "valid": False, "error": f"timeout after {seconds}s"})
+        self.events.append(MessageEvent(episode=self.episode, ts=self._ts(), turn=self.turns_used, sender=SELLER, to=None, thought="", talk="",
+                                        action=None, valid=False, error=f"timeout after {seconds}s", error_kind=TIMEOUT_KIND, timeout_s=seconds))
         self._violate(SELLER, TIMEOUT, f"no message within {seconds}s")
 
     # -- the buyers --------------------------------------------------------------
@@ -455,7 +454,8 @@ class EpisodeState:
         if not buyer.awaiting:
             raise RuntimeError(f"{buyer_id} replied without a message to answer")
         buyer.awaiting = False
-        event = self._record_message(buyer_id, result, raw, extra, None)
+        problem = self._check_buyer(buyer, result) if isinstance(result, Message) and not self.done else None
+        self._record_message(buyer_id, result, raw, extra, None, problem)
         if isinstance(result, ParseFailure):
             self.invalid_by["buyer"] += 1
             buyer.offer = None  # taken as a reject
@@ -476,23 +476,13 @@ class EpisodeState:
             buyer.offer = None
             self._seller_sees(result)
             return
-        j = self._product_index.get(action.product)
-        problem = None
-        if j is None:
-            problem = (UNKNOWN_PRODUCT, f"no product {action.product!r}")
-        elif action.price > self.market.buyers[buyer.index].values[j]:
-            problem = (OVERPAY, f"{action.kind} of {action.product} at ${action.price} is above the buyer's valuation")
-        elif action.kind == "accept" and buyer.offer != (action.product, action.price):
-            standing = f"{buyer.offer[0]} ${buyer.offer[1]}" if buyer.offer else "none"
-            problem = (NO_STANDING, f"accept {action.product} ${action.price} matches no standing offer (standing: {standing})")
         if problem is not None:
             self.invalid_by["buyer"] += 1
-            event["valid"] = False
-            event["error"] = f"{problem[0]}: {problem[1]}"
             buyer.offer = None  # taken as a reject
             self._violate(buyer_id, *problem)
             self._seller_sees(Message(buyer_id, SELLER, result.talk, Action("reject")))
             return
+        j = self._product_index[action.product]
         if self.stock[j] == 0:
             # The race for the last unit: not this buyer's fault, a notice, and its reply counts as a reject.
             buyer.offer = None
@@ -506,6 +496,21 @@ class EpisodeState:
             buyer.bid = (action.product, action.price)
             self._seller_sees(result)
 
+    def _check_buyer(self, buyer: _BuyerState, message: Message) -> tuple[str, str] | None:
+        """The rule a buyer's bid or accept breaks, as (violation kind, detail); None when it keeps them."""
+        action = message.action
+        if action.kind not in ("bid", "accept"):
+            return None
+        j = self._product_index.get(action.product)
+        if j is None:
+            return UNKNOWN_PRODUCT, f"no product {action.product!r}"
+        if action.price > self.market.buyers[buyer.index].values[j]:
+            return OVERPAY, f"{action.kind} of {action.product} at ${action.price} is above the buyer's valuation"
+        if action.kind == "accept" and buyer.offer != (action.product, action.price):
+            standing = f"{buyer.offer[0]} ${buyer.offer[1]}" if buyer.offer else "none"
+            return NO_STANDING, f"accept {action.product} ${action.price} matches no standing offer (standing: {standing})"
+        return None
+
     def _seller_sees(self, message: Message) -> None:
         public = _public(message)
         self._seller_new.append(public)
@@ -517,8 +522,8 @@ class EpisodeState:
         buyer.offer = None  # silence is a reject
         self.invalid_by["buyer"] += 1
         self.messages_by["buyer"] += 1
-        self.events.append({"type": "message", "episode": self.episode, "ts": self._ts(), "turn": None, "sender": buyer_id, "to": SELLER,
-                            "thought": "", "talk": "", "action": None, "valid": False, "error": f"timeout after {seconds}s"})
+        self.events.append(MessageEvent(episode=self.episode, ts=self._ts(), turn=None, sender=buyer_id, to=SELLER, thought="", talk="",
+                                        action=None, valid=False, error=f"timeout after {seconds}s", error_kind=TIMEOUT_KIND, timeout_s=seconds))
         self._violate(buyer_id, TIMEOUT, f"no reply within {seconds}s (taken as a reject)")
         self._seller_sees(Message(buyer_id, SELLER, "", Action("reject")))
 

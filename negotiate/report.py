@@ -16,7 +16,7 @@ from rich.table import Table
 
 from negotiate.errors import UserError
 from negotiate.metrics import RATIO_METRICS, Summary, sort_key, aggregate, mean_ci, metrics_from_events
-from negotiate.trace import read_episodes, trace_files
+from negotiate.trace import read_records, trace_files
 
 __all__ = [
     "rows_from_traces", "overlapping_runs", "run_order", "summary_table", "summary_markdown", "summary_csv", "GROUP_KEYS",
@@ -38,22 +38,21 @@ def rows_from_traces(paths: Iterable[str | Path], *, allow_partial: bool = False
     rows = []
     seen: dict[tuple, Path] = {}
     for path in trace_files(paths):
-        for events in read_episodes(path, allow_partial=allow_partial, on_skip=on_skip):
-            start, end = events[0], events[-1]
-            run = start.get("run") or str(path.parent)
-            key = (run, start.get("seller"), start.get("run_seed"), start.get("index"), start.get("split"))
-            if key in seen and start.get("index") is not None:
+        for episode in read_records(path, allow_partial=allow_partial, on_skip=on_skip):
+            start, end = episode.start, episode.end
+            run = start.run or str(path.parent)
+            key = (run, start.seller, start.run_seed, start.index, start.split)
+            if key in seen and start.index is not None:
                 raise UserError(
-                    f"episode {start.get('episode')} of run {run} appears twice (also in {seen[key]}); pass each shard once",
-                    source=str(path), field="episode", value=start.get("episode"),
+                    f"episode {start.episode} of run {run} appears twice (also in {seen[key]}); pass each shard once",
+                    source=str(path), field="episode", value=start.episode,
                 )
             seen[key] = path
-            failed = end.get("outcome") == "failed"
-            rows.append({k: start.get(k) for k in GROUP_KEYS + ("index", "episode", "seed", "run_seed")} | {
+            rows.append({k: getattr(start, k) for k in GROUP_KEYS + ("index", "episode", "seed", "run_seed")} | {
                 "run": run,
-                "outcome": end.get("outcome"),
-                "reason": end.get("reason"),
-                "metrics": None if failed else metrics_from_events(events),
+                "outcome": end.outcome,
+                "reason": end.reason,
+                "metrics": None if episode.failed else metrics_from_events(episode.events),
             })
     return rows
 

@@ -13,6 +13,7 @@ from negotiate.episode import SCHEMA_VERSION, run_episode
 from negotiate.market import SPLITS, Buyer, Market, MarketSpec, Product
 from negotiate.metrics import metrics_from_events
 from negotiate.protocol import SELLER, Action, Generated, Message
+from negotiate.regulator import BudgetExceeded, EpisodeState
 from negotiate.runner import build_episode
 
 # -- test agents ------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ def thresholds(market):
 
 
 def _types(episode):
-    return [e["type"] for e in episode.events]
+    return [e.type for e in episode.events]
 
 
 # -- whole episodes with scripted agents --------------------------------------------------------------
@@ -130,15 +131,15 @@ async def test_scripted_episodes_end_with_a_consistent_trace(seller, buyers):
         types = _types(episode)
         assert types[0] == "episode_start" and types[-1] == "episode_end"
         assert types.count("episode_start") == types.count("episode_end") == 1
-        assert all(e["episode"] == f"ep-{index}" for e in episode.events)
-        start, end = episode.events[0], episode.events[-1]
-        assert start["schema"] == SCHEMA_VERSION
-        assert start["market"] == market.to_dict()
-        assert (end["outcome"], end["reason"]) == (episode.outcome, episode.reason)
-        assert end["metrics"] == episode.metrics
+        assert all(e.episode == f"ep-{index}" for e in episode.events)
+        start, end = episode.start, episode.end
+        assert start.schema == SCHEMA_VERSION
+        assert start.market == market.to_dict()
+        assert (end.outcome, end.reason) == (episode.outcome, episode.reason)
+        assert end.metrics == episode.metrics
         assert episode.metrics["turns_used"] <= market.budget
         if episode.outcome == "truncated":
-            assert (episode.reason, end["turns_used"]) == ("budget", market.budget)
+            assert (episode.reason, end.turns_used) == ("budget", market.budget)
         assert metrics_from_events(episode.events) == episode.metrics
 
 
@@ -186,9 +187,9 @@ async def test_generated_decisions_keep_raw_text_and_backend_details():
 
     market = one_product_market(values=(400,))
     episode = await run_episode(market, Model(), thresholds(market))
-    [sent] = [e for e in episode.events if e["type"] == "message" and e["sender"] == SELLER]
-    assert sent["raw"] == "To: b1\nAction: [OFFER] p1 $250" and sent["extra"] == {"token_ids": [1, 2, 3]}
-    assert sent["thought"] == "think" and sent["valid"] is True
+    [sent] = episode.seller_messages()
+    assert sent.raw == "To: b1\nAction: [OFFER] p1 $250" and sent.extra == {"token_ids": [1, 2, 3]}
+    assert sent.thought == "think" and sent.valid is True
     assert episode.metrics["profit"] == 150
 
 
@@ -211,7 +212,7 @@ async def test_a_buyer_past_its_deadline_is_a_timeout_and_the_episode_ends():
     episode = await run_episode(market, HighSeller(200), {"b1": SleepyBuyer()}, reply_timeout=0.01)
     # Three offers, three silent replies, each taken as a reject: the budget runs out.
     assert (episode.outcome, episode.reason) == ("truncated", "budget")
-    violations = [(e["who"], e["kind"]) for e in episode.events if e["type"] == "violation"]
+    violations = [(e.who, e.kind) for e in episode.violations()]
     assert violations == [("b1", "timeout")] * 3
     assert episode.metrics["buyer_violations"] == {"timeout": 3}
     assert episode.metrics["buyer_invalid"] == 3 and episode.metrics["deals"] == 0
@@ -232,7 +233,7 @@ async def test_one_slow_buyer_does_not_stall_the_others():
     market = one_product_market(values=(400, 300), budget=2)
     episode = await run_episode(market, ScriptSeller([("b1", 250), ("b2", 250)]),
                                 {"b1": SleepyBuyer(), "b2": ThresholdBuyer("threshold")}, reply_timeout=0.05)
-    assert [(e["buyer"], e["price"]) for e in episode.events if e["type"] == "deal"] == [("b2", 250)]
+    assert [(e.buyer, e.price) for e in episode.deals()] == [("b2", 250)]
     assert (episode.outcome, episode.reason) == ("terminated", "sold_out")
 
 
@@ -246,8 +247,8 @@ async def test_a_raising_buyer_fails_the_episode_with_the_reason():
     assert "RuntimeError" in episode.reason and "boom" in episode.reason
     assert episode.metrics is None
     end = episode.events[-1]
-    assert (end["type"], end["outcome"], end["metrics"]) == ("episode_end", "failed", None)
-    assert "boom" in end["reason"]
+    assert (end.type, end.outcome, end.metrics) == ("episode_end", "failed", None)
+    assert "boom" in end.reason
 
 
 async def test_a_raising_buyer_fails_the_episode_even_if_the_market_just_ended():
@@ -258,8 +259,8 @@ async def test_a_raising_buyer_fails_the_episode_even_if_the_market_just_ended()
     assert "RuntimeError" in episode.reason and "boom" in episode.reason
     assert episode.metrics is None
     end = episode.events[-1]
-    assert (end["type"], end["outcome"], end["metrics"]) == ("episode_end", "failed", None)
-    assert "boom" in end["reason"]
+    assert (end.type, end.outcome, end.metrics) == ("episode_end", "failed", None)
+    assert "boom" in end.reason
 
 
 async def test_a_raising_seller_fails_the_episode_with_the_reason():
@@ -277,7 +278,41 @@ async def test_an_async_agent_that_raises_fails_the_episode(role):
     else:
         episode = await run_episode(market, HighSeller(200), {"b1": AsyncRaisingAgent()})
     assert episode.outcome == "failed" and "RuntimeError: boom" in episode.reason
-    assert episode.events[-1]["outcome"] == "failed"
+    assert episode.end.outcome == "failed"
+
+
+async def test_an_agent_error_names_the_agent_and_keeps_its_error():
+    market = one_product_market(values=(400,))
+    episode = await run_episode(market, HighSeller(200), {"b1": AsyncRaisingAgent()})
+    assert episode.reason == "RuntimeError: boom"  # the agent's own error, not a wrapper's
+    assert [e.type for e in episode.events[-1:]] == ["episode_end"] and episode.failed
+
+
+def _regulator_bug(self, *args, **kwargs):
+    raise ZeroDivisionError("regulator bug")
+
+
+async def test_an_engine_bug_propagates_out_of_run_episode(monkeypatch):
+    # A regulator that raises is a bug of the engine, not an agent's failure: no failed row, the run stops.
+    monkeypatch.setattr(EpisodeState, "seller_send", _regulator_bug)
+    market = one_product_market(values=(400,))
+    with pytest.raises(ZeroDivisionError, match="regulator bug"):
+        await run_episode(market, HighSeller(200), thresholds(market))
+
+
+async def test_budget_exceeded_is_a_bug_that_propagates(monkeypatch):
+    # The bus never sends past the budget; if it did, BudgetExceeded must stop the run, not become data.
+    monkeypatch.setattr(EpisodeState, "budget_left", property(lambda self: 1))  # the bus believes a turn is always left
+    market = one_product_market(values=(1,), budget=2)  # nobody buys at 1000: the seller keeps offering
+    with pytest.raises(BudgetExceeded):
+        await run_episode(market, HighSeller(1000), {"b1": ThresholdBuyer("threshold")})
+
+
+async def test_an_engine_bug_in_a_buyer_task_propagates_too(monkeypatch):
+    monkeypatch.setattr(EpisodeState, "buyer_reply", _regulator_bug)
+    market = one_product_market(values=(400,))
+    with pytest.raises(ZeroDivisionError, match="regulator bug"):
+        await run_episode(market, HighSeller(200), {"b1": ThresholdBuyer("threshold")}, inline_instant=False)
 
 
 async def test_an_instant_agent_with_only_act_follows_the_documented_protocol():
@@ -317,7 +352,7 @@ async def test_replies_in_any_order_keep_the_rules():
         shuffled = {k: Shuffled(agent, rng) for k, agent in buyers.items()}
         episode = await run_episode(market, seller, shuffled, reply_timeout=30)
         assert episode.outcome in ("terminated", "truncated")
-        deals = [e for e in episode.events if e["type"] == "deal"]
+        deals = episode.deals()
         assert len({d["buyer"] for d in deals}) == len(deals)
         assert len(deals) <= sum(p.stock for p in market.products)
         assert all(d["cost"] <= d["price"] <= d["value"] for d in deals)
@@ -346,7 +381,7 @@ async def test_a_seller_still_thinking_when_the_market_sells_out():
     # ... and is dropped: the episode ends as sold out, not failed, and no message goes to b2.
     assert (episode.outcome, episode.reason) == ("terminated", "sold_out")
     assert episode.metrics["deals"] == 1
-    assert [e["to"] for e in episode.events if e["type"] == "message" and e["sender"] == SELLER] == ["b1"]
+    assert [e.to for e in episode.seller_messages()] == ["b1"]
 
 
 # -- determinism ----------------------------------------------------------------------------------------
@@ -355,7 +390,7 @@ _TIMING = {"ts", "wall_s", "time"}
 
 
 def _untimed(events):
-    return [{k: v for k, v in e.items() if k not in _TIMING} for e in events]
+    return [{k: v for k, v in vars(e).items() if k not in _TIMING} for e in events]
 
 
 @pytest.mark.parametrize(("seller", "buyers"), [("greedy", "concession"), ("random", "random"), ("dutch", "stubborn")])
@@ -366,7 +401,7 @@ async def test_same_market_and_seeds_give_the_same_trace(seller, buyers):
             market, s, b = build_episode(SPLITS["train"], parse_agent(seller, "seller"), parse_agent(buyers, "buyer"), 11, index)
             runs.append(await run_episode(market, s, b, episode_id="same"))
         assert _untimed(runs[0].events) == _untimed(runs[1].events)
-        assert any(e["type"] == "message" for e in runs[0].events)
+        assert runs[0].messages()
 
 
 async def test_different_runs_seeds_give_different_traces():

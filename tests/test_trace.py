@@ -12,7 +12,7 @@ from negotiate.errors import UserError
 from negotiate.market import SPLITS
 from negotiate.metrics import metrics_from_events
 from negotiate.runner import build_episode
-from negotiate.trace import TraceWriter, read_episodes, scan, trace_files
+from negotiate.trace import TraceWriter, read_episodes, read_records, scan, trace_files
 
 
 def tiny(episode: str, schema: int = SCHEMA_VERSION, **extra) -> list[dict]:
@@ -59,9 +59,9 @@ def test_a_real_trace_alone_recomputes_the_metrics(tmp_path, real_episodes):
     with TraceWriter(path) as writer:
         for episode in real_episodes:
             writer.write(episode.events)
-    back = list(read_episodes(path))
-    assert back == [episode.events for episode in real_episodes]
-    assert [metrics_from_events(events) for events in back] == [episode.metrics for episode in real_episodes]
+    back = list(read_records(path))
+    assert [b.events for b in back] == [episode.events for episode in real_episodes]  # typed records, field for field
+    assert [metrics_from_events(events) for events in read_episodes(path)] == [episode.metrics for episode in real_episodes]
 
 
 def test_blank_lines_are_skipped(tmp_path):

@@ -30,7 +30,7 @@ from negotiate.errors import UserError
 from negotiate.market import Market, MarketSpec
 from negotiate.protocol import SELLER, Action, Message, ParseFailure, render_tagged
 from negotiate.regulator import EpisodeState, SellerObservation
-from negotiate.trace import read_episodes, trace_files
+from negotiate.trace import EpisodeRecord, EpisodeStart, Event, EventType, MessageEvent, parse_event, read_records, trace_files
 
 from negotiate.training.rewards import DEFAULT_REWARD, reward_fn
 
@@ -65,15 +65,24 @@ class Decision:
 
 @dataclass
 class Episode:
-    """An episode's decisions with its labels and reward."""
+    """An episode as training data: its labels, reward and decisions, and the episode itself."""
 
     id: str
     group: str
+    """The market instance (:func:`group_key`)."""
     seller: str
     split: str
     reward: float
     metrics: dict
+    """The live metrics the trace recorded."""
     decisions: list[Decision] = field(default_factory=list)
+    record: EpisodeRecord | None = None
+    """The episode's trace (None for one written by hand, as in :func:`advantages`' doctest)."""
+
+    @classmethod
+    def scored(cls, record: EpisodeRecord, group: str, reward: float, decisions: list[Decision]) -> Episode:
+        start = record.start
+        return cls(record.id, group, start.seller or "", start.split or "", reward, record.metrics or {}, decisions, record)
 
 
 @dataclass(frozen=True)
@@ -87,84 +96,74 @@ class DataFilter:
     min_group: int = 1
     """Drop groups with fewer complete episodes."""
 
-    def keep(self, start: dict) -> bool:
-        return (self.split is None or start.get("split") == self.split) and (self.seller is None or start.get("seller") == self.seller)
+    def keep(self, start: EpisodeStart) -> bool:
+        return (self.split is None or start.split == self.split) and (self.seller is None or start.seller == self.seller)
 
 
-def group_key(start: dict) -> str:
+def group_key(start: EpisodeStart | dict) -> str:
     """The market instance of an episode: spec and market seed (episodes of one group share it).
 
-    >>> a = {"spec": {"name": "train", "buyers": 2}, "seed": 7}
-    >>> group_key(a) == group_key(dict(a)) != group_key(a | {"seed": 8})
+    >>> a = EpisodeStart(spec={"name": "train", "buyers": 2}, seed=7)
+    >>> group_key(a) == group_key({"spec": {"name": "train", "buyers": 2}, "seed": 7}) != group_key(EpisodeStart(spec=a.spec, seed=8))
     True
     """
-    blob = orjson.dumps({"spec": start.get("spec"), "seed": start.get("seed")}, option=orjson.OPT_SORT_KEYS)
+    if not isinstance(start, EpisodeStart):
+        start = parse_event({**start, "type": EventType.EPISODE_START})
+    blob = orjson.dumps({"spec": start.spec, "seed": start.seed}, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha1(blob).hexdigest()[:16]
 
 
-def _message(event: dict) -> Message | ParseFailure:
-    action = event.get("action")
-    if action is None:
-        return ParseFailure(event.get("error") or "unparseable", event.get("raw") or "")
-    return Message(event["sender"], event["to"], event.get("talk") or "",
-                   Action(action["kind"], action.get("product"), action.get("price")), event.get("thought") or "")
+def _message(event: MessageEvent) -> Message | ParseFailure:
+    if event.action is None:
+        return ParseFailure(event.error or "unparseable", event.raw or "")
+    return Message(event.sender, event.to, event.talk or "", Action(event.kind, event.product, event.price), event.thought or "")
 
 
-def _timeout_seconds(event: dict) -> float | None:
-    error = event.get("error") or ""
-    if event.get("action") is None and error.startswith("timeout after "):
-        try:
-            return float(error.removeprefix("timeout after ").rstrip("s"))
-        except ValueError:
-            return None
-    return None
-
-
-def replay(events: Sequence[dict]) -> tuple[list[tuple[SellerObservation, dict]], EpisodeState]:
+def replay(events: Sequence[Event | dict] | EpisodeRecord) -> tuple[list[tuple[SellerObservation, MessageEvent]], EpisodeState]:
     """Feed an episode's messages back through the regulator: (the seller's observation before
     each seller message, that message's event) in order, and the final state. The regulator is
     deterministic, so the replay reaches the recorded states (the tests check that the replayed
-    events equal the trace's)."""
-    start = events[0]
-    market = Market.from_dict(MarketSpec.model_validate(start["spec"]), start["market"])
-    state = EpisodeState(market, clock=lambda: 0.0, episode=start["episode"])
-    seen: list[tuple[SellerObservation, dict]] = []
-    for event in events:
-        if event.get("type") != "message":
-            continue
-        seconds = _timeout_seconds(event)
-        if event["sender"] == SELLER:
+    events equal the trace's). A timeout is replayed from its ``timeout_s`` (schema 1: from its text)."""
+    episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
+    start = episode.start
+    market = Market.from_dict(MarketSpec.model_validate(start.spec), start.market)
+    state = EpisodeState(market, clock=lambda: 0.0, episode=start.episode)
+    seen: list[tuple[SellerObservation, MessageEvent]] = []
+    for event in episode.messages():
+        if event.sender == SELLER:
             seen.append((state.seller_observation(consume=True), event))
-            if seconds is not None:
-                state.seller_timeout(seconds)
+            if event.timed_out:
+                state.seller_timeout(event.timeout_s)
             else:
-                state.seller_send(_message(event), raw=event.get("raw"))
-        elif seconds is not None:
-            state.buyer_timeout(event["sender"], seconds)
+                state.seller_send(_message(event), raw=event.raw)
+        elif event.timed_out:
+            state.buyer_timeout(event.sender, event.timeout_s)
         else:
-            state.buyer_reply(event["sender"], _message(event), raw=event.get("raw"))
+            state.buyer_reply(event.sender, _message(event), raw=event.raw)
     return seen, state
 
 
-def _completion(event: dict) -> str:
-    if event.get("raw") is not None:
-        return event["raw"]
-    if event.get("action") is None:
+def _completion(event: MessageEvent) -> str:
+    if event.raw is not None:
+        return event.raw
+    if event.action is None:
         return ""
     return render_tagged(_message(event))
 
 
-def decisions(events: Sequence[dict], reward: float, group: str, *, fmt: str = "tagged") -> list[Decision]:
+def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, group: str, *, fmt: str = "tagged") -> list[Decision]:
     """The seller decisions of one episode (timeouts skipped: the seller wrote nothing)."""
     from negotiate.agents.llm import render_seller  # prompt files: loaded only when building data
 
+    episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
     out: list[Decision] = []
-    logged = any(e.get("type") == "message" and e["sender"] == SELLER and (e.get("extra") or {}).get("prompt") for e in events)
-    source = ((None, e) for e in events if e.get("type") == "message" and e["sender"] == SELLER) if logged else replay(events)[0]
+    sent = episode.seller_messages()
+    logged = any((e.extra or {}).get("prompt") for e in sent)
+    source = ((None, e) for e in sent) if logged else replay(episode)[0]
     for obs, event in source:
-        if _timeout_seconds(event) is not None:
+        if event.timed_out:
             continue
-        extra = event.get("extra") or {}
+        extra = event.extra or {}
         prompt = extra.get("prompt") if logged else render_seller(obs, fmt)
         if not prompt:
             continue
@@ -175,8 +174,8 @@ def decisions(events: Sequence[dict], reward: float, group: str, *, fmt: str = "
             prompt = prompt[:2]
             tokens = {}
         out.append(Decision(
-            episode=events[0]["episode"], group=group, turn=int(event.get("turn") or 0), prompt=list(prompt),
-            completion=_completion(event), reward=reward, valid=bool(event.get("valid")), **tokens,
+            episode=episode.id, group=group, turn=int(event.turn or 0), prompt=list(prompt),
+            completion=_completion(event), reward=reward, valid=bool(event.valid), **tokens,
         ))
     return out
 
@@ -188,21 +187,20 @@ def load_episodes(paths: Iterable[str | Path], *, reward: str = DEFAULT_REWARD, 
     episodes: list[Episode] = []
     seen: set[tuple[str, str]] = set()
     for path in trace_files(paths):
-        for events in read_episodes(path, allow_partial=True):
-            start, end = events[0], events[-1]
-            if end.get("type") != "episode_end" or not where.keep(start):
+        for record in read_records(path, allow_partial=True):
+            start = record.start
+            if not record.complete or not where.keep(start):
                 continue
-            value = score(events)
+            value = score(record.events)
             if value is None:
                 continue
-            key = (start.get("seller", ""), start["episode"])
+            key = (start.seller or "", record.id)
             if key in seen:
                 raise UserError("the same episode appears twice (a trace folder merged with itself?)", source=str(path),
-                                field="episode", value=start["episode"])
+                                field="episode", value=record.id)
             seen.add(key)
             group = group_key(start)
-            episodes.append(Episode(start["episode"], group, start.get("seller", ""), start.get("split", ""), value,
-                                    end.get("metrics") or {}, decisions(events, value, group, fmt=fmt)))
+            episodes.append(Episode.scored(record, group, value, decisions(record, value, group, fmt=fmt)))
     sizes = defaultdict(int)
     for ep in episodes:
         sizes[ep.group] += 1

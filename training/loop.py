@@ -230,29 +230,29 @@ def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_epi
 # -- reading results back ---------------------------------------------------------------------------
 
 
-def _episodes(folder: Path) -> list[list[dict]]:
-    from negotiate.trace import read_episodes
+def _episodes(folder: Path) -> list:
+    from negotiate.trace import read_records
 
     found = []
     for path in sorted(folder.rglob("*.jsonl")):
         if path.name.endswith(".log.jsonl"):
             continue
-        found.extend(read_episodes(path, allow_partial=True))
+        found.extend(read_records(path, allow_partial=True))
     return found
 
 
 def per_market(folder: Path) -> dict[str, dict[tuple, dict]]:
     """seller -> (split, market index) -> {profit_ratio, valid_rate} for every finished episode in ``folder``."""
     table: dict[str, dict[tuple, dict]] = {}
-    for events in _episodes(folder):
-        start, end = events[0], events[-1]
-        if end.get("type") != "episode_end" or end.get("outcome") == "failed":
+    for episode in _episodes(folder):
+        start = episode.start
+        if not episode.complete or episode.failed:
             continue
-        metrics = end.get("metrics") or {}
+        metrics = episode.metrics or {}
         sent = metrics.get("seller_messages", 0)
         valid = (sent - metrics.get("seller_invalid", 0)) / sent if sent else None
-        table.setdefault(start["seller"], {})[(start["split"], start["index"])] = {"profit_ratio": metrics.get("profit_ratio"),
-                                                                                  "valid_rate": valid}
+        table.setdefault(start.seller, {})[(start.split, start.index)] = {"profit_ratio": metrics.get("profit_ratio"),
+                                                                        "valid_rate": valid}
     return table
 
 

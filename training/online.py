@@ -26,7 +26,7 @@ from pathlib import Path
 import structlog
 
 from negotiate.errors import UserError
-from negotiate.protocol import SELLER
+from negotiate.trace import EpisodeRecord
 
 from negotiate.training.rewards import reward_fn
 from negotiate.training.trainer import MetricsLog, TrainConfig, evaluate_policy, load_policy, lora_config, play_episodes, save_policy
@@ -74,17 +74,18 @@ def make_rollout(config: TrainConfig, tokenizer, *, split: str, record: list):
         rng = random.Random(hash((config.seed, step)) & 0xFFFFFFFF)
         out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "episode_reward": [], "valid": []}
         for events in played:
-            reward = score(events)
-            turns = [e for e in events if e.get("type") == "message" and e["sender"] == SELLER and (e.get("extra") or {}).get("token_ids")]
+            episode = EpisodeRecord.of(events)
+            reward = score(episode.events)
+            turns = [e for e in episode.seller_messages() if (e.extra or {}).get("token_ids")]
             if not turns:
-                raise RuntimeError(f"episode {events[0]['episode']} has no seller reply with token ids ({events[-1].get('reason')})")
+                raise RuntimeError(f"episode {episode.id} has no seller reply with token ids ({episode.reason})")
             chosen = rng.choice(turns)
-            extra = chosen["extra"]
+            extra = chosen.extra
             out["prompt_ids"].append(extra["prompt_token_ids"])
             out["completion_ids"].append(extra["token_ids"])
             out["logprobs"].append(extra["logprobs"])
             out["episode_reward"].append(0.0 if reward is None else reward)
-            out["valid"].append(bool(chosen.get("valid")))
+            out["valid"].append(bool(chosen.valid))
         summary = summarize_episodes(played, config.reward)
         record.append(summary)
         return out

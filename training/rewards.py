@@ -1,4 +1,4 @@
-"""Rewards: named, pure functions of one episode's trace (its list of events).
+"""Rewards: named, pure functions of one episode's trace (its list of events: records, or dicts as read).
 
 A reward is what the trainer optimizes; everything else in the trace's ``metrics`` is
 logged only. Each function reads the events alone (the metrics are recomputed from
@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from negotiate.metrics import metrics_from_events
+from negotiate.trace import EpisodeRecord, Event
 
 __all__ = ["REWARDS", "DEFAULT_REWARD", "PENALTY", "reward_fn", "profit_penalized", "profit_share", "welfare_share", "adherence"]
 
@@ -27,18 +28,18 @@ PENALTY = 0.1
 """Cost of one seller violation in the default reward (a malformed message, an offer below cost...)."""
 
 
-def _metrics(events: Sequence[dict]) -> dict | None:
-    end = events[-1] if events else {}
-    if end.get("type") != "episode_end" or end.get("outcome") == "failed":
+def _metrics(events: Sequence[Event | dict]) -> dict | None:
+    episode = EpisodeRecord.of(events)
+    if not episode.complete or episode.failed:
         return None
-    return metrics_from_events(events)
+    return metrics_from_events(episode.events)
 
 
 def _share(numerator: float, opt: float) -> float:
     return numerator / opt if opt > 0 else 0.0
 
 
-def profit_share(events: Sequence[dict]) -> float | None:
+def profit_share(events: Sequence[Event | dict]) -> float | None:
     """Seller profit / OPT, in [0, 1]; 0 when OPT is 0.
 
     >>> from negotiate.training.rewards import _doctest_episode
@@ -65,7 +66,7 @@ def profit_penalized(events: Sequence[dict], penalty: float = PENALTY) -> float 
     return _share(m["profit"], m["opt"]) - min(1.0, penalty * seller_violations)
 
 
-def welfare_share(events: Sequence[dict]) -> float | None:
+def welfare_share(events: Sequence[Event | dict]) -> float | None:
     """Welfare (sum of value - cost over deals) / OPT: allocation quality, whoever gets the surplus.
 
     >>> from negotiate.training.rewards import _doctest_episode
@@ -76,7 +77,7 @@ def welfare_share(events: Sequence[dict]) -> float | None:
     return None if m is None else _share(m["welfare"], m["opt"])
 
 
-def adherence(events: Sequence[dict]) -> float | None:
+def adherence(events: Sequence[Event | dict]) -> float | None:
     """Share of the seller's messages that were valid (format and rules); 1 when it sent none.
 
     >>> from negotiate.training.rewards import _doctest_episode
@@ -89,7 +90,7 @@ def adherence(events: Sequence[dict]) -> float | None:
     return m["valid_rate"] if m["valid_rate"] is not None else 1.0
 
 
-REWARDS: dict[str, Callable[[Sequence[dict]], float | None]] = {
+REWARDS: dict[str, Callable[[Sequence[Event | dict]], float | None]] = {
     "profit-penalized": profit_penalized,
     "profit": profit_share,
     "welfare": welfare_share,
@@ -99,7 +100,7 @@ REWARDS: dict[str, Callable[[Sequence[dict]], float | None]] = {
 DEFAULT_REWARD = "profit-penalized"
 
 
-def reward_fn(name: str) -> Callable[[Sequence[dict]], float | None]:
+def reward_fn(name: str) -> Callable[[Sequence[Event | dict]], float | None]:
     """The reward called ``name``; a ValueError lists the choices."""
     try:
         return REWARDS[name]

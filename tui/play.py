@@ -710,7 +710,7 @@ class ResultScreen(ModalScreen[None]):
         session = self.session
         result = session.result
         episode = result.episode
-        end = episode.events[-1]
+        end = episode.end
         m = episode.metrics or {}
         out = Text()
         if episode.outcome == "failed":
@@ -718,15 +718,15 @@ class ResultScreen(ModalScreen[None]):
             out.append(f"Nobody's play decided it, so it has no score. It is kept in {clean(result.trace)} as "
                        f"{clean(episode.id)}, marked failed; training skips it.")
             return out
-        out.append(f"{clean(end.get('outcome'))} ({clean(end.get('reason'))}) after {end.get('turns_used')} of {end.get('budget')} turns\n\n", style="bold")
-        deals = [e for e in episode.events if e.get("type") == "deal"]
+        out.append(f"{clean(end.outcome)} ({clean(end.reason)}) after {end.turns_used} of {end.budget} turns\n\n", style="bold")
+        deals = episode.deals()
         opt_value, pairs = session.opt
         if session.role == "buyer":
-            mine = next((d for d in deals if d["buyer"] == session.human_id), None)
+            mine = next((d for d in deals if d.buyer == session.human_id), None)
             out.append("You: ", style="bold cyan")
             if mine:
-                out.append(f"bought {mine['product']} at ${mine['price']}; your value ${mine['value']}, so your surplus is ")
-                out.append(f"${mine['value'] - mine['price']}\n", style="bold green")
+                out.append(f"bought {mine.product} at ${mine.price}; your value ${mine.value}, so your surplus is ")
+                out.append(f"${mine.value - mine.price}\n", style="bold green")
             else:
                 out.append("no deal; your surplus is $0\n")
             best = [p for b, p in sorted(pairs) if b == session.human_id]
@@ -736,7 +736,7 @@ class ResultScreen(ModalScreen[None]):
             out.append(f"  seller profit {money(m.get('profit'))} of OPT {money(opt_value)}: profit/OPT {ratio(m.get('profit_ratio'))}\n")
             out.append(f"  welfare {money(m.get('welfare'))}: welfare/OPT {ratio(m.get('welfare_ratio'))}\n")
             out.append(f"  OPT matching: {', '.join(f'{b}-{p}' for b, p in sorted(pairs)) or 'none'}; "
-                       f"made: {', '.join(d['buyer'] + '-' + d['product'] for d in deals) or 'none'}\n")
+                       f"made: {', '.join(d.buyer + '-' + d.product for d in deals) or 'none'}\n")
         else:
             oracle = result.oracle.metrics if result.oracle is not None and result.oracle.metrics else {}
             rows = [
@@ -751,12 +751,12 @@ class ResultScreen(ModalScreen[None]):
             for name, you, them in rows:
                 out.append(f"{name:14}{you:>10}{them:>10}\n")
             out.append(f"OPT {money(opt_value)}. The oracle sees every valuation and faces the same buyers.\n", style="dim")
-            made = {(d["buyer"], d["product"]): d for d in deals}
+            made = {(d.buyer, d.product): d for d in deals}
             out.append("OPT matching: ")
             for k, (b, p) in enumerate(sorted(pairs)):
                 out.append(", " if k else "")
                 out.append(f"{b}-{p}", style="green" if (b, p) in made else "red")
-            out.append("\nYour deals: " + (", ".join(f"{d['buyer']}-{d['product']} ${d['price']}" for d in deals) or "none") + "\n")
+            out.append("\nYour deals: " + (", ".join(f"{d.buyer}-{d.product} ${d.price}" for d in deals) or "none") + "\n")
         out.append(f"\nSaved to {clean(result.trace)} as {clean(episode.id)}", style="dim")
         return out
 

@@ -16,6 +16,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
+from negotiate.trace import DealEvent, MessageEvent, ViolationEvent
 from negotiate.tui.text import clean, esc, money, ratio
 from negotiate.tui.transcript import Recorded, event_lines, price_points
 from negotiate.tui.widgets import Conversation, PriceChart, TooSmall
@@ -74,10 +75,9 @@ class ReplayScreen(Screen):
 
     @staticmethod
     def _label(episode: Recorded) -> Text:
-        end = episode.end
         m = episode.metrics
         text = Text(episode.id)
-        if end.get("outcome") == "failed":
+        if episode.failed:
             text.append(" failed", style="red")
         elif m is not None:
             text.append(f" {ratio(m.get('profit_ratio'))}", style="dim")
@@ -109,8 +109,8 @@ class ReplayScreen(Screen):
         episode = self.episode
         start = episode.start
         self.sub_title = " · ".join(clean(x) for x in (
-            episode.id, f"{start.get('split', '?')} {start.get('shape', '')}".strip(),
-            f"seller {start.get('seller', '?')}", f"buyers {start.get('buyers', '?')}", self.source) if x)
+            episode.id, f"{start.split or '?'} {start.shape or ''}".strip(),
+            f"seller {start.seller or '?'}", f"buyers {start.buyers or '?'}", self.source) if x)
         table = self.query_one("#market", DataTable)
         table.clear(columns=True)
         numbers = [clean(p.get("cost", "")) for p in episode.market.get("products", []) if isinstance(p, dict)]
@@ -126,7 +126,7 @@ class ReplayScreen(Screen):
         episode = self.episode
         table = self.query_one("#market", DataTable)
         table.clear()
-        dealt = {(clean(e.get("buyer")), clean(e.get("product"))) for step in episode.steps[: self.step] for e in step if e.get("type") == "deal"}
+        dealt = {(clean(e.buyer), clean(e.product)) for step in episode.steps[: self.step] for e in step if isinstance(e, DealEvent)}
         buyers = [b for b in episode.market.get("buyers", []) if isinstance(b, dict)]
         for j, product in enumerate(p for p in episode.market.get("products", []) if isinstance(p, dict)):
             pid = clean(product.get("id", "?"))
@@ -165,17 +165,17 @@ class ReplayScreen(Screen):
     def _score(self) -> Text:
         episode = self.episode
         shown = [e for step in episode.steps[: self.step] for e in step]
-        turns = max([e["turn"] for e in shown if e.get("type") == "message" and isinstance(e.get("turn"), int)] + [0])
-        deals = [e for e in shown if e.get("type") == "deal"]
-        profit = sum(e["price"] - e["cost"] for e in deals if isinstance(e.get("price"), int) and isinstance(e.get("cost"), int))
-        violations = sum(1 for e in shown if e.get("type") == "violation")
+        turns = max([e.turn for e in shown if isinstance(e, MessageEvent) and isinstance(e.turn, int)] + [0])
+        deals = [e for e in shown if isinstance(e, DealEvent)]
+        profit = sum(e.price - e.cost for e in deals if isinstance(e.price, int) and isinstance(e.cost, int))
+        violations = sum(1 for e in shown if isinstance(e, ViolationEvent))
         out = Text()
         out.append(f"turn {turns} of {clean(episode.market.get('budget', '?'))} · deals {len(deals)}\n")
         out.append(f"profit {money(profit)} · ")
         out.append(f"violations {violations}", style="red" if violations else "")
         if self.step >= len(episode.steps):
             end = episode.end
-            out.append(f"\n{clean(end.get('outcome', '?'))} ({clean(end.get('reason', '?'))})", style="bold")
+            out.append(f"\n{clean(end.outcome or '?')} ({clean(end.reason or '?')})", style="bold")
             m = episode.metrics
             if m:
                 out.append(f"\nprofit/OPT {ratio(m.get('profit_ratio'))}", style="bold")

@@ -10,13 +10,16 @@ Traces are data, not code: a missing field shows as ``?``, never as a crash.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from negotiate.errors import UserError
 from negotiate.market import Market, MarketSpec
 from negotiate.metrics import opt
-from negotiate.trace import read_episodes
+from negotiate.trace import (
+    DealEvent, EpisodeEnd, EpisodeRecord, Event, MessageEvent, NoticeEvent, Outcome, ViolationEvent, parse_event, read_episodes,
+)
 
 from negotiate.tui.text import action_label, clean, money, ratio
 
@@ -33,53 +36,43 @@ VIOLATION_STYLE = "bold red"
 NOTICE_STYLE = "dim"
 
 
-@dataclass
-class Recorded:
-    """One recorded episode, with its events grouped into steps."""
+def _q(value: object) -> str:
+    """A trace field as shown: cleaned, or ``?`` when the trace lacks it."""
+    return "?" if value is None else clean(value)
 
-    events: list[dict]
-    steps: list[list[dict]] = field(init=False)
-    """Step k: a message and what followed it; the last step holds ``episode_end``."""
 
-    def __post_init__(self) -> None:
-        steps: list[list[dict]] = []
+@dataclass(frozen=True, eq=False)
+class Recorded(EpisodeRecord):
+    """One recorded episode (an :class:`~negotiate.trace.EpisodeRecord`), with its events grouped into steps."""
+
+    @cached_property
+    def steps(self) -> list[list[Event]]:
+        """Step k: a message and what followed it; the last step holds ``episode_end``."""
+        steps: list[list[Event]] = []
         for event in self.events[1:]:
-            if not steps or event.get("type") in ("message", "episode_end"):
+            if not steps or isinstance(event, (MessageEvent, EpisodeEnd)):
                 steps.append([event])
             else:
                 steps[-1].append(event)
-        self.steps = steps
-
-    @property
-    def start(self) -> dict:
-        return self.events[0]
-
-    @property
-    def end(self) -> dict:
-        return self.events[-1]
+        return steps
 
     @property
     def id(self) -> str:
-        return clean(self.start.get("episode", "?"))
+        return _q(self.start.episode)
 
     @property
     def market(self) -> dict:
-        market = self.start.get("market")
+        market = self.start.market
         return market if isinstance(market, dict) else {}
 
     @property
     def buyer_ids(self) -> list[str]:
         return [clean(b.get("id", "?")) for b in self.market.get("buyers", []) if isinstance(b, dict)]
 
-    @property
-    def metrics(self) -> dict | None:
-        metrics = self.end.get("metrics")
-        return metrics if isinstance(metrics, dict) else None
-
     def opt(self) -> tuple[int, frozenset] | None:
         """OPT and one optimal matching, recomputed from the recorded market (None if it cannot be)."""
         try:
-            market = Market.from_dict(MarketSpec.model_validate(self.start["spec"]), self.market)
+            market = Market.from_dict(MarketSpec.model_validate(self.start.spec), self.market)
             return opt(market)
         except Exception:  # an odd or newer trace: the replay goes on without OPT pairs
             return None
@@ -106,7 +99,7 @@ def find_episode(episodes: list[Recorded], episode_id: str | None, source: str =
     if episode_id is None:
         return 0
     for index, episode in enumerate(episodes):
-        if episode.start.get("episode") == episode_id:
+        if episode.start.episode == episode_id:
             return index
     ids = [e.id for e in episodes]
     listed = ", ".join(ids[:5]) + (f", ... ({len(ids)} in all)" if len(ids) > 5 else "")
@@ -117,52 +110,51 @@ def _talk_lines(text: str, indent: str) -> list[str]:
     return [f'{indent}"{line}"' if k == 0 else f"{indent} {line}" for k, line in enumerate(clean(text).split("\n"))]
 
 
-def event_lines(event: dict, *, thoughts: bool = True, arrow: str = "->") -> list[Line]:
+def event_lines(event: Event | dict, *, thoughts: bool = True, arrow: str = "->") -> list[Line]:
     """One trace event as styled lines (a message can take several: header, talk, thought, error)."""
-    kind = event.get("type")
-    if kind == "message":
-        sender = clean(event.get("sender", "?"))
-        to = clean(event.get("to")) if event.get("to") is not None else "?"
-        to = to or "all"  # the seller's end is addressed to no one in particular
+    if isinstance(event, dict):
+        event = parse_event(event)
+    if isinstance(event, MessageEvent):
+        sender = _q(event.sender)
+        to = _q(event.to) or "all"  # the seller's end is addressed to no one in particular
         is_seller = sender == "seller"
-        turn = event.get("turn")
+        turn = event.turn
         head = f"t{turn:<3}" if is_seller and isinstance(turn, int) else "    "
         style = SELLER_STYLE if is_seller else BUYER_STYLE
-        lines: list[Line] = [(style, f"{head} {sender} {arrow} {to}  {action_label(event.get('action'))}")]
-        if event.get("talk"):
-            lines += [("", line) for line in _talk_lines(event["talk"], "       ")]
-        if thoughts and event.get("thought"):
-            thought = clean(event["thought"]).split("\n")
+        lines: list[Line] = [(style, f"{head} {sender} {arrow} {to}  {action_label(event.action)}")]
+        if event.talk:
+            lines += [("", line) for line in _talk_lines(event.talk, "       ")]
+        if thoughts and event.thought:
+            thought = clean(event.thought).split("\n")
             lines += [(THOUGHT_STYLE, ("       thought: " if k == 0 else "                ") + line) for k, line in enumerate(thought)]
-        if not event.get("valid", True):
-            lines.append((VIOLATION_STYLE, f"       invalid: {clean(event.get('error', 'no reason given'))}"))
-        if event.get("raw") and event.get("action") is None:
-            raw = clean(event["raw"]).split("\n")
+        if event.valid is False:
+            lines.append((VIOLATION_STYLE, f"       invalid: {clean(event.error or 'no reason given')}"))
+        if event.raw and event.action is None:
+            raw = clean(event.raw).split("\n")
             lines += [(NOTICE_STYLE, ("       raw: " if k == 0 else "            ") + line) for k, line in enumerate(raw[:6])]
         return lines
-    if kind == "deal":
-        price, cost, value = event.get("price"), event.get("cost"), event.get("value")
+    if isinstance(event, DealEvent):
+        price, cost, value = event.price, event.cost, event.value
         detail = ""
         if all(isinstance(x, int) for x in (price, cost, value)):
             detail = f" (seller +{price - cost}, buyer +{value - price})"
-        return [(DEAL_STYLE, f"     DEAL {clean(event.get('buyer', '?'))} buys {clean(event.get('product', '?'))} at {money(clean(price))}{detail}")]
-    if kind == "violation":
-        return [(VIOLATION_STYLE, f"     VIOLATION by {clean(event.get('who', '?'))}: {clean(event.get('kind', '?'))}: {clean(event.get('detail', ''))}")]
-    if kind == "notice":
-        return [(NOTICE_STYLE, f"     notice {clean(event.get('to', '?'))}: {clean(event.get('text', ''))}")]
-    if kind == "episode_end":
+        return [(DEAL_STYLE, f"     DEAL {_q(event.buyer)} buys {_q(event.product)} at {money(clean(price))}{detail}")]
+    if isinstance(event, ViolationEvent):
+        return [(VIOLATION_STYLE, f"     VIOLATION by {_q(event.who)}: {_q(event.kind)}: {clean(event.detail)}")]
+    if isinstance(event, NoticeEvent):
+        return [(NOTICE_STYLE, f"     notice {_q(event.to)}: {clean(event.text)}")]
+    if isinstance(event, EpisodeEnd):
         return end_lines(event)
-    return [(NOTICE_STYLE, f"     ({clean(kind)} event)")]
+    return [(NOTICE_STYLE, f"     ({clean(event.type)} event)")]
 
 
-def end_lines(end: dict) -> list[Line]:
+def end_lines(end: EpisodeEnd) -> list[Line]:
     """The outcome and the final metrics of an episode."""
-    outcome, reason = clean(end.get("outcome", "?")), clean(end.get("reason", "?"))
-    lines: list[Line] = [(DEAL_STYLE if outcome != "failed" else VIOLATION_STYLE,
-                          f"END {outcome} ({reason}) after {clean(end.get('turns_used', '?'))} of {clean(end.get('budget', '?'))} turns")]
-    metrics = end.get("metrics")
-    if isinstance(metrics, dict):
-        lines += [("bold", "     " + line) for line in metric_lines(metrics)]
+    outcome, reason = _q(end.outcome), _q(end.reason)
+    lines: list[Line] = [(DEAL_STYLE if outcome != Outcome.FAILED else VIOLATION_STYLE,
+                          f"END {outcome} ({reason}) after {_q(end.turns_used)} of {_q(end.budget)} turns")]
+    if isinstance(end.metrics, dict):
+        lines += [("bold", "     " + line) for line in metric_lines(end.metrics)]
     return lines
 
 
@@ -181,7 +173,9 @@ def metric_lines(m: dict) -> list[str]:
 def market_lines(episode: Recorded) -> list[Line]:
     """The episode's labels and its full private information (replays see everything)."""
     s = episode.start
-    labels = [f"episode {episode.id}"] + [f"{key} {clean(s[key])}" for key in ("split", "shape", "tier", "seed", "seller", "buyers") if s.get(key) is not None]
+    labels = [f"episode {episode.id}"] + [f"{key} {clean(value)}" for key, value in
+                                          (("split", s.split), ("shape", s.shape), ("tier", s.tier), ("seed", s.seed), ("seller", s.seller), ("buyers", s.buyers))
+                                          if value is not None]
     market = episode.market
     lines: list[Line] = [("bold", " | ".join(labels)), ("", f"budget {clean(market.get('budget', '?'))} turns, values drawn from {clean(market.get('price_low', '?'))}-{clean(market.get('price_high', '?'))}")]
     buyers = [b for b in market.get("buyers", []) if isinstance(b, dict)]
@@ -209,19 +203,18 @@ def plain_transcript(episode: Recorded) -> str:
     return "\n".join(line.rstrip() for line in out) + "\n"
 
 
-def price_points(steps: list[list[dict]]) -> tuple[dict[str, list[tuple[str, int]]], dict[str, tuple[str, int]]]:
+def price_points(steps: list[list[Event]]) -> tuple[dict[str, list[tuple[str, int]]], dict[str, tuple[str, int]]]:
     """Per buyer, the priced actions in time order as (kind, price); and each buyer's deal (product, price)."""
     points: dict[str, list[tuple[str, int]]] = {}
     deals: dict[str, tuple[str, int]] = {}
     for step in steps:
         for event in step:
-            if event.get("type") == "message" and event.get("valid", True):
-                action = event.get("action") or {}
-                price = action.get("price")
+            if isinstance(event, MessageEvent) and event.valid is not False:
+                price = event.price
                 if not isinstance(price, int) or isinstance(price, bool):
                     continue
-                buyer = event.get("to") if event.get("sender") == "seller" else event.get("sender")
-                points.setdefault(clean(buyer), []).append((clean(action.get("kind", "?")), price))
-            elif event.get("type") == "deal" and isinstance(event.get("price"), int):
-                deals[clean(event.get("buyer", "?"))] = (clean(event.get("product", "?")), event["price"])
+                buyer = event.to if event.sender == "seller" else event.sender
+                points.setdefault(clean(buyer), []).append((_q(event.kind), price))
+            elif isinstance(event, DealEvent) and isinstance(event.price, int):
+                deals[_q(event.buyer)] = (_q(event.product), event.price)
     return points, deals

@@ -202,3 +202,18 @@ def test_a_bid_that_does_not_move_caps_every_product_of_that_buyer():
         seller._learn(_observation(market, [Message("b1", "seller", "", Action("bid", "p1", 400))]))
     assert seller.stubborn[0]
     assert seller.hi[0].tolist() == [400.0, 400.0] and seller.lo[0].tolist() == [400.0, 100.0]
+
+
+def test_the_first_ask_is_priced_for_the_turns_left_per_possible_deal():
+    # Uniform values on [100, 1000], costs 100. The first price is the first step of a ladder of
+    # 0.7 x (turns left / deals still possible) offers, whose closed form is 100 + 900 k / (k + 1)
+    # (cells of 37.5 allow a cell either way).
+    # Four buyers, one unit, 12 turns: one deal, k = round(8.4) = 8: 900 (a ladder per buyer,
+    # 12 / 4 = 3 offers, would ask 775).
+    one_unit = Market(MarketSpec(), 0, (Product("p1", "A", 100, 1),), tuple(Buyer(f"b{i + 1}", (101,)) for i in range(4)), 12, 100, 1000)
+    # Two buyers, two units, 6 turns: two deals, k = round(2.1) = 2: 700.
+    two_by_two = _two_by_two([(101, 101), (101, 101)])
+    for market, price in ((one_unit, 900), (two_by_two, 700)):
+        seller = PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0)
+        first = _messages(_play(market, seller))[0][2]
+        assert first[0] == "offer" and abs(first[2] - price) <= 38, first

@@ -65,11 +65,12 @@ from negotiate.trace import TraceWriter
 
 GC_THRESHOLD = tuple(int(x) for x in __import__("os").environ.get("BENCH_GC", "50000,20,20").split(","))
 """What negotiate.runner.run_batch sets while a batch runs."""
-TARGET_MSGS = 40_000
-"""The issue's target: validated, traced messages per second at 100 concurrent episodes."""
+TARGET_MSGS = 60_000
+"""The target (issue #13): validated, traced messages per second at 100 concurrent episodes."""
 TARGET_CONCURRENCY = 100
 TARGET_SCALE = 1_000
-"""... and at this concurrency, no worse than half the figure at TARGET_CONCURRENCY."""
+"""... and at this concurrency, within 10% of the figure at TARGET_CONCURRENCY."""
+TARGET_SCALE_RATIO = 0.9
 
 
 # -- the episodes -------------------------------------------------------------------
@@ -264,7 +265,9 @@ def measure(args, mode: str, concurrency: int) -> dict:
             gc.set_threshold(*GC_THRESHOLD)
             try:
                 with TraceWriter(path) as writer:
+                    cpu = time.process_time()
                     wall = run_async(jobs, concurrency, writer) if mode == "async" else run_sync(jobs, writer)
+                    cpu = time.process_time() - cpu
             finally:
                 gc.set_threshold(*old)
             rss_peak = _rss_mib()
@@ -272,8 +275,8 @@ def measure(args, mode: str, concurrency: int) -> dict:
             counted = summarize_trace(path)
             trace_mib = path.stat().st_size / 2**20
         row = {
-            "mode": mode, "concurrency": concurrency if mode == "async" else None, "wall_s": wall,
-            "msgs_per_s": counted["messages"] / wall, "episodes_per_s": counted["episodes"] / wall,
+            "mode": mode, "concurrency": concurrency if mode == "async" else None, "wall_s": wall, "cpu_s": cpu,
+            "msgs_per_s": counted["messages"] / wall, "msgs_per_cpu_s": counted["messages"] / cpu, "episodes_per_s": counted["episodes"] / wall,
             "trace_mib": trace_mib, "rss_setup_mib": rss_setup, "rss_peak_mib": rss_peak, **counted, **setup,
         }
         if best is None or row["msgs_per_s"] > best["msgs_per_s"]:
@@ -459,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                            if not args.with_setup else "setup (market, agents, OPT) inside the clock, as run_batch; ")
                           + f"trace {sync['trace_mib'] / max(1, sync['episodes']) * 1024:.1f} KiB/episode")
     for name, justify in [("path", "left"), ("in flight", "right"), ("episodes", "right"), ("messages", "right"), ("wall s", "right"),
-                          ("msgs/s", "right"), ("episodes/s", "right"), ("vs sync", "right"), ("RSS setup", "right"),
+                          ("msgs/s", "right"), ("msgs/CPU s", "right"), ("episodes/s", "right"), ("vs sync", "right"), ("RSS setup", "right"),
                           ("peak RSS", "right"), ("deals (digest)", "left")]:
         table.add_column(name, justify=justify)
     for row in rows:
@@ -467,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             "sync loop" if row["mode"] == "sync" else "async run_episode",
             "-" if row["concurrency"] is None else f"{row['concurrency']:,}",
             f"{row['episodes']:,}", f"{row['messages']:,}", f"{row['wall_s']:.2f}",
-            f"{row['msgs_per_s']:,.0f}", f"{row['episodes_per_s']:,.0f}", f"{row['msgs_per_s'] / sync['msgs_per_s']:.2f}x",
+            f"{row['msgs_per_s']:,.0f}", f"{row['msgs_per_cpu_s']:,.0f}", f"{row['episodes_per_s']:,.0f}", f"{row['msgs_per_s'] / sync['msgs_per_s']:.2f}x",
             f"{row['rss_setup_mib']:.0f} MiB", f"{row['rss_peak_mib']:.0f} MiB", f"{row['deals']:,} ({row['deal_digest']})",
         )
     console.print(table)
@@ -484,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         targets.append({"target": f">= {TARGET_MSGS:,} msgs/s at {TARGET_CONCURRENCY} in flight", "value": f"{value:,.0f} msgs/s", "measured": value, "met": value >= TARGET_MSGS})
         if TARGET_SCALE in by_n:
             ratio = by_n[TARGET_SCALE]["msgs_per_s"] / value
-            targets.append({"target": f"{TARGET_SCALE:,} in flight >= 0.5 x {TARGET_CONCURRENCY} in flight", "value": f"{ratio:.2f} x", "measured": ratio, "met": ratio >= 0.5})
+            targets.append({"target": f"{TARGET_SCALE:,} in flight >= {TARGET_SCALE_RATIO} x {TARGET_CONCURRENCY} in flight", "value": f"{ratio:.2f} x",
+                            "measured": ratio, "met": ratio >= TARGET_SCALE_RATIO})
     for target in targets:
         mark = "[green]met[/]" if target["met"] else "[red]NOT met[/]"
         console.print(f"target {target['target']}: {target['value']} -> {mark}")

@@ -124,6 +124,10 @@ class BuyerView(NamedTuple):
     """This buyer's standing bid."""
 
 
+_make = tuple.__new__
+"""Builds a named tuple from its fields in order, without the Python-level ``__new__``."""
+
+
 class History(Sequence):
     """An append-only list seen up to the length it had when the view was taken.
 
@@ -536,16 +540,18 @@ class EpisodeState:
         new = tuple(self._seller_new)
         if consume:
             self._seller_new.clear()
-        return SellerObservation(
-            turns_used=self.turns_used,
-            budget=market.budget,
-            price_low=market.price_low,
-            price_high=market.price_high,
-            products=self._seller_products(),
-            buyers=tuple([BuyerView(b.id, b.status, b.awaiting, b.offer, b.bid) for b in self.buyers]),
-            new=new,
-            history=History(self._seller_history),
-        )
+        # Built positionally, in field order, with tuple.__new__: a named tuple's own __new__ is a
+        # Python call, and this runs once per decision (as does buyer_observation).
+        return _make(SellerObservation, (
+            self.turns_used,
+            market.budget,
+            market.price_low,
+            market.price_high,
+            self._products_view or self._seller_products(),
+            tuple([_make(BuyerView, (b.id, b.status, b.awaiting, b.offer, b.bid)) for b in self.buyers]),
+            new,
+            History(self._seller_history),
+        ))
 
     def _seller_products(self) -> tuple[ProductView, ...]:
         if self._products_view is None:
@@ -561,17 +567,17 @@ class EpisodeState:
     def buyer_observation(self, buyer_id: str, message: Message | None) -> BuyerObservation:
         buyer = self._buyer_by_id[buyer_id]
         info = self.market.buyers[buyer.index]
-        return BuyerObservation(
-            buyer=buyer_id,
-            persona=info.persona,
-            values=info.values,
-            products=self._buyer_products(),
-            offer=buyer.offer,
-            bid=buyer.bid,
-            message=_public(message) if message is not None else None,
-            rounds=buyer.messages_received,
-            thread=History(buyer.thread),
-        )
+        return _make(BuyerObservation, (
+            buyer_id,
+            info.persona,
+            info.values,
+            self._products_public or self._buyer_products(),
+            buyer.offer,
+            buyer.bid,
+            _public(message) if message is not None else None,
+            buyer.messages_received,
+            History(buyer.thread),
+        ))
 
 
 def observe(state: EpisodeState, role: str, message: Message | None = None, *, consume: bool = True):

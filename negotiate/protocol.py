@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Annotated, Literal, NamedTuple, get_type_hints
 
 import orjson
@@ -35,6 +36,9 @@ __all__ = [
     "BUYER_ACTIONS",
     "TALK_MAX",
     "SELLER",
+    "BUYER",
+    "Role",
+    "BuyerStatus",
     "parse",
     "parse_tagged",
     "parse_json",
@@ -48,8 +52,30 @@ __all__ = [
     "Notice",
 ]
 
-SELLER = "seller"
-"""The seller's address."""
+class Role(StrEnum):
+    """Who sends a message. A StrEnum: its members are the strings the trace holds (``"seller"``, ``"buyer"``),
+    equal to them and written as them. One catch: orjson refuses a member as a dict *key* (a str subclass);
+    key what it writes by ``role.value``."""
+
+    SELLER = "seller"
+    BUYER = "buyer"
+
+
+class BuyerStatus(StrEnum):
+    """Where a buyer stands in the market, as the seller sees it."""
+
+    ACTIVE = "active"
+    """May be written to (or owes a reply)."""
+    SERVED = "served"
+    """Has bought its one unit."""
+    GONE = "gone"
+    """Has quit."""
+
+
+SELLER = Role.SELLER
+"""The seller's address and role."""
+BUYER = Role.BUYER
+"""A buyer's role (a buyer's address is its id, ``b1``)."""
 SELLER_ACTIONS = ("offer", "accept", "reject", "end")
 BUYER_ACTIONS = ("bid", "accept", "reject", "quit")
 PRICED = frozenset({"offer", "accept", "bid"})
@@ -208,7 +234,7 @@ def parse_tagged(text: str, role: str, sender: str | None = None) -> Message | P
 
 
 def _from_sections(parts: dict[str, str], role: str, sender: str | None, text: str) -> Message | ParseFailure:
-    sender = sender or (SELLER if role == SELLER else "buyer")
+    sender = sender or (SELLER if role == SELLER else BUYER)
     if "action" not in parts:
         return ParseFailure("no 'Action:' line", text)
     action_text = parts["action"].splitlines()[0].strip() if parts["action"] else ""
@@ -238,7 +264,7 @@ def parse_json(text: str, role: str, sender: str | None = None) -> Message | Par
 
 def parse_object(data, role: str, sender: str | None = None, raw: str = "") -> Message | ParseFailure:
     """Parse the JSON form once decoded: ``data`` is what the model's object decoded to; ``raw`` its text."""
-    sender = sender or (SELLER if role == SELLER else "buyer")
+    sender = sender or (SELLER if role == SELLER else BUYER)
     text = raw
     if not isinstance(data, dict):
         return ParseFailure("JSON is not an object", text)

@@ -18,7 +18,7 @@ from itertools import islice
 from typing import NamedTuple
 
 from negotiate.market import Market
-from negotiate.protocol import SELLER, Action, Message, Notice, ParseFailure
+from negotiate.protocol import BUYER, SELLER, Action, BuyerStatus, Message, Notice, ParseFailure
 from negotiate.trace import TIMEOUT as TIMEOUT_KIND, DealEvent, MessageEvent, NoticeEvent, ViolationEvent
 
 __all__ = [
@@ -53,7 +53,7 @@ VIOLATIONS = (
 )
 """Every violation kind, seller's and buyer's."""
 
-ACTIVE, SERVED, GONE = "active", "served", "gone"
+ACTIVE, SERVED, GONE = BuyerStatus.ACTIVE, BuyerStatus.SERVED, BuyerStatus.GONE
 
 
 class BudgetExceeded(RuntimeError):
@@ -88,7 +88,7 @@ class Deal:
 class _BuyerState:
     id: str
     index: int
-    status: str = ACTIVE
+    status: BuyerStatus = ACTIVE
     awaiting: bool = False
     offer: tuple[str, int] | None = None
     """The seller's standing offer to this buyer."""
@@ -114,7 +114,7 @@ class BuyerView(NamedTuple):
     """One buyer as the seller sees it."""
 
     id: str
-    status: str
+    status: BuyerStatus
     """active, served or gone."""
     awaiting: bool
     """True while this buyer owes the seller a reply."""
@@ -249,9 +249,9 @@ class EpisodeState:
         self.violations: list[Violation] = []
         self.violation_counts: dict[str, int] = {}
         """Violations by kind, both roles."""
-        self.invalid_by = {SELLER: 0, "buyer": 0}
+        self.invalid_by = {SELLER: 0, BUYER: 0}
         """Invalid messages per sender role (``seller``, ``buyer``)."""
-        self.messages_by = {SELLER: 0, "buyer": 0}
+        self.messages_by = {SELLER: 0, BUYER: 0}
         self.outcome: str | None = None
         """None while running; then ``terminated``, ``truncated`` or ``failed``."""
         self.reason: str | None = None
@@ -329,7 +329,7 @@ class EpisodeState:
                                  action=None, valid=False, error=result.reason, error_kind=MALFORMED,
                                  raw=result.raw if raw is None else raw, extra=extra or None)
         self.events.append(event)
-        self.messages_by[SELLER if sender == SELLER else "buyer"] += 1
+        self.messages_by[SELLER if sender == SELLER else BUYER] += 1
         return event
 
     def finish(self, outcome: str, reason: str) -> None:
@@ -461,7 +461,7 @@ class EpisodeState:
         problem = self._check_buyer(buyer, result) if isinstance(result, Message) and not self.done else None
         self._record_message(buyer_id, result, raw, extra, None, problem)
         if isinstance(result, ParseFailure):
-            self.invalid_by["buyer"] += 1
+            self.invalid_by[BUYER] += 1
             buyer.offer = None  # taken as a reject
             self._violate(buyer_id, MALFORMED, result.reason)
             self._seller_sees(Message(buyer_id, SELLER, "", Action("reject")))
@@ -481,7 +481,7 @@ class EpisodeState:
             self._seller_sees(result)
             return
         if problem is not None:
-            self.invalid_by["buyer"] += 1
+            self.invalid_by[BUYER] += 1
             buyer.offer = None  # taken as a reject
             self._violate(buyer_id, *problem)
             self._seller_sees(Message(buyer_id, SELLER, result.talk, Action("reject")))
@@ -524,8 +524,8 @@ class EpisodeState:
         buyer = self._buyer_by_id[buyer_id]
         buyer.awaiting = False
         buyer.offer = None  # silence is a reject
-        self.invalid_by["buyer"] += 1
-        self.messages_by["buyer"] += 1
+        self.invalid_by[BUYER] += 1
+        self.messages_by[BUYER] += 1
         self.events.append(MessageEvent(episode=self.episode, ts=self._ts(), turn=None, sender=buyer_id, to=SELLER, thought="", talk="",
                                         action=None, valid=False, error=f"timeout after {seconds}s", error_kind=TIMEOUT_KIND, timeout_s=seconds))
         self._violate(buyer_id, TIMEOUT, f"no reply within {seconds}s (taken as a reject)")

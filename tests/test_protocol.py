@@ -10,13 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from negotiate.protocol import (
+    BUYER,
     BUYER_ACTIONS,
     SELLER,
     SELLER_ACTIONS,
     TALK_MAX,
     Action,
+    BuyerStatus,
     Message,
     ParseFailure,
+    Role,
     CONTROL,
     json_schema,
     one_line,
@@ -466,3 +469,13 @@ def test_protocol_doctests_pass():
 
     result = doctest.testmod(negotiate.protocol, report=False)
     assert result.attempted >= 3 and result.failed == 0
+
+
+def test_roles_and_statuses_are_the_strings_the_trace_holds():
+    assert (SELLER, BUYER) == (Role.SELLER, Role.BUYER) == ("seller", "buyer")
+    assert f"{SELLER} {BUYER}" == "seller buyer" and {"seller": 1}[SELLER] == 1
+    assert [status.value for status in BuyerStatus] == ["active", "served", "gone"]
+    message = Message(SELLER, "b1", "hi", Action("offer", "p1", 5))
+    assert orjson.dumps(message.to_dict()) == (
+        b'{"sender":"seller","to":"b1","thought":"","talk":"hi","action":{"kind":"offer","product":"p1","price":5}}')
+    assert parse("To: seller\nAction: [REJECT]", BUYER, "b1") == Message("b1", SELLER, "", Action("reject"))

@@ -68,7 +68,6 @@ import anyio
 import structlog
 
 from negotiate.errors import UserError
-from negotiate.logs import request_log
 from negotiate.protocol import SELLER, json_schema
 
 from negotiate.agents.backends import FORMATS, Completion, LLMError, parse_query
@@ -552,10 +551,12 @@ class HFBackend:
 
     name = "hf"
 
-    def __init__(self, options: HFOptions, model: _LocalModel | None = None):
+    def __init__(self, options: HFOptions, model: _LocalModel | None = None, *, pools=None):
         self.settings = options
+        self.pools = pools
+        """The run's pools, for the request log; None: the current context's."""
         """The parsed spec (not named ``options``: LLMAgent.describe reads openai's fields from that)."""
-        self.model = model if model is not None else current_pools().local_model(options)
+        self.model = model if model is not None else (pools or current_pools()).local_model(options)
         if options.threads is not None:
             import torch
 
@@ -584,8 +585,9 @@ class HFBackend:
             raise
         usage = {"prompt_tokens": len(result.prompt_ids), "completion_tokens": len(result.token_ids),
                  "total_tokens": len(result.prompt_ids) + len(result.token_ids), "batch": result.batch}
-        if request_log.logger is not None:
-            request_log.logger.info("llm request", backend="hf", model=o.model, role=role, latency_s=round(result.seconds, 4),
+        requests = (self.pools or current_pools()).requests.logger
+        if requests is not None:
+            requests.info("llm request", backend="hf", model=o.model, role=role, latency_s=round(result.seconds, 4),
                                     batch=result.batch, finish_reason=result.finish_reason, prompt_tokens=len(result.prompt_ids),
                                     completion_tokens=len(result.token_ids))
         return Completion(text=result.text, finish_reason=result.finish_reason, model=o.model, latency_s=result.seconds,
@@ -618,8 +620,10 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, options: VLLMOptions):
+    def __init__(self, options: VLLMOptions, *, pools=None):
         self.settings = options
+        self.pools = pools
+        """The run's pools, for the request log; None: the current context's."""
         self._schemas = {role: json_schema(role) for role in (SELLER, "buyer")}
 
     def describe(self) -> dict:
@@ -721,8 +725,9 @@ class VLLMBackend:
         if final is None or not final.outputs:
             raise LLMError(f"vllm {o.model}: the engine returned no output")
         completion = completion_from_vllm(final, model=o.model, latency_s=latency, prompt_ids=prompt_ids)
-        if request_log.logger is not None:
-            request_log.logger.info("llm request", backend="vllm", model=o.model, role=role, latency_s=round(latency, 4),
+        requests = (self.pools or current_pools()).requests.logger
+        if requests is not None:
+            requests.info("llm request", backend="vllm", model=o.model, role=role, latency_s=round(latency, 4),
                                     finish_reason=completion.finish_reason, prompt_tokens=len(prompt_ids),
                                     completion_tokens=len(completion.token_ids))
         return completion

@@ -12,6 +12,7 @@ closed by it; nothing here is module state. What it holds, and why it is shared:
   changing either bumps :attr:`Pools.generation`, so backends look their client up again;
 * one :class:`~negotiate.agents.backends.OpenAIBackend` per distinct spec (an agent is built
   per episode; the backend, its parsed schema and URL, once per run);
+* the request log, where every backend of the run writes a line per model request;
 * the local models (``hf:``): one per (path, dtype), loaded once and batched across every
   episode of the run, and one backend per ``hf:``/``vllm:`` spec. Local models outlive a
   loop: an evaluation's splits and the check before a run share them.
@@ -28,6 +29,8 @@ import contextvars
 import os
 import threading
 import weakref
+
+from negotiate.logs import RequestLog
 
 __all__ = ["Pools", "current_pools", "use_pools"]
 
@@ -49,6 +52,8 @@ class Pools:
         self._models: dict[tuple, object] = {}
         self._models_lock = threading.Lock()
         self._local: dict[tuple, object] = {}
+        self.requests = RequestLog()
+        """Every model request of the run, one JSON line each, once a command opens it in the run folder."""
 
     # -- openai: ----------------------------------------------------------------------------------
 
@@ -137,8 +142,8 @@ class Pools:
         key = (kind, options)
         backend = self._local.get(key)
         if backend is None:
-            backend = self._local[key] = (HFBackend(options, model=self.local_model(options)) if kind == "hf"
-                                          else VLLMBackend(options))
+            backend = self._local[key] = (HFBackend(options, model=self.local_model(options), pools=self) if kind == "hf"
+                                          else VLLMBackend(options, pools=self))
         return backend
 
 

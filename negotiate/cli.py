@@ -33,7 +33,7 @@ from rich.text import Text
 
 from negotiate.agents.scripted import BUYERS, SELLERS
 from negotiate.errors import UserError
-from negotiate.logs import REQUEST_LOG, configure, request_log
+from negotiate.logs import REQUEST_LOG, configure
 from negotiate.market import SPLITS, MarketSpec
 from negotiate.plots import write_plots
 from negotiate.report import (
@@ -329,11 +329,11 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
                             fsync=getattr(args, "fsync", False), on_episode=lambda row: tick(row.get("outcome")))
             else:
                 if log_file is not None and models_play(runs):
-                    request_log.open(log_file.parent / REQUEST_LOG)
+                    pools.requests.open(log_file.parent / REQUEST_LOG)
                 try:
                     run_async(main)
                 finally:
-                    request_log.close()
+                    pools.requests.close()
         except KeyboardInterrupt:
             progress.stop()
             return counter["n"], time.perf_counter() - began, True

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import structlog
 
-__all__ = ["configure", "request_log", "REQUEST_LOG"]
+__all__ = ["configure", "RequestLog", "REQUEST_LOG"]
 
 REQUEST_LOG = "requests.log.jsonl"
 """Every model request of a run, one JSON line each, in the run's folder."""
@@ -57,13 +57,14 @@ def configure(log_file: Path | None = None, *, console_level: int = logging.INFO
     )
 
 
-class _RequestLog:
+class RequestLog:
     """Every model request, one JSON line each (model, role, latency, retries, tokens, or the error).
 
     Hundreds of requests a second go through this, so it takes structlog's lean path (a
     ``BytesLogger``, which writes and flushes each line, and orjson): about 14 us a line here,
-    against about 70 us through stdlib logging like the other logs. ``logger`` is None while no
-    run is open.
+    against about 70 us through stdlib logging like the other logs. ``logger`` is None while it is
+    closed. A run's pools hold one (``negotiate.agents.pools.Pools.requests``); ``negotiate serve``,
+    ``collect`` and ``eval`` open it in the run folder.
     """
 
     def __init__(self) -> None:
@@ -85,7 +86,3 @@ class _RequestLog:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-request_log = _RequestLog()
-"""The process's request log: ``negotiate serve``, ``collect`` and ``eval`` open it in the run folder."""

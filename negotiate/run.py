@@ -15,7 +15,8 @@ session and the screenshot script) builds them here, so the seed conventions exi
   (:meth:`Run.labels`); the episode id is ``<seller slug>-<index:06d>``.
 
 A :class:`Run` also owns the model pools its agents use (HTTP clients, shared backends, loaded
-models: :class:`~negotiate.agents.pools.Pools`) and the trace writers of its sellers. It is an
+models and the request log: :class:`~negotiate.agents.pools.Pools`) and the trace writers of its
+sellers. It is an
 async context manager: inside ``async with run:`` agents built anywhere in the task take the run's
 pools, and on leaving it the run closes its trace files and the event loop's HTTP clients. Nothing
 about a run lives in module globals.

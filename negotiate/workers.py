@@ -25,7 +25,7 @@ from pathlib import Path
 import structlog
 
 from negotiate.errors import UserError
-from negotiate.logs import configure, request_log
+from negotiate.logs import configure
 from negotiate.trace import TraceWriter
 
 __all__ = ["run_workers", "check_workers", "models_play"]
@@ -67,6 +67,7 @@ def models_play(runs: list) -> bool:
 def _child(task: dict, conn: Connection) -> None:
     """A worker: play the jobs of ``task`` and send each episode back (runs in a spawned process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    pools = None
     try:
         from negotiate.agents.pools import Pools
         from negotiate.agents.registry import parse_agent
@@ -75,10 +76,10 @@ def _child(task: dict, conn: Connection) -> None:
         from negotiate.trace import encode
 
         configure(Path(task["log_file"]) if task["log_file"] else None)
-        if task["log_file"] and task["models"]:  # a request log per worker: buffered lines from two processes would interleave
-            request_log.open(Path(task["log_file"]).parent / f"requests.worker-{task['worker']}.log.jsonl")
         # This process's part of the run's bounds: the --max-inflight share, or each spec's max_inflight split over the workers.
         pools = Pools(max_inflight=task["max_inflight"], share=(task["worker"] - 1, task["workers"]))
+        if task["log_file"] and task["models"]:  # a request log per worker: buffered lines from two processes would interleave
+            pools.requests.open(Path(task["log_file"]).parent / f"requests.worker-{task['worker']}.log.jsonl")
         runs = []
         for config_json, out in task["runs"]:
             config = RunConfig.from_json(config_json, out)
@@ -105,7 +106,8 @@ def _child(task: dict, conn: Connection) -> None:
             pass
     finally:
         conn.close()
-        request_log.close()
+        if pools is not None:
+            pools.requests.close()
 
 
 def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int | None, log_file: Path | None,

@@ -157,7 +157,8 @@ class Bus:
         self._seller_decide = getattr(seller, "decide", None) if self._seller_instant else None
         self._decide = {b: getattr(buyers[b], "decide", None) if self._instant[b] else None for b in buyers}
         self._thinking: anyio.CancelScope | None = None
-        state.on_finish.append(self._stop_thinking)
+        if not self._seller_instant:  # only a seller that thinks can be stopped
+            state.on_finish.append(self._stop_thinking)
         # With only instant buyers the seller's wait cannot hang: no timer needed on it.
         self._wait_timeout = None if all(self._instant.values()) else reply_timeout * 2 + 5
         self._yield_at = YIELD_TURNS

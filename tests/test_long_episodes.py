@@ -189,15 +189,26 @@ def test_observations_are_built_field_by_field_in_order():
     assert len(buyer.thread) == 5 and buyer.thread[-1].action.price == 350
 
 
-@pytest.mark.parametrize("inline_instant", [True, False], ids=["inline buyers", "buyer tasks"])
-async def test_a_finished_episode_is_freed_without_the_garbage_collector(inline_instant):
+class ThinkingFirmSeller(FirmSeller):
+    """The same offers from a seller that may wait (like a model): the bus can stop it when the market closes."""
+
+    instant = False
+
+    async def act(self, obs):
+        await anyio.sleep(0)
+        return self.decide(obs)
+
+
+@pytest.mark.parametrize(("seller", "inline_instant"), [(FirmSeller, True), (FirmSeller, False), (ThinkingFirmSeller, True)],
+                         ids=["inline buyers", "buyer tasks", "thinking seller"])
+async def test_a_finished_episode_is_freed_without_the_garbage_collector(seller, inline_instant):
     # A reference cycle (the state holding the bus through a callback) once left every finished
     # episode, trace and all, to the cyclic collector: a quarter of a scripted batch's CPU.
     state = EpisodeState(no_deal_market(10))
     gone = weakref.ref(state)
     gc.disable()
     try:
-        episode = await run_episode(state.market, FirmSeller("firm"), {"b1": ThresholdBuyer("threshold")}, state=state,
+        episode = await run_episode(state.market, seller("firm"), {"b1": ThresholdBuyer("threshold")}, state=state,
                                     inline_instant=inline_instant)
         assert state.turns_used == 10
         del episode, state

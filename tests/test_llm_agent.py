@@ -26,7 +26,7 @@ from negotiate.market import Buyer, Market, MarketSpec, Product  # noqa: E402
 from negotiate.metrics import metrics_from_events  # noqa: E402
 from negotiate.protocol import SELLER, Action, Generated, Message, ParseFailure, json_schema  # noqa: E402
 from negotiate.regulator import EpisodeState, observe  # noqa: E402
-from negotiate.trace import TraceWriter, read_episodes  # noqa: E402
+from negotiate.trace import TraceWriter, encode, read_episodes  # noqa: E402
 
 FAST = "retries=1&timeout=5"
 
@@ -148,7 +148,7 @@ async def test_an_llm_seller_against_scripted_buyers(server, tmp_path):
     with TraceWriter(tmp_path / "t.jsonl") as writer:
         writer.write(ep.events)
     (events,) = list(read_episodes(tmp_path / "t.jsonl"))
-    assert events == orjson.loads(orjson.dumps(ep.events))
+    assert events == [orjson.loads(line) for line in encode(ep.events).splitlines()]  # what the writer wrote, read back
     recomputed = metrics_from_events(events)
     assert {k: recomputed[k] for k in ("profit", "welfare", "deals", "valid_rate")} == {k: ep.metrics[k] for k in ("profit", "welfare", "deals", "valid_rate")}
 

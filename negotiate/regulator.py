@@ -2,7 +2,7 @@
 
 :class:`EpisodeState` is the mutable state of one episode. Its two entry points,
 :meth:`EpisodeState.seller_send` and :meth:`EpisodeState.buyer_reply`, check a
-message against the rules, record it (and any violation, deal or notice) as trace
+message against the rules (the pure checks of :mod:`negotiate.rules`), record it (and any violation, deal or notice) as trace
 events, and apply its effect. A message that breaks a rule is a typed, counted
 :class:`Violation` and changes nothing. :func:`observe` is the only way private
 information reaches an agent. Nothing here awaits: the async bus and a plain
@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from negotiate.market import Market
 from negotiate.protocol import BUYER, SELLER, Action, BuyerStatus, Message, Notice, ParseFailure
+from negotiate.rules import MALFORMED, TIMEOUT, VIOLATIONS, buyer_violation, seller_violation  # the rules, and their kinds
 from negotiate.trace import TIMEOUT as TIMEOUT_KIND, DealEvent, MessageEvent, NoticeEvent, ViolationEvent
 
 __all__ = [
@@ -34,24 +35,6 @@ __all__ = [
     "VIOLATIONS",
     "BudgetExceeded",
 ]
-
-# Violation kinds. Each is counted by type in the metrics.
-MALFORMED = "malformed"
-TIMEOUT = "timeout"
-UNKNOWN_BUYER = "unknown_buyer"
-BUYER_SERVED = "buyer_served"
-BUYER_GONE = "buyer_gone"
-AWAITING_REPLY = "awaiting_reply"
-UNKNOWN_PRODUCT = "unknown_product"
-SOLD_OUT = "sold_out"
-BELOW_COST = "below_cost"
-NO_STANDING = "no_standing"
-OVERPAY = "overpay"
-VIOLATIONS = (
-    MALFORMED, TIMEOUT, UNKNOWN_BUYER, BUYER_SERVED, BUYER_GONE, AWAITING_REPLY,
-    UNKNOWN_PRODUCT, SOLD_OUT, BELOW_COST, NO_STANDING, OVERPAY,
-)
-"""Every violation kind, seller's and buyer's."""
 
 ACTIVE, SERVED, GONE = BuyerStatus.ACTIVE, BuyerStatus.SERVED, BuyerStatus.GONE
 
@@ -417,29 +400,11 @@ class EpisodeState:
         return buyer.id
 
     def _check_seller(self, message: Message) -> tuple[str | None, str]:
-        buyer = self._buyer_by_id.get(message.to)
-        if buyer is None:
-            return UNKNOWN_BUYER, f"no buyer {message.to!r}"
-        if buyer.status == SERVED:
-            return BUYER_SERVED, f"{buyer.id} has already bought"
-        if buyer.status == GONE:
-            return BUYER_GONE, f"{buyer.id} has left"
-        if buyer.awaiting:
-            return AWAITING_REPLY, f"{buyer.id} has not answered the last message yet"
         action = message.action
-        if action.kind in ("offer", "accept"):
-            j = self._product_index.get(action.product)
-            if j is None:
-                return UNKNOWN_PRODUCT, f"no product {action.product!r}"
-            if self.stock[j] == 0:
-                return SOLD_OUT, f"{action.product} is sold out"
-            cost = self.market.products[j].cost
-            if action.price < cost:
-                return BELOW_COST, f"{action.kind} of {action.product} at ${action.price} is below its cost ${cost}"
-            if action.kind == "accept" and buyer.bid != (action.product, action.price):
-                standing = f"{buyer.bid[0]} ${buyer.bid[1]}" if buyer.bid else "none"
-                return NO_STANDING, f"accept {action.product} ${action.price} matches no standing bid of {buyer.id} (standing: {standing})"
-        return None, ""
+        j = self._product_index.get(action.product)
+        products = self._products_view or self._seller_products()
+        problem = seller_violation(action, message.to, self._buyer_by_id.get(message.to), None if j is None else products[j])
+        return problem or (None, "")
 
     def seller_timeout(self, seconds: float) -> None:
         """The seller said nothing in time: the turn is spent, a violation counted."""
@@ -503,17 +468,8 @@ class EpisodeState:
     def _check_buyer(self, buyer: _BuyerState, message: Message) -> tuple[str, str] | None:
         """The rule a buyer's bid or accept breaks, as (violation kind, detail); None when it keeps them."""
         action = message.action
-        if action.kind not in ("bid", "accept"):
-            return None
         j = self._product_index.get(action.product)
-        if j is None:
-            return UNKNOWN_PRODUCT, f"no product {action.product!r}"
-        if action.price > self.market.buyers[buyer.index].values[j]:
-            return OVERPAY, f"{action.kind} of {action.product} at ${action.price} is above the buyer's valuation"
-        if action.kind == "accept" and buyer.offer != (action.product, action.price):
-            standing = f"{buyer.offer[0]} ${buyer.offer[1]}" if buyer.offer else "none"
-            return NO_STANDING, f"accept {action.product} ${action.price} matches no standing offer (standing: {standing})"
-        return None
+        return buyer_violation(action, None if j is None else self.market.buyers[buyer.index].values[j], buyer.offer)
 
     def _seller_sees(self, message: Message) -> None:
         public = _public(message)

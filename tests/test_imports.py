@@ -1,6 +1,6 @@
 """The import contract: the engine stands alone.
 
-The engine (protocol, market, regulator, bus, episode, trace, metrics, and errors beneath them) imports
+The engine (protocol, market, rules, regulator, bus, episode, trace, metrics, and errors beneath them) imports
 no agents, no training, no TUI and no application layer (cli, runner, workers, report, plots), neither at
 the top of a module nor inside a function; importing it loads none of them, nor textual, torch, an HTTP
 client or matplotlib. Agents, training and the TUI build on the engine, never the other way round.
@@ -17,7 +17,7 @@ import pytest
 
 import negotiate
 
-ENGINE = ["protocol", "market", "regulator", "bus", "episode", "trace", "metrics", "errors"]
+ENGINE = ["protocol", "market", "rules", "regulator", "bus", "episode", "trace", "metrics", "errors"]
 """The engine modules, under negotiate/."""
 FORBIDDEN = ["negotiate.agents", "negotiate.training", "negotiate.tui", "negotiate.cli", "negotiate.runner",
              "negotiate.workers", "negotiate.report", "negotiate.plots"]

@@ -51,6 +51,17 @@ TARGET_RATIO = 1.1
 """Time ratio over turn ratio between two budgets: 2.2x the time for twice the turns."""
 
 
+def _run(main) -> None:
+    """``anyio.run(main)`` under the garbage collector settings of run_batch."""
+    gc.collect()
+    old = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLD)
+    try:
+        anyio.run(main)
+    finally:
+        gc.set_threshold(*old)
+
+
 def long_episode(budget: int):
     """The long episode's market, seller and buyers (fresh agents: they are stateful)."""
     market = generate(MarketSpec(name="long", buyers=1, products=1, budget=budget), SEED)
@@ -71,13 +82,7 @@ def growth(budget: int) -> dict:
         result["wall_s"], result["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
         result["outcome"] = f"{episode.outcome}/{episode.reason}"
 
-    gc.collect()
-    old = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLD)
-    try:
-        anyio.run(main)
-    finally:
-        gc.set_threshold(*old)
+    _run(main)
     return {"budget": budget, "turns": state.turns_used, "messages": sum(state.messages_by.values()), "outcome": result["outcome"],
             "wall_s": result["wall_s"], "cpu_s": result["cpu_s"], "us_per_turn": result["cpu_s"] / budget * 1e6}
 
@@ -100,13 +105,7 @@ def stall(budget: int, short: int) -> dict:
             for index, (market, seller_agent, buyer_agents) in enumerate(shorts):
                 tg.start_soon(play, f"short-{index}", market, seller_agent, buyer_agents, t0)
 
-    gc.collect()
-    old = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLD)
-    try:
-        anyio.run(main)
-    finally:
-        gc.set_threshold(*old)
+    _run(main)
     order = [episode_id for episode_id, _ in finished]
     at = dict(finished)
     before = order.index("long")

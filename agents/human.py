@@ -3,14 +3,16 @@
 :class:`HumanAgent` plays the seller or one buyer. The bus calls ``act(obs)`` as it
 does for any agent; the call parks until the UI calls :meth:`HumanAgent.send`.
 Before sending, the UI builds the message with :meth:`HumanAgent.draft`, which
-checks what a person can get wrong by typing (a product that does not exist, a
-price that is not a whole number or is negative, an accept that does not match
-the standing offer or bid, a message to a buyer that owes a reply, a price below
-one's own cost, above one's own valuation, or, for the seller, above the top of
-the public price range, where no buyer's value ever lies) and raises
-:class:`DraftError` with a sentence to show. The price is read as typed, never
-repaired: ``-5`` and ``12.5`` are refused, not read as 5 and 125. The regulator
-still judges every message that is sent.
+checks what a person can get wrong by typing and raises :class:`DraftError` with a
+sentence to show. The market's rules (a message to a buyer that has bought, left or
+owes a reply, a sold-out product, a price below one's own cost or above one's own
+valuation, an accept that does not match the standing offer or bid) are the
+regulator's own check, :mod:`negotiate.rules`, run on the observation; beside them
+the draft refuses what only a person types (a product that does not exist, a price
+that is not a whole number or is negative, a seller's price above the top of the
+public range, where no buyer's value ever lies, a bid for a sold-out product). The
+price is read as typed, never repaired: ``-5`` and ``12.5`` are refused, not read
+as 5 and 125. The regulator still judges every message that is sent.
 
 People are slow: ``instant`` is False, so the bus puts a deadline on every call
 (``negotiate play`` gives an hour). A person's episodes are traced like any other.
@@ -23,8 +25,9 @@ import re
 from collections.abc import Callable
 from typing import ClassVar
 
-from negotiate.protocol import BUYER_ACTIONS, PRICED, SELLER, SELLER_ACTIONS, TALK_MAX, Action, Message
+from negotiate.protocol import BUYER, BUYER_ACTIONS, PRICED, SELLER, SELLER_ACTIONS, TALK_MAX, Action, Message
 from negotiate.regulator import BuyerObservation, SellerObservation
+from negotiate.rules import AWAITING_REPLY, BELOW_COST, BUYER_GONE, BUYER_SERVED, OVERPAY, SOLD_OUT, UNKNOWN_BUYER, buyer_violation, seller_violation
 
 __all__ = ["HumanAgent", "DraftError", "parse_price"]
 
@@ -73,6 +76,25 @@ def parse_price(text: str | int | None) -> int:
     return value
 
 
+def _seller_sentence(violation: str, to: str | None, buyer, action: Action, view) -> tuple[str, str | None]:
+    """What to tell a person whose message would break the rule ``violation``, and the field at fault."""
+    if violation == UNKNOWN_BUYER:
+        return (f"there is no buyer {to!r}" if to else "choose a buyer"), None
+    if violation == BUYER_SERVED:
+        return f"{buyer.id} has already bought", None
+    if violation == BUYER_GONE:
+        return f"{buyer.id} has left", None
+    if violation == AWAITING_REPLY:
+        return f"{buyer.id} has not answered your last message yet", None
+    if violation == SOLD_OUT:
+        return f"{view.id} is sold out", "product"
+    if violation == BELOW_COST:
+        return f"${action.price} is below the cost of {view.id} (${view.cost}); the market refuses that", "price"
+    if buyer.bid is None:  # NO_STANDING
+        return f"{buyer.id} has no standing bid to accept", None
+    return f"{buyer.id}'s standing bid is {buyer.bid[0]} ${buyer.bid[1]}; accept exactly that", "price"
+
+
 def _product(obs, product: str | None):
     """The catalog line of ``product``, or a DraftError."""
     if not product:
@@ -92,7 +114,7 @@ class HumanAgent:
     def __init__(self, ident: str, *, on_turn: Callable[[object], None] | None = None):
         self.id = ident
         """``seller`` or the buyer id this person plays (``b1``)."""
-        self.role = SELLER if ident == SELLER else "buyer"
+        self.role = SELLER if ident == SELLER else BUYER
         self.on_turn = on_turn
         """Called with the observation when a decision is awaited (the UI wakes up)."""
         self.observation: SellerObservation | BuyerObservation | None = None
@@ -122,7 +144,7 @@ class HumanAgent:
         if not self.waiting:
             raise RuntimeError(f"{self.id} sent a message while no decision was awaited")
         if message.sender != self.id:
-            raise ValueError(f"message from {message.sender!r}, but this agent is {self.id!r}")
+            raise ValueError(f"message from {str(message.sender)!r}, but this agent is {str(self.id)!r}")
         self.observation = None  # a second send before the bus resumes must fail, not queue up
         self.decisions += 1
         self._queue.put_nowait(message)
@@ -152,17 +174,18 @@ class HumanAgent:
             return Message(self.id, SELLER, talk, Action(kind))
         view = _product(obs, product)
         value = obs.values[obs.products.index(view)]
-        price = parse_price(price)
-        if kind == "accept":
-            if obs.offer is None:
+        action = Action(kind, view.id, parse_price(price))
+        problem = buyer_violation(action, value, obs.offer)  # the regulator's own rule check
+        if problem is not None:
+            violation, _ = problem
+            if violation == OVERPAY:
+                raise DraftError(f"${action.price} is above your value of {view.id} (${value}); the market refuses that", "price")
+            if obs.offer is None:  # NO_STANDING
                 raise DraftError("there is no standing offer to accept")
-            if obs.offer != (view.id, price):
-                raise DraftError(f"the standing offer is {obs.offer[0]} ${obs.offer[1]}; accept exactly that", "price")
-        if view.stock == 0:
+            raise DraftError(f"the standing offer is {obs.offer[0]} ${obs.offer[1]}; accept exactly that", "price")
+        if view.stock == 0:  # not a rule (the race for the last unit is a notice), but nothing a person should send
             raise DraftError(f"{view.id} is sold out", "product")
-        if price > value:
-            raise DraftError(f"${price} is above your value of {view.id} (${value}); the market refuses that", "price")
-        return Message(self.id, SELLER, talk, Action(kind, view.id, price))
+        return Message(self.id, SELLER, talk, action)
 
     def _draft_seller(self, obs: SellerObservation, kind: str, product, price, talk: str, to) -> Message:
         if kind not in SELLER_ACTIONS:
@@ -170,28 +193,18 @@ class HumanAgent:
         if kind == "end":
             return Message(self.id, "", talk, Action("end"))
         buyer = next((b for b in obs.buyers if b.id == to), None)
-        if buyer is None:
-            raise DraftError(f"there is no buyer {to!r}" if to else "choose a buyer")
-        if buyer.status != "active":
-            raise DraftError(f"{buyer.id} has {'already bought' if buyer.status == 'served' else 'left'}")
-        if buyer.awaiting:
-            raise DraftError(f"{buyer.id} has not answered your last message yet")
-        if kind == "reject":
-            return Message(self.id, buyer.id, talk, Action("reject"))
-        view = _product(obs, product)
-        price = parse_price(price)
-        if kind == "accept":
-            if buyer.bid is None:
-                raise DraftError(f"{buyer.id} has no standing bid to accept")
-            if buyer.bid != (view.id, price):
-                raise DraftError(f"{buyer.id}'s standing bid is {buyer.bid[0]} ${buyer.bid[1]}; accept exactly that", "price")
-        if view.stock == 0:
-            raise DraftError(f"{view.id} is sold out", "product")
-        if view.cost is not None and price < view.cost:
-            raise DraftError(f"${price} is below the cost of {view.id} (${view.cost}); the market refuses that", "price")
-        if price > obs.price_high:
-            raise DraftError(f"${price} is above every buyer's value (the range is ${obs.price_low}-${obs.price_high})", "price")
-        return Message(self.id, buyer.id, talk, Action(kind, view.id, price))
+        # The addressee's rules first (a reject checks only those), then the product's and the price's.
+        action, view = Action("reject"), None
+        problem = seller_violation(action, to or "", buyer, None)
+        if problem is None and kind != "reject":
+            view = _product(obs, product)
+            action = Action(kind, view.id, parse_price(price))
+            problem = seller_violation(action, buyer.id, buyer, view)
+        if problem is not None:
+            raise DraftError(*_seller_sentence(problem[0], to, buyer, action, view))
+        if action.price is not None and action.price > obs.price_high:
+            raise DraftError(f"${action.price} is above every buyer's value (the range is ${obs.price_low}-${obs.price_high})", "price")
+        return Message(self.id, buyer.id, talk, action)
 
     def describe(self) -> dict:
         return {"kind": "human", "name": "human", "spec": "human", "params": {}, "role": self.role, "id": self.id}

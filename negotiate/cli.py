@@ -31,7 +31,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from negotiate.agents.scripted import BUYERS, SELLERS
 from negotiate.errors import UserError
 from negotiate.logs import REQUEST_LOG, configure
 from negotiate.market import SPLITS, MarketSpec
@@ -41,9 +40,8 @@ from negotiate.report import (
     summarize, summary_csv, summary_markdown, summary_table,
 )
 from negotiate.agents.pools import Pools
-from negotiate.runner import (
-    Prepared, RunConfig, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug,
-)
+from negotiate.run import RunConfig, RunOptions, command_default, command_flags, default_timeout, flag_help
+from negotiate.runner import Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug
 from negotiate.workers import check_workers, models_play, run_workers
 
 __all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED"]
@@ -107,31 +105,37 @@ def _seconds(text: str) -> float:
     return value
 
 
-LOCAL_TIMEOUT = 3600.0
-"""Default agent deadline when a local model (hf:, vllm:) plays: on a CPU a reply can wait minutes for its batch."""
+_KINDS = {"int": int, "count": _positive, "seconds": _seconds, "shard": _shard}
+"""How each kind of config flag reads its value (``negotiate.run.Flag.kind``)."""
 
 
-def _timeout_arguments(parser: argparse.ArgumentParser, timeout: float) -> None:
-    local = f"(default: {timeout:g}, or {LOCAL_TIMEOUT:g} when an hf: or vllm: model plays)"
-    parser.add_argument("--seller-timeout", type=_seconds, default=None, metavar="SECONDS",
-                        help=f"seconds a seller may think before losing the turn {local}")
-    parser.add_argument("--reply-timeout", type=_seconds, default=None, metavar="SECONDS",
-                        help=f"seconds a buyer may think before its silence counts as a reject {local}")
-    parser.set_defaults(base_timeout=timeout)
+def _run_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """The flags of serve, collect and eval, generated from the help text of :class:`RunConfig` and
+    :class:`RunOptions`. Run settings default to None so that --resume can tell a flag given from one left
+    out (the command's default is filled in from the config: :func:`_setting`)."""
+    for cls in (RunConfig, RunOptions):
+        for name, flag, default in command_flags(cls, command):
+            spelled = flag.name or "--" + name.replace("_", "-")
+            options = {"dest": spelled[2:].replace("-", "_"), "help": flag_help(flag, default)}
+            if flag.kind == "switch":
+                options["action"] = "store_true"
+            else:
+                options |= {"type": _KINDS.get(flag.kind, str), "metavar": flag.metavar,
+                            "default": None if cls is RunConfig else default}
+            parser.add_argument(spelled, *flag.aliases, **options)
+
+
+def _setting(args: argparse.Namespace, name: str, dest: str | None = None):
+    """A run setting: as given on the command line, else the command's default (:func:`command_default`)."""
+    given = getattr(args, dest or name)
+    return given if given is not None else command_default(RunConfig, name, args.command)
 
 
 def _timeouts(args: argparse.Namespace, specs) -> dict:
     """The agents' deadlines: as given, else the command's default, longer when a local model plays."""
-    local = any(spec.strip().startswith(("hf:", "vllm:")) for spec in specs)
-    default = max(args.base_timeout, LOCAL_TIMEOUT) if local else args.base_timeout
-    return {"seller_timeout": args.seller_timeout if args.seller_timeout is not None else default,
-            "reply_timeout": args.reply_timeout if args.reply_timeout is not None else default}
-
-
-def _workers_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workers", type=_positive, default=1,
-                        help="worker processes (default: 1): each plays a share of the episodes on its own core, with its share of "
-                             "--concurrency and --max-inflight; one process tops out near 1,500 model requests/s")
+    return {name: getattr(args, name) if getattr(args, name) is not None
+            else default_timeout(command_default(RunConfig, name, args.command), specs)
+            for name in ("seller_timeout", "reply_timeout")}
 
 
 def _output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,36 +147,15 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 _RUN_SETTINGS = "--resume DIR finishes the run in DIR with its own settings (run.json); "
-_SELLERS_HELP = "comma-separated seller specs, [scripted:]NAME[?k=v], openai:..., hf:..., vllm:... (negotiate agents lists them)"
 
 
-def _seller_argument(parser: argparse.ArgumentParser, default: str | None, required: bool = False) -> None:
-    """One spelling everywhere: --seller takes one spec or several, comma-separated (--sellers is an alias)."""
-    shown = f" (default: {default})" if default else ""
-    parser.add_argument("--seller", "--sellers", dest="seller", default=None, required=required, metavar="SPECS",
-                        help=f"{_SELLERS_HELP}{shown}")
-
-
-def _batch_arguments(parser: argparse.ArgumentParser, command: str, *, timeout: float) -> None:
-    """The flags serve and collect share. Run settings default to None so that --resume can tell a flag given from one
-    left out (the defaults are filled in by _new_config)."""
-    parser.add_argument("--buyers", default=None, help=f"buyer spec for every buyer: {', '.join(BUYERS)}, or a model (default: threshold)")
-    parser.add_argument("--split", default=None, help=f"split ({', '.join(SPLITS)}) or a TOML market spec file (default: train; "
-                                                      "negotiate splits lists them)")
-    parser.add_argument("--seed", type=int, default=None, help="run seed: market i is seeded from (seed, i) (default: 0)")
-    parser.add_argument("--concurrency", type=_positive, default=256, help="episodes in flight at once (default: 256)")
-    _workers_argument(parser)
-    parser.add_argument("--shard", type=_shard, default=None, metavar="K/N",
-                        help="run the K-th of N disjoint slices of the episodes (default: 1/1, all of them)")
+def _batch_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """The flags of serve and collect: the run's (generated), where it writes, and what it prints."""
+    _run_arguments(parser, command)
     parser.add_argument("--out", type=Path, help=f"trace folder, new or empty (default: traces/{command}-DATE-TIME)")
     parser.add_argument("--resume", type=Path, metavar="DIR",
                         help=_RUN_SETTINGS + "a larger --episodes (collect: --markets) extends it; any other run setting that "
                              "differs from the run's is refused")
-    _timeout_arguments(parser, timeout)
-    parser.add_argument("--max-inflight", type=_positive, metavar="N",
-                        help="model requests in flight per server (openai: specs), overriding their max_inflight; "
-                             "the agents' timeouts include the wait for a slot")
-    parser.add_argument("--fsync", action="store_true", help="fsync after every episode (survives power loss, slower)")
     parser.add_argument("--by", default="seller,split", help=f"table breakdown, from {', '.join(GROUP_KEYS)} (default: seller,split)")
     _output_arguments(parser)
 
@@ -185,19 +168,12 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run many episodes concurrently, write traces, print metrics", epilog=EXIT_CODES,
                            description="Run a batch of episodes. With no arguments: every scripted seller on the train split, paired.")
-    _seller_argument(serve, f"all of {','.join(SELLERS)}")
-    serve.add_argument("--episodes", type=_positive, default=None, help="episodes per seller (default: 200)")
-    serve.add_argument("--group", type=_positive, default=None,
-                       help="episodes per market instance: the seller plays each market this many times, sampling afresh (default: 1)")
-    _batch_arguments(serve, "serve", timeout=120.0)
+    _batch_arguments(serve, "serve")
 
     collect = sub.add_parser("collect", help="play each market G times for training groups (serve with --group)", epilog=EXIT_CODES,
                              description="Collect training data: every seller plays MARKETS markets, each GROUP times with a fresh "
                                          "sampling seed (buyers identical), so group-relative advantages compare strategies on one market.")
-    _seller_argument(collect, None)
-    collect.add_argument("--markets", type=_positive, default=None, help="market instances (default: 32)")
-    collect.add_argument("--group", type=_positive, default=None, help="episodes per market (default: 8)")
-    _batch_arguments(collect, "collect", timeout=600.0)
+    _batch_arguments(collect, "collect")
 
     from negotiate.training.options import add_train_arguments  # no torch: the flags come from the config dataclass
 
@@ -230,23 +206,12 @@ def _parser() -> argparse.ArgumentParser:
                               epilog=EXIT_CODES,
                               description="Every seller plays the same markets with the same seeds on each split (a paired comparison); "
                                           "writes traces, results.md, results.csv, paired.csv and PNG plots.")
-    _seller_argument(evaluate, f"all of {','.join(SELLERS)}")
-    evaluate.add_argument("--buyers", default=None, help="buyer spec (default: threshold)")
-    evaluate.add_argument("--split", "--splits", dest="split", default=None, metavar="SPLITS",
-                          help=f"comma-separated splits or TOML spec files (default: {','.join(SPLITS)})")
-    evaluate.add_argument("--episodes", type=_positive, default=None, help="markets per split (default: 200)")
+    _run_arguments(evaluate, "eval")
     evaluate.add_argument("--baseline", help="seller the others are compared with, pair by pair (default: the first of --seller)")
-    evaluate.add_argument("--seed", type=int, default=None, help="run seed (default: 0)")
-    evaluate.add_argument("--concurrency", type=_positive, default=256, help="episodes in flight at once (default: 256)")
-    _workers_argument(evaluate)
-    evaluate.add_argument("--max-inflight", type=_positive, metavar="N",
-                          help="model requests in flight per server (openai: specs), overriding their max_inflight; "
-                               "the agents' timeouts include the wait for a slot")
     evaluate.add_argument("--out", type=Path, help="output folder, new or empty (default: traces/eval-DATE-TIME)")
     evaluate.add_argument("--resume", type=Path, metavar="DIR",
                           help="finish an interrupted evaluation in DIR with its own settings; a larger --episodes extends it, "
                                "any other setting that differs is refused")
-    _timeout_arguments(evaluate, 120.0)
     _output_arguments(evaluate)
 
     play = sub.add_parser("play", help="bargain yourself in the terminal UI, as a buyer or as the seller",
@@ -445,13 +410,12 @@ def _new_config(args: argparse.Namespace) -> RunConfig:
     if collect and args.seller is None:
         raise UserError("collect needs the seller(s) to collect from, like --seller 'hf:checkpoints/sft?temperature=1'",
                         field="--seller", value=None)
-    sellers = _sellers(args.seller if args.seller is not None else ",".join(SELLERS))
-    buyers = args.buyers if args.buyers is not None else "threshold"
-    group = args.group if args.group is not None else 8 if collect else 1
-    episodes = (args.markets if args.markets is not None else 32) * group if collect else args.episodes or 200
-    return RunConfig(sellers=sellers, buyers=buyers, split=args.split if args.split is not None else "train", episodes=episodes,
-                     seed=args.seed if args.seed is not None else 0, shard=args.shard or (1, 1), group=group,
-                     run_id=new_run_id(args.command), **_timeouts(args, (*sellers, buyers)))
+    sellers = _sellers(_setting(args, "sellers", "seller"))
+    buyers = _setting(args, "buyers")
+    group = _setting(args, "group")
+    episodes = _setting(args, "episodes", "markets") * group if collect else _setting(args, "episodes")
+    return RunConfig(sellers=sellers, buyers=buyers, split=_setting(args, "split"), episodes=episodes, seed=_setting(args, "seed"),
+                     shard=_setting(args, "shard"), group=group, run_id=new_run_id(args.command), **_timeouts(args, (*sellers, buyers)))
 
 
 # -- commands -----------------------------------------------------------------------------------------
@@ -534,8 +498,8 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
                                "reply_timeout": ("--reply-timeout", args.reply_timeout)}, config.to_json(), out, "--episodes")
             configs.append(_more_episodes(config, args.episodes, "--episodes"))
     else:
-        sellers = list(_sellers(args.seller if args.seller is not None else ",".join(SELLERS)))
-        splits = list(_list(args.split if args.split is not None else ",".join(SPLITS)))
+        sellers = list(_sellers(_setting(args, "sellers", "seller")))
+        splits = list(_list(_setting(args, "split")))
         if not splits:
             raise UserError("names no split", field="--split", value=args.split)
         baseline = args.baseline or sellers[0]
@@ -545,10 +509,10 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
             raise UserError("a split is named twice", field="--split", value=args.split)
         out = args.out or Path("traces") / time.strftime("eval-%Y%m%d-%H%M%S")
         _check_new_out(out)
-        buyers = args.buyers if args.buyers is not None else "threshold"
+        buyers = _setting(args, "buyers")
         run_id = new_run_id("eval")
-        configs = [RunConfig(sellers=tuple(sellers), buyers=buyers, split=split, episodes=args.episodes or 200,
-                             seed=args.seed if args.seed is not None else 0, run_id=run_id, **_timeouts(args, (*sellers, buyers)))
+        configs = [RunConfig(sellers=tuple(sellers), buyers=buyers, split=split, episodes=_setting(args, "episodes"),
+                             seed=_setting(args, "seed"), run_id=run_id, **_timeouts(args, (*sellers, buyers)))
                    for split in splits]
     check_workers(args.workers, [*configs[0].sellers, configs[0].buyers])
     runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None), out / split_dir(config.split))

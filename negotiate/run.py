@@ -16,28 +16,36 @@ session and the screenshot script) builds them here, so the seed conventions exi
 
 A :class:`Run` also owns the model pools its agents use (HTTP clients, shared backends, loaded
 models and the request log: :class:`~negotiate.agents.pools.Pools`) and the trace writers of its
-sellers. It is an
-async context manager: inside ``async with run:`` agents built anywhere in the task take the run's
-pools, and on leaving it the run closes its trace files and the event loop's HTTP clients. Nothing
-about a run lives in module globals.
+sellers. It is an async context manager: inside ``async with run:`` agents built anywhere in the
+task take the run's pools, and on leaving it the run closes its trace files and the event loop's
+HTTP clients. Nothing about a run lives in module globals.
+
+:class:`RunConfig` (what a run is, saved as ``run.json``) and :class:`RunOptions` (how it is
+played) generate the flags of ``negotiate serve``, ``collect`` and ``eval`` from their fields, as
+``TrainConfig`` does for ``train``: each flag's help, spelling and each command's default are
+written once, on the field (:class:`Flag`), and so are the agents' deadline defaults.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from negotiate.agents.pools import Pools, use_pools
 from negotiate.agents.registry import AgentSpec, parse_agent
+from negotiate.agents.scripted import BUYERS, SELLERS
 from negotiate.episode import Episode, run_episode
 from negotiate.errors import UserError
-from negotiate.market import Market, MarketSpec, generate, resolve_spec
+from negotiate.market import SPLITS, Market, MarketSpec, generate, resolve_spec
 from negotiate.trace import TraceWriter
 
-__all__ = ["Run", "RunConfig", "EpisodePlan", "market_seed", "seller_seed", "build_buyers", "slug", "check_timeout",
-           "DEFAULT_TIMEOUT", "LOCAL_TIMEOUT", "default_timeout"]
+__all__ = [
+    "Run", "RunConfig", "RunOptions", "EpisodePlan", "Flag", "command_flags", "command_default", "flag_help",
+    "market_seed", "seller_seed", "build_buyers", "slug", "check_timeout",
+    "DEFAULT_TIMEOUT", "COLLECT_TIMEOUT", "LOCAL_TIMEOUT", "HUMAN_TIMEOUT", "default_timeout",
+]
 
 
 _MASK = (1 << 64) - 1
@@ -93,8 +101,10 @@ DEFAULT_TIMEOUT = 120.0
 COLLECT_TIMEOUT = 600.0
 """The same for ``collect``: it samples models at a high temperature, and long replies are the point."""
 LOCAL_TIMEOUT = 3600.0
-"""The deadline when a local model (``hf:``, ``vllm:``) plays, or a person or a policy in training: on a CPU a
-reply can wait minutes for its batch."""
+"""The deadline when a local model (``hf:``, ``vllm:``) plays, or the policy in training: on a CPU a reply can
+wait minutes for its batch."""
+HUMAN_TIMEOUT = 3600.0
+"""Seconds a person may think about one message (``negotiate play``), and the agents beside them."""
 
 
 def default_timeout(base: float, specs) -> float:
@@ -103,29 +113,115 @@ def default_timeout(base: float, specs) -> float:
     return max(base, LOCAL_TIMEOUT) if local else base
 
 
+RUN_COMMANDS = ("serve", "collect", "eval")
+"""The commands whose flags :class:`RunConfig` and :class:`RunOptions` generate."""
+_LOCAL_NOTE = f"or {LOCAL_TIMEOUT:g} when an hf: or vllm: model plays"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a config field reads on the command line of ``serve``, ``collect`` and ``eval``: the flag's
+    help, and where a command differs, its own spelling, default or help (``per``)."""
+
+    help: str
+    commands: tuple[str, ...] = RUN_COMMANDS
+    """The commands that take the flag."""
+    name: str = ""
+    """The flag (default: ``--field-name``); the parsed value is ``args.<name without dashes>``."""
+    aliases: tuple[str, ...] = ()
+    metavar: str | None = None
+    kind: str = "text"
+    """How the value is read: ``text``, ``int``, ``count`` (a whole number >= 1), ``seconds`` (positive and
+    finite), ``shard`` (K/N) or ``switch`` (present or not)."""
+    default: object = None
+    """The command's default, where it is not the field's."""
+    shown: str | None = None
+    """The default as the help words it (None: the default itself; "": not shown)."""
+    per: tuple = ()
+    """(command, {attribute: value}) pairs: what differs in that command."""
+
+    def of(self, command: str) -> Flag:
+        """The flag as ``command`` shows it."""
+        changes = dict(self.per).get(command, {})
+        return replace(self, per=(), **changes) if changes else self
+
+
+def _flag(initial, help: str, **options):
+    """A config field whose default is ``initial``, and its :class:`Flag`."""
+    return field(default=initial, metadata={"flag": Flag(help, **options)})
+
+
+def _timeout_flag(help: str):
+    return _flag(DEFAULT_TIMEOUT, help, metavar="SECONDS", kind="seconds", shown=f"{DEFAULT_TIMEOUT:g}, {_LOCAL_NOTE}",
+                 per=(("collect", {"default": COLLECT_TIMEOUT, "shown": f"{COLLECT_TIMEOUT:g}, {_LOCAL_NOTE}"}),))
+
+
+def command_flags(cls, command: str) -> list[tuple[str, Flag, object]]:
+    """(field, flag, default) of each field of ``cls`` that ``command`` takes as a flag, in field order."""
+    out = []
+    for item in fields(cls):
+        flag = item.metadata.get("flag")
+        if flag is None or command not in flag.commands:
+            continue
+        flag = flag.of(command)
+        out.append((item.name, flag, flag.default if flag.default is not None else item.default))
+    return out
+
+
+def command_default(cls, name: str, command: str):
+    """The default ``command`` gives the field ``name`` of ``cls``: its flag's there, else the field's."""
+    for field_name, _, default in command_flags(cls, command):
+        if field_name == name:
+            return default
+    return next(item.default for item in fields(cls) if item.name == name)
+
+
+def flag_help(flag: Flag, default) -> str:
+    """The help line of a flag: its help and the default it shows (``{default}`` places it inside the help)."""
+    shown = str(default) if flag.shown is None else flag.shown
+    if "{default}" in flag.help:
+        return flag.help.format(default=shown)
+    return f"{flag.help} (default: {shown})" if shown else flag.help
+
+
+_SELLERS_HELP = "comma-separated seller specs, [scripted:]NAME[?k=v], openai:..., hf:..., vllm:... (negotiate agents lists them)"
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything that defines a run; saved as ``run.json`` so ``--resume`` can finish it."""
+    """Everything that defines a run; saved as ``run.json`` so ``--resume`` can finish it. Each field with a
+    flag is a flag of ``serve``, ``collect`` and ``eval`` (``--seller-timeout`` for ``seller_timeout``): its
+    help, spelling and each command's default are written once, here."""
 
-    sellers: tuple[str, ...]
+    sellers: tuple[str, ...] = _flag(
+        (), _SELLERS_HELP, name="--seller", aliases=("--sellers",), metavar="SPECS", default=",".join(SELLERS),
+        shown=f"all of {','.join(SELLERS)}", per=(("collect", {"default": "", "shown": ""}),))
     """Seller specs; each plays every episode index of the run."""
-    buyers: str = "threshold"
+    buyers: str = _flag("threshold", f"buyer spec for every buyer: {', '.join(BUYERS)}, or a model")
     """The buyer spec every buyer of every market plays."""
-    split: str = "train"
+    split: str = _flag(
+        "train", f"split ({', '.join(SPLITS)}) or a TOML market spec file", shown="train; negotiate splits lists them",
+        per=(("eval", {"help": "comma-separated splits or TOML spec files", "aliases": ("--splits",), "metavar": "SPLITS",
+                       "default": ",".join(SPLITS), "shown": None}),))
     """A split name or a TOML spec path."""
-    episodes: int = 200
+    episodes: int = _flag(200, "episodes per seller", kind="count",
+                          per=(("collect", {"name": "--markets", "help": "market instances", "default": 32}),
+                               ("eval", {"help": "markets per split"})))
     """Episodes per seller (before sharding)."""
-    seed: int = 0
-    """Run seed: market ``i`` is seeded from (seed, i // group)."""
-    shard: tuple[int, int] = (1, 1)
-    """(K, N): this run plays the K-th of N disjoint slices."""
-    seller_timeout: float = DEFAULT_TIMEOUT
-    """Seconds a seller may think before losing the turn."""
-    reply_timeout: float = DEFAULT_TIMEOUT
-    """Seconds a buyer may think before its silence counts as a reject."""
-    group: int = 1
+    group: int = _flag(1, "episodes per market instance: the seller plays each market this many times, sampling afresh",
+                       commands=("serve", "collect"), kind="count",
+                       per=(("collect", {"help": "episodes per market", "default": 8}),))
     """Episodes per market instance: episodes ``i`` with the same ``i // group`` play one market,
     the seller sampling with a different seed each time (``negotiate collect``; training groups)."""
+    seed: int = _flag(0, "run seed: market i is seeded from (seed, i)", kind="int")
+    """Run seed: market ``i`` is seeded from (seed, i // group)."""
+    shard: tuple[int, int] = _flag((1, 1), "run the K-th of N disjoint slices of the episodes", commands=("serve", "collect"),
+                                   metavar="K/N", kind="shard", shown="1/1, all of them")
+    """(K, N): this run plays the K-th of N disjoint slices."""
+    seller_timeout: float = _timeout_flag("seconds a seller may think before losing the turn")
+    """Seconds a seller may think before losing the turn."""
+    reply_timeout: float = _timeout_flag("seconds a buyer may think before its silence counts as a reject")
+    """Seconds a buyer may think before its silence counts as a reject."""
     run_id: str = ""
     """Names the run in every episode it writes (``run`` in ``episode_start``), so a report tells
     separate runs of the same seeds apart (``serve``, then ``eval``) while a run's shards merge.
@@ -151,6 +247,20 @@ class RunConfig:
     def indices(self) -> range:
         k, n = self.shard
         return range(k - 1, self.episodes, n)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run is played, not what it is (not saved: a resumed run may change them). Each field is a flag
+    of ``serve``, ``collect`` and ``eval``, like :class:`RunConfig`'s."""
+
+    concurrency: int = _flag(256, "episodes in flight at once", kind="count")
+    workers: int = _flag(1, "worker processes (default: {default}): each plays a share of the episodes on its own core, with its "
+                            "share of --concurrency and --max-inflight; one process tops out near 1,500 model requests/s", kind="count")
+    max_inflight: int | None = _flag(None, "model requests in flight per server (openai: specs), overriding their max_inflight; "
+                                           "the agents' timeouts include the wait for a slot", metavar="N", kind="count", shown="")
+    fsync: bool = _flag(False, "fsync after every episode (survives power loss, slower)", commands=("serve", "collect"),
+                        kind="switch", shown="")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 
@@ -175,14 +177,17 @@ def test_agent_deadlines_default_longer_when_a_local_model_plays(tmp_path):
     import argparse
     import json
 
-    from negotiate.cli import LOCAL_TIMEOUT, _timeouts
+    from negotiate.cli import _timeouts
+    from negotiate.run import LOCAL_TIMEOUT
 
-    args = argparse.Namespace(seller_timeout=None, reply_timeout=None, base_timeout=120.0)
+    args = argparse.Namespace(seller_timeout=None, reply_timeout=None, command="serve")
     assert _timeouts(args, ("greedy", "threshold")) == {"seller_timeout": 120.0, "reply_timeout": 120.0}
     assert _timeouts(args, ("hf:smollm2?max_tokens=40", "threshold"))["seller_timeout"] == LOCAL_TIMEOUT == 3600.0
     assert _timeouts(args, ("greedy", " vllm:Qwen/Qwen3-8B"))["reply_timeout"] == LOCAL_TIMEOUT
-    given = argparse.Namespace(seller_timeout=5.0, reply_timeout=None, base_timeout=120.0)
+    given = argparse.Namespace(seller_timeout=5.0, reply_timeout=None, command="serve")
     assert _timeouts(given, ("hf:x",)) == {"seller_timeout": 5.0, "reply_timeout": LOCAL_TIMEOUT}
+    collect = argparse.Namespace(seller_timeout=None, reply_timeout=None, command="collect")
+    assert _timeouts(collect, ("greedy", "threshold")) == {"seller_timeout": 600.0, "reply_timeout": 600.0}
     assert main(["serve", "--seller", "greedy", "--episodes", "1", "--out", str(tmp_path / "s"), "--quiet"]) == 0
     saved = json.loads((tmp_path / "s" / "run.json").read_text())
     assert saved["seller_timeout"] == saved["reply_timeout"] == 120.0
@@ -210,6 +215,49 @@ def test_help_shows_every_default_and_the_exit_codes(capsys):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: torch's choice)" in text and "(default: torch's choice) (default: None)" not in text
+
+
+def _options(command: str, capsys) -> dict[str, str]:
+    """Each flag of ``negotiate COMMAND --help`` (aliases joined by a comma) and its help, one line each."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out.split("options:")[1].split("exit codes:")[0]
+    flags, current = {}, None
+    for line in text.splitlines():
+        found = re.match(r"  (-\S.*?)(?:\s{2,}(.*))?$", line)
+        if found:  # the flag's spellings, then (after two spaces or on the next lines) its help
+            current = ",".join(word.rstrip(",") for word in found[1].split() if word.startswith("-"))
+            flags[current] = found[2] or ""
+        elif current is not None:
+            flags[current] = (flags[current] + " " + " ".join(line.split())).strip()
+    return flags
+
+
+def test_the_run_commands_flags_keep_their_names_defaults_and_help(capsys):
+    """serve, collect and eval take their run flags from RunConfig and RunOptions: the same names,
+    defaults and help as when they were written by hand."""
+    serve, collect, evaluate = (_options(command, capsys) for command in ("serve", "collect", "eval"))
+    shared = ["--seller,--sellers", "--buyers", "--seed", "--seller-timeout", "--reply-timeout", "--concurrency",
+              "--workers", "--max-inflight", "--out", "--resume", "--log-level", "--quiet", "-h,--help"]
+    assert sorted(serve) == sorted([*shared, "--split", "--episodes", "--group", "--shard", "--fsync", "--by"])
+    assert sorted(collect) == sorted([*shared, "--split", "--markets", "--group", "--shard", "--fsync", "--by"])
+    assert sorted(evaluate) == sorted([*shared, "--split,--splits", "--episodes", "--baseline"])
+    assert serve["--episodes"] == "episodes per seller (default: 200)" and evaluate["--episodes"] == "markets per split (default: 200)"
+    assert collect["--markets"] == "market instances (default: 32)" and collect["--group"] == "episodes per market (default: 8)"
+    assert serve["--group"].endswith("sampling afresh (default: 1)")
+    assert serve["--seller,--sellers"].endswith("(default: all of oracle,planner,greedy,concession,posted,dutch,random)")
+    assert collect["--seller,--sellers"].endswith("(negotiate agents lists them)")  # collect names its sellers
+    assert evaluate["--split,--splits"] == "comma-separated splits or TOML spec files (default: train,shapes,correlated,prices-x10)"
+    assert serve["--split"].endswith("(default: train; negotiate splits lists them)")
+    assert serve["--shard"] == collect["--shard"] == "run the K-th of N disjoint slices of the episodes (default: 1/1, all of them)"
+    for command, seconds in ((serve, 120), (collect, 600), (evaluate, 120)):
+        assert command["--seller-timeout"] == (f"seconds a seller may think before losing the turn (default: {seconds}, "
+                                               "or 3600 when an hf: or vllm: model plays)")
+    assert serve["--workers"].startswith("worker processes (default: 1): each plays a share of the episodes")
+    assert serve["--concurrency"] == evaluate["--concurrency"] == "episodes in flight at once (default: 256)"
+    assert serve["--max-inflight"] == evaluate["--max-inflight"]
+    assert serve["--max-inflight"].startswith("model requests in flight per server") and "(default:" not in serve["--max-inflight"]
+    assert serve["--fsync"] == "fsync after every episode (survives power loss, slower)"
 
 
 def test_version(capsys):

@@ -50,7 +50,7 @@ from negotiate.market import Market, MarketSpec, generate
 from negotiate.metrics import opt
 from negotiate.protocol import SELLER
 from negotiate.regulator import EpisodeState, observe
-from negotiate.run import Run, RunConfig
+from negotiate.run import HUMAN_TIMEOUT, Run, RunConfig
 from negotiate.trace import TraceWriter, scan
 
 __all__ = ["PlaySession", "PlayResult", "Watched", "WatchedState", "HUMAN_BUYER", "TRACE_NAME", "fresh_seed"]
@@ -59,8 +59,6 @@ HUMAN_BUYER = "b1"
 """The seat a person takes when playing a buyer."""
 TRACE_NAME = "play.jsonl"
 """The trace file, under ``--out``, that every played episode is appended to."""
-HUMAN_TIMEOUT = 3600.0
-"""Seconds a person may think about one message."""
 
 
 class WatchedState(EpisodeState):

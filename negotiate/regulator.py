@@ -285,12 +285,12 @@ class EpisodeState:
         violation = Violation(who, kind, detail, self.turns_used)
         self.violations.append(violation)
         self.violation_counts[kind] = self.violation_counts.get(kind, 0) + 1
-        self.events.append(ViolationEvent(episode=self.episode, ts=self._ts(), turn=self.turns_used, who=who, kind=kind, detail=detail))
+        self.events.append(ViolationEvent(self.episode, self._ts(), self.turns_used, who, kind, detail))
         self._notify(who, "violation", f"{kind}: {detail}")
 
     def _notify(self, to: str, kind: str, text: str) -> None:
         notice = Notice(to, kind, text)
-        self.events.append(NoticeEvent(episode=self.episode, ts=self._ts(), to=to, kind=kind, text=text))
+        self.events.append(NoticeEvent(self.episode, self._ts(), to, kind, text))
         if to == SELLER:
             self._seller_new.append(notice)
             self._seller_history.append(notice)
@@ -299,18 +299,22 @@ class EpisodeState:
 
     def _record_message(self, sender: str, result, raw: str | None, extra: dict | None, turn: int | None,
                         invalid: tuple[str, str] | None = None) -> MessageEvent:
-        """The message's event; ``invalid`` is the (violation kind, detail) of a message that broke a rule."""
+        """The message's event; ``invalid`` is the (violation kind, detail) of a message that broke a rule.
+
+        Records are built with positional arguments here (half the cost of keywords): episode, ts, turn,
+        sender, to, thought, talk, action, valid, error, error_kind, timeout_s, raw, extra."""
         if isinstance(result, Message):
             action = result.action
-            event = MessageEvent(episode=self.episode, ts=self._ts(), turn=turn, sender=sender, to=result.to,
-                                 thought=result.thought, talk=result.talk,
-                                 action={"kind": action.kind, "product": action.product, "price": action.price}, valid=invalid is None,
-                                 error=None if invalid is None else f"{invalid[0]}: {invalid[1]}",
-                                 error_kind=None if invalid is None else invalid[0], raw=raw, extra=extra or None)
+            data = {"kind": action.kind, "product": action.product, "price": action.price}
+            if invalid is None:
+                event = MessageEvent(self.episode, self._ts(), turn, sender, result.to, result.thought, result.talk, data, True,
+                                     None, None, None, raw, extra or None)
+            else:
+                event = MessageEvent(self.episode, self._ts(), turn, sender, result.to, result.thought, result.talk, data, False,
+                                     f"{invalid[0]}: {invalid[1]}", invalid[0], None, raw, extra or None)
         else:
-            event = MessageEvent(episode=self.episode, ts=self._ts(), turn=turn, sender=sender, to=None, thought="", talk="",
-                                 action=None, valid=False, error=result.reason, error_kind=MALFORMED,
-                                 raw=result.raw if raw is None else raw, extra=extra or None)
+            event = MessageEvent(self.episode, self._ts(), turn, sender, None, "", "", None, False,
+                                 result.reason, MALFORMED, None, result.raw if raw is None else raw, extra or None)
         self.events.append(event)
         self.messages_by[SELLER if sender == SELLER else BUYER] += 1
         return event
@@ -344,8 +348,7 @@ class EpisodeState:
         buyer.offer = buyer.bid = None
         deal = Deal(buyer.id, product.id, price, product.cost, value, self.turns_used, by)
         self.deals.append(deal)
-        self.events.append(DealEvent(episode=self.episode, ts=self._ts(), turn=self.turns_used, buyer=buyer.id, product=product.id,
-                                     price=price, cost=product.cost, value=value, by=by))
+        self.events.append(DealEvent(self.episode, self._ts(), self.turns_used, buyer.id, product.id, price, product.cost, value, by))
         text = f"deal: {buyer.id} buys {product.id} at ${price}"
         self._notify(buyer.id, "deal", text)
         self._notify(SELLER, "deal", text)

@@ -33,7 +33,7 @@ import pytest
 
 from needs import missing
 
-pytestmark = pytest.mark.llamacpp
+pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(900)]  # a real server starts, then answers at CPU speed
 
 
 

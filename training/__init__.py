@@ -4,11 +4,12 @@
 torch, transformers, peft and TRL inside their functions (``pip install 'negotiate[train]'``).
 """
 
-from negotiate.training.dataset import DataFilter, Decision, Episode, advantages, decisions, group_key, load_episodes, replay
+from negotiate.training.dataset import DataFilter, Decision, ScoredEpisode, advantages, decisions, group_key, load_episodes, replay
+from negotiate.training.dataset import Episode  # noqa: F401  (the former name of ScoredEpisode, not in __all__)
 from negotiate.training.rewards import DEFAULT_REWARD, PENALTY, REWARDS, reward_fn
 from negotiate.training.trainer import METHODS, TrainConfig, train
 
 __all__ = [
-    "DataFilter", "Decision", "Episode", "advantages", "decisions", "group_key", "load_episodes", "replay",
+    "DataFilter", "Decision", "ScoredEpisode", "advantages", "decisions", "group_key", "load_episodes", "replay",
     "DEFAULT_REWARD", "PENALTY", "REWARDS", "reward_fn", "METHODS", "TrainConfig", "train",
 ]

@@ -34,7 +34,7 @@ from negotiate.trace import EpisodeRecord, EpisodeStart, Event, EventType, Messa
 
 from negotiate.training.rewards import DEFAULT_REWARD, reward_fn
 
-__all__ = ["Decision", "Episode", "load_episodes", "decisions", "replay", "group_key", "advantages", "DataFilter"]
+__all__ = ["Decision", "ScoredEpisode", "load_episodes", "decisions", "replay", "group_key", "advantages", "DataFilter"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Decision:
 
 
 @dataclass
-class Episode:
+class ScoredEpisode:
     """An episode as training data: its labels, reward and decisions, and the episode itself."""
 
     id: str
@@ -80,9 +80,13 @@ class Episode:
     """The episode's trace (None for one written by hand, as in :func:`advantages`' doctest)."""
 
     @classmethod
-    def scored(cls, record: EpisodeRecord, group: str, reward: float, decisions: list[Decision]) -> Episode:
+    def scored(cls, record: EpisodeRecord, group: str, reward: float, decisions: list[Decision]) -> ScoredEpisode:
         start = record.start
         return cls(record.id, group, start.seller or "", start.split or "", reward, record.metrics or {}, decisions, record)
+
+
+Episode = ScoredEpisode
+"""The former name of :class:`ScoredEpisode`, kept for old imports (``negotiate.Episode`` is an episode's trace)."""
 
 
 @dataclass(frozen=True)
@@ -181,10 +185,10 @@ def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, gro
 
 
 def load_episodes(paths: Iterable[str | Path], *, reward: str = DEFAULT_REWARD, where: DataFilter = DataFilter(),
-                  fmt: str = "tagged") -> list[Episode]:
+                  fmt: str = "tagged") -> list[ScoredEpisode]:
     """Every complete, scorable episode under ``paths`` (files or folders) that passes ``where``, with its decisions."""
     score = reward_fn(reward)
-    episodes: list[Episode] = []
+    episodes: list[ScoredEpisode] = []
     seen: set[tuple[str, str]] = set()
     for path in trace_files(paths):
         for record in read_records(path, allow_partial=True):
@@ -200,23 +204,23 @@ def load_episodes(paths: Iterable[str | Path], *, reward: str = DEFAULT_REWARD, 
                                 field="episode", value=record.id)
             seen.add(key)
             group = group_key(start)
-            episodes.append(Episode.scored(record, group, value, decisions(record, value, group, fmt=fmt)))
+            episodes.append(ScoredEpisode.scored(record, group, value, decisions(record, value, group, fmt=fmt)))
     sizes = defaultdict(int)
     for ep in episodes:
         sizes[ep.group] += 1
     return [ep for ep in episodes if sizes[ep.group] >= where.min_group]
 
 
-def advantages(episodes: Sequence[Episode], *, scale: bool = True, eps: float = 1e-6) -> dict[str, float]:
+def advantages(episodes: Sequence[ScoredEpisode], *, scale: bool = True, eps: float = 1e-6) -> dict[str, float]:
     """Group-relative advantage of each episode: its reward minus its group's mean, divided by
     the group's standard deviation (population) when ``scale``. A group of one, or one whose
     rewards are all equal, gives 0 to each of its episodes.
 
-    >>> eps = [Episode("a", "g", "s", "t", 1.0, {}), Episode("b", "g", "s", "t", 0.0, {}), Episode("c", "h", "s", "t", 0.5, {})]
+    >>> eps = [ScoredEpisode("a", "g", "s", "t", 1.0, {}), ScoredEpisode("b", "g", "s", "t", 0.0, {}), ScoredEpisode("c", "h", "s", "t", 0.5, {})]
     >>> advantages(eps)  # group g: mean 0.5, sd 0.5
     {'a': 1.0, 'b': -1.0, 'c': 0.0}
     """
-    groups: dict[str, list[Episode]] = defaultdict(list)
+    groups: dict[str, list[ScoredEpisode]] = defaultdict(list)
     for ep in episodes:
         groups[ep.group].append(ep)
     out: dict[str, float] = {}

@@ -215,3 +215,17 @@ async def test_a_finished_episode_is_freed_without_the_garbage_collector(seller,
         assert gone() is None
     finally:
         gc.enable()
+
+
+def test_scripted_messages_are_built_field_by_field_in_order():
+    # Scripted agents build their messages positionally too (for speed).
+    from negotiate.agents.scripted import _accept_bid, _offer, _reply
+
+    offer = _offer("b2", "p3", 450, thought="start high")
+    assert (offer.sender, offer.to, offer.talk, offer.thought) == (SELLER, "b2", "I can let you have p3 for $450.", "start high")
+    assert (offer.action.kind, offer.action.product, offer.action.price) == ("offer", "p3", 450)
+    accept = _accept_bid("b1", "p1", 300)
+    assert (accept.to, accept.talk, accept.action, accept.thought) == ("b1", "Deal: p1 at $300.", ("accept", "p1", 300), "")
+    reply = _reply(observe(played(1, budget=2), "b1"), "bid", "p1", 250, "How about $250?")
+    assert (reply.sender, reply.to, reply.talk, reply.action.kind, reply.action.price) == ("b1", SELLER, "How about $250?", "bid", 250)
+    assert reply == Message("b1", SELLER, "How about $250?", Action("bid", "p1", 250))

@@ -46,6 +46,7 @@ __all__ = [
     "parse_lenient",
     "one_line",
     "CONTROL",
+    "CONTROL_CHARS",
     "render_tagged",
     "json_schema",
     "Generated",
@@ -166,9 +167,11 @@ class Notice:
         return {"to": self.to, "kind": self.kind, "text": self.text}
 
 
-CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-"""Control characters other than tab and line breaks: C0, DEL and C1 (terminal escapes start with one).
-The one definition: model text loses them before it is parsed, and trace lines holding them are binary."""
+CONTROL_CHARS = "\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"
+"""Control characters other than tab and line breaks, as a regex class body: C0, DEL and C1 (terminal
+escapes start with one). The one definition: model text loses them before it is parsed, trace lines
+holding them are binary, and the screen strips them (with carriage returns and bidi overrides)."""
+CONTROL = re.compile(f"[{CONTROL_CHARS}]")
 _SPACE = re.compile(r"\s+")
 
 _TAG = re.compile(r"^\s*\**\s*(thought|to|talk|action)\s*\**\s*:\s*\**\s*", re.IGNORECASE | re.MULTILINE)

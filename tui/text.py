@@ -20,10 +20,13 @@ import re
 
 from rich.text import Text
 
+from negotiate.protocol import CONTROL_CHARS
+
 __all__ = ["clean", "esc", "literal", "money", "ratio", "action_label"]
 
-# C0 controls except newline, DEL, C1 controls, and the bidi embedding/override/isolate characters.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# The protocol's control characters, carriage returns (a lone one moves the cursor), and the bidi
+# embedding/override/isolate characters.
+_CONTROL = re.compile(f"[{CONTROL_CHARS}\r\u202a-\u202e\u2066-\u2069]")
 
 
 def clean(value: object) -> str:

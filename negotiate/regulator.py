@@ -20,7 +20,7 @@ from typing import NamedTuple
 from negotiate.market import Market
 from negotiate.protocol import BUYER, SELLER, Action, BuyerStatus, Message, Notice, ParseFailure
 from negotiate.rules import MALFORMED, TIMEOUT, VIOLATIONS, buyer_violation, seller_violation  # the rules, and their kinds
-from negotiate.trace import TIMEOUT as TIMEOUT_KIND, DealEvent, MessageEvent, NoticeEvent, ViolationEvent
+from negotiate.trace import TIMEOUT as TIMEOUT_KIND, DealEvent, EndReason, MessageEvent, NoticeEvent, Outcome, ViolationEvent
 
 __all__ = [
     "EpisodeState",
@@ -332,15 +332,15 @@ class EpisodeState:
 
     def fail(self, reason: str) -> None:
         """An error, even after the end: it overrides any outcome, so no error goes unrecorded."""
-        if self.outcome is not None and self.outcome != "failed":
+        if self.outcome is not None and self.outcome != Outcome.FAILED:
             reason = f"{reason} (after the episode had {self.outcome}: {self.reason})"
-        self.outcome, self.reason = "failed", reason
+        self.outcome, self.reason = Outcome.FAILED, reason
 
     def _check_terminal(self) -> None:
         if self.units_left == 0:
-            self.finish("terminated", "sold_out")
+            self.finish(Outcome.TERMINATED, EndReason.SOLD_OUT)
         elif all(b.status != ACTIVE for b in self.buyers):
-            self.finish("terminated", "no_buyers")
+            self.finish(Outcome.TERMINATED, EndReason.NO_BUYERS)
 
     def _deal(self, buyer: _BuyerState, j: int, price: int, by: str) -> None:
         product = self.market.products[j]
@@ -386,7 +386,7 @@ class EpisodeState:
         self._seller_history.append(result)
         action = result.action
         if action.kind == "end":
-            self.finish("terminated", "seller_end")
+            self.finish(Outcome.TERMINATED, EndReason.SELLER_END)
             return None
         if invalid is not None:
             self.invalid_by[SELLER] += 1

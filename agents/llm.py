@@ -35,7 +35,7 @@ import numpy as np
 import orjson
 
 from negotiate.protocol import (
-    SELLER, TALK_MAX, Action, Generated, Message, Notice, ParseFailure, one_line, parse_lenient, render_tagged,
+    BUYER, SELLER, TALK_MAX, Action, Generated, Message, Notice, ParseFailure, one_line, parse_lenient, render_tagged,
 )
 from negotiate.regulator import ACTIVE, GONE, MALFORMED, SERVED, TIMEOUT, BuyerObservation, SellerObservation
 
@@ -150,7 +150,7 @@ def _seller_system(fmt: str) -> str:
 
 @lru_cache(maxsize=4096)
 def _buyer_system(buyer: str, persona: str, fmt: str) -> str:
-    return _template("buyer.md").substitute(buyer=buyer, persona=_persona(persona), format=_format_block("buyer", fmt))
+    return _template("buyer.md").substitute(buyer=buyer, persona=_persona(persona), format=_format_block(BUYER, fmt))
 
 
 # -- rendering -----------------------------------------------------------------------------
@@ -346,7 +346,7 @@ class LLMSeller(LLMAgent):
 class LLMBuyer(LLMAgent):
     """A buyer, played by a model; the regulator's buyer guard still judges every reply."""
 
-    role = "buyer"
+    role = BUYER
 
 
 def build_llm_agent(spec, market, seed, pools=None):

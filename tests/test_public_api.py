@@ -118,7 +118,7 @@ def test_all_names_are_public():
 
 @pytest.mark.parametrize(
     "module",
-    ["negotiate.market", "negotiate.protocol", "negotiate.regulator", "negotiate.bus", "negotiate.episode",
+    ["negotiate.market", "negotiate.protocol", "negotiate.rules", "negotiate.regulator", "negotiate.bus", "negotiate.episode",
      "negotiate.metrics", "negotiate.trace", "negotiate.report", "negotiate.cli",
      "negotiate.agents", "negotiate.agents.scripted", "negotiate.agents.registry", "negotiate.agents.base",
      "negotiate.runner", "negotiate.logs", "negotiate.report", "negotiate.plots",

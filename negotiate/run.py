@@ -99,7 +99,7 @@ def check_timeout(value: float, flag: str) -> float:
 DEFAULT_TIMEOUT = 120.0
 """Seconds an agent may think (seller) or stay silent (buyer) in ``serve`` and ``eval`` runs."""
 COLLECT_TIMEOUT = 600.0
-"""The same for ``collect``: it samples models at a high temperature, and long replies are the point."""
+"""The same for ``negotiate collect``."""
 LOCAL_TIMEOUT = 3600.0
 """The deadline when a local model (``hf:``, ``vllm:``) plays, or the policy in training: on a CPU a reply can
 wait minutes for its batch."""

@@ -202,11 +202,6 @@ async def preload_models(specs: list[AgentSpec], pools: Pools | None = None) -> 
             raise UserError(str(error), field=field, value=spec.text) from None
 
 
-async def close_model_clients(pools: Pools | None = None) -> None:
-    """Close this event loop's HTTP clients in ``pools`` (by default the current context's)."""
-    await (pools or current_pools()).aclose()
-
-
 def run_async(main: Callable[[], Awaitable]):
     """``anyio.run(main)`` on uvloop where it is installed (the ``llm`` extra): about a tenth less CPU
     per model request than asyncio's own loop (benchmarks/bench_llm.py). ``NEGOTIATE_LOOP=asyncio`` opts out."""

@@ -318,3 +318,18 @@ def test_a_group_shares_its_market_and_buyers_and_numbers_the_sellers_repeat():
     # always seeded [market seed, 2, repeat], play their evaluations (groups of one) as serve does.
     single = Run(RunConfig(sellers=("random",), buyers="random", seed=5))
     assert _draws(built.episode(spec, 3).seller) == _draws(single.episode(spec, 1).seller)
+
+
+async def test_a_run_owns_its_pools_and_trace_files_for_its_duration(tmp_path):
+    from negotiate.agents.pools import current_pools
+
+    config = RunConfig(sellers=("greedy",), buyers="threshold", episodes=2, seed=1)
+    async with Run(config, out=tmp_path) as built:
+        assert current_pools() is built.pools  # agents built anywhere in the task take the run's pools
+        for index in range(2):
+            built.write("greedy", (await built.episode(parse_agent("greedy", "seller"), index).play()).events)
+        writer = built.trace("greedy")
+    assert current_pools() is not built.pools
+    with pytest.raises(ValueError, match="closed file"):  # the run closed its trace file on the way out
+        writer.write_encoded(b"")
+    assert indices_in(tmp_path / "greedy.jsonl") == [0, 1]

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import orjson
 
 from negotiate.errors import UserError
+from negotiate.protocol import CONTROL
 
 __all__ = [
     "SCHEMA_VERSION", "EventType", "Outcome", "EndReason", "TIMEOUT",
@@ -555,7 +556,7 @@ def shown(line: bytes) -> str:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    if text is None or any(ch < " " and ch not in "\t\r\n" or "\x7f" <= ch <= "\x9f" for ch in text):
+    if text is None or CONTROL.search(text):
         return f"{len(line)} bytes of binary data"
     return text.rstrip("\r\n")[:60]
 

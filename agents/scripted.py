@@ -259,28 +259,31 @@ class DutchSeller(_Learner):
     name = "dutch"
 
     def decide(self, obs: SellerObservation) -> Message | None:
-        if not hasattr(self, "offered"):
+        offered = self.__dict__.get("offered")
+        if offered is None:
             self._setup(obs)  # the clock needs no value bounds: no _learn
-        n = len(obs.buyers)
-        ticks = max(1, obs.budget // max(1, n))
-        units = self._available(obs)
-        in_stock = [j for j, u in enumerate(units) if u > 0]
-        hi = obs.price_high
-        for i, buyer in enumerate(obs.buyers):
-            if buyer.status != ACTIVE or buyer.awaiting:
+            offered = self.offered
+        buyers = obs.buyers
+        for i, buyer in enumerate(buyers):
+            if buyer.awaiting or buyer.status != ACTIVE:
                 continue
-            tick = self.offered[i]
+            # The first free buyer hears the clock: stock and clock are worked out for it alone.
+            in_stock = [j for j, u in enumerate(self._available(obs)) if u > 0]
             if not in_stock:
                 break
+            tick = offered[i]
             j = in_stock[(i + tick) % len(in_stock)]
             product = obs.products[j]
-            if buyer.bid is not None and buyer.bid[0] == product.id and buyer.bid[1] >= product.cost:
-                return _accept_bid(buyer.id, product.id, buyer.bid[1])
-            clock = 1 - min(tick, ticks - 1) / max(1, ticks - 1) if ticks > 1 else 0.5
-            price = int(round(product.cost + (hi - product.cost) * clock))
-            self.offered[i] += 1  # the clock only counts ticks per buyer
-            return _offer(buyer.id, product.id, max(price, product.cost))
-        return None if any(b.awaiting for b in obs.buyers) else _end()
+            cost = product.cost
+            bid = buyer.bid
+            if bid is not None and bid[0] == product.id and bid[1] >= cost:
+                return _accept_bid(buyer.id, product.id, bid[1])
+            ticks = obs.budget // len(buyers)
+            clock = 1 - min(tick, ticks - 1) / (ticks - 1) if ticks > 1 else 0.5
+            price = int(round(cost + (obs.price_high - cost) * clock))
+            offered[i] = tick + 1  # the clock only counts ticks per buyer
+            return _offer(buyer.id, product.id, price if price > cost else cost)
+        return None if any(b.awaiting for b in buyers) else _end()
 
 
 class OracleSeller(ScriptedAgent):

@@ -125,3 +125,11 @@ def test_dict_style_access_still_works_for_code_written_against_v1():
     with pytest.raises(KeyError):
         event["nothing"]
     assert dict(event)["type"] == "message" and "error" not in dict(event)
+
+
+@pytest.mark.parametrize("record", [EpisodeStart, MessageEvent, ViolationEvent, DealEvent, NoticeEvent, EpisodeEnd])
+def test_each_record_writes_its_own_type(record):
+    # the hot records set their type as a literal in their own __init__: it must be the enum's value
+    built = record()
+    assert built.type == record.type and built.type in set(EventType) and orjson.loads(orjson.dumps(built))["type"] == built.type
+    assert isinstance(parse_event({"type": built.type}), record)

@@ -101,8 +101,10 @@ def _bytes_to_observe(state: EpisodeState) -> int:
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        seller, buyer = observe(state, SELLER, consume=False), observe(state, "b1")
-        return tracemalloc.get_traced_memory()[1] - before
+        seller, buyer = observe(state, SELLER, consume=False), observe(state, "b1")  # held, as an agent holds them
+        peak = tracemalloc.get_traced_memory()[1] - before
+        assert len(seller.history) == len(buyer.thread) == 2 * state.turns_used  # offers and rejections
+        return peak
     finally:
         tracemalloc.stop()
 

@@ -306,8 +306,8 @@ class Run:
     out: Path | None = None
     """Trace folder: :meth:`write` appends each seller's episodes to ``out / config.trace_name(seller)``."""
     fsync: bool = False
-    _writers: dict = field(default_factory=dict, repr=False)
-    _scope: object = field(default=None, repr=False)
+    _writers: dict = field(default_factory=dict, init=False, repr=False)
+    _scope: object = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.spec is None:

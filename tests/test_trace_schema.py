@@ -133,3 +133,22 @@ def test_each_record_writes_its_own_type(record):
     built = record()
     assert built.type == record.type and built.type in set(EventType) and orjson.loads(orjson.dumps(built))["type"] == built.type
     assert isinstance(parse_event({"type": built.type}), record)
+
+
+class _Raising:
+    instant = True
+
+    def decide(self, obs):
+        raise RuntimeError("boom")
+
+    def describe(self) -> dict:
+        return {"kind": "test"}
+
+
+async def test_an_agent_that_raises_is_a_failed_row_in_the_report(tmp_path):
+    market = Market(MarketSpec(), 0, (Product("p1", "Tent", 100, 1),), (Buyer("b1", (700,)),), 4, 100, 1000)
+    episode = await run_episode(market, _Raising(), {"b1": ThresholdBuyer("threshold")}, episode_id="x", labels={"seller": "raising"})
+    with TraceWriter(tmp_path / "t.jsonl") as writer:
+        writer.write(episode.events)
+    [row] = rows_from_traces([tmp_path / "t.jsonl"])
+    assert (row["seller"], row["outcome"], row["reason"], row["metrics"]) == ("raising", "failed", "RuntimeError: boom", None)

@@ -25,9 +25,10 @@ dropped: choosing among pairs by a few dozen rollouts picks sampling noise).
 
 Counter-bids. A bid is a lower bound on value. A buyer whose bids on a product rise (a
 conceding buyer) is held at a high price while the budget allows, so its bids climb
-toward its value; a buyer whose bid does not move (a stubborn buyer) has its bid
-accepted: waiting gains nothing, and it bids its highest anchor, so no product sells to it
-above that bid. A bid for another product than the one offered bounds the offered one.
+toward its value; when the budget runs short it is asked just below where its next bid
+would land (bids climb by a step a round) rather than held to its last bid. A buyer whose
+bid does not move (a stubborn buyer) has its bid accepted: waiting gains nothing, and it
+bids its highest anchor, so no product sells to it above that bid. A bid for another product than the one offered bounds the offered one.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ TASTE = np.linspace(-3.0, 3.0, 25)
 """Grid of a buyer's common factor (correlated splits)."""
 MAX_TRIES = 8
 """Longest ladder planned per pair; longer ones change the first price by under a cell."""
+PATIENCE = (3, 4, 5, 6)
+"""Rounds a conceding buyer may take to reach its value (``ConcessionBuyer``'s range): how
+likely bids still climb at the next round."""
 PRICE_TRIES = 0.7
 """Length of the ladder whose first price is asked, per turn left for each possible deal
 (+0.008 profit/OPT on train with threshold buyers over 3,000 development markets, 3 seeds,
@@ -89,6 +93,8 @@ class PlannerSeller(ScriptedAgent):
         self.lo = np.full((n, m), float(obs.price_low))
         self.hi = np.full((n, m), float(obs.price_high))
         self.bids = [[] for _ in range(n)]
+        self.bid_rounds = [[] for _ in range(n)]
+        self.sent = [0] * n
         self.rejected = [False] * n
         self.stubborn = [False] * n
         self.costs = np.array([p.cost for p in obs.products], dtype=float)
@@ -135,6 +141,7 @@ class PlannerSeller(ScriptedAgent):
                     lo[i, j] = max(lo[i, j], float(price))
                     hi[i, j] = max(hi[i, j], lo[i, j])
                     self.bids[i].append((j, price))
+                    self.bid_rounds[i].append(self.sent[i])
                     if self.stubborn[i]:
                         # A stubborn buyer bids its highest anchor: no product sells to it above that bid.
                         hi[i] = np.maximum(np.minimum(hi[i], price), lo[i])
@@ -248,7 +255,7 @@ class PlannerSeller(ScriptedAgent):
                 cost = product.cost
                 if wanted >= 0:
                     if j == wanted:
-                        plan[r, c], value[r, c] = self._on_bid(i, buyer.id, j, bid[1], cost, tries)
+                        plan[r, c], value[r, c] = self._on_bid(i, buyer.id, j, bid[1], cost, tries, obs.budget_left)
                     continue
                 if worth[r, j] <= 0:
                     continue
@@ -262,17 +269,28 @@ class PlannerSeller(ScriptedAgent):
         message = plan[best]
         if message.action.kind == "offer":
             self.last[free[best[0]]] = (cols[best[1]], message.action.price)
+            self.sent[free[best[0]]] += 1
         return message
 
-    def _on_bid(self, i: int, buyer_id: str, j: int, bid: int, cost: int, tries: int) -> tuple[Message, float]:
+    def _on_bid(self, i: int, buyer_id: str, j: int, bid: int, cost: int, tries: int, left: int) -> tuple[Message, float]:
         """Accept a standing bid, or hold out for more; with the pair's value for the assignment."""
-        history = [price for product, price in self.bids[i] if product == j]
-        rising = len(history) >= 2 and history[-1] > history[-2]
-        step = history[-1] - history[-2] if rising else bid * 0.25
+        bids = [(price, r) for (product, price), r in zip(self.bids[i], self.bid_rounds[i]) if product == j]
+        rising = len(bids) >= 2 and bids[-1][0] > bids[-2][0]
+        step = (bids[-1][0] - bids[-2][0]) / max(1, bids[-1][1] - bids[-2][1]) if rising else bid * 0.25
         # Holding out costs turns the other buyers could use: only while each active buyer
         # still has more than ``patience`` turns (1 measured best: 0 and 2 lose 0.1-0.3 on concession buyers).
-        hold = bid < cost or (tries > int(self.params.get("patience", 1)) and (len(history) < 2 or rising))
+        hold = bid < cost or (tries > int(self.params.get("patience", 1)) and (len(bids) < 2 or rising))
         if not hold:
+            if rising:
+                # Bids that climb by a step a round reach the next target one step up: ask just below it
+                # rather than take the bid, unless the buyer may have stopped climbing and no turn is left.
+                nxt = self.sent[i] + 1
+                sure = sum(1 for p in PATIENCE if p >= nxt) / max(1, sum(1 for p in PATIENCE if p >= bids[-1][1]))
+                ask = int(min(self.hi[i, j], bid + step * (nxt - bids[-1][1]) - 1))
+                fallback = bid - cost if left >= 2 else 0.0
+                worth = sure * (ask - cost) + (1 - sure) * fallback
+                if ask > bid and worth > bid - cost:
+                    return _offer(buyer_id, f"p{j + 1}", ask), worth + 1e-6
             return _accept_bid(buyer_id, f"p{j + 1}", bid), bid - cost + 1e-6
         # One bid so far, or bids that climb: ask above where the next bid should land.
         ask = int(max(cost, min(self.hi[i, j], bid + 2 * step), bid + 1))

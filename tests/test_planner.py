@@ -217,3 +217,16 @@ def test_the_first_ask_is_priced_for_the_turns_left_per_possible_deal():
         seller = PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0)
         first = _messages(_play(market, seller))[0][2]
         assert first[0] == "offer" and abs(first[2] - price) <= 38, first
+
+
+def test_with_the_last_turn_a_climbing_buyer_is_asked_one_step_above_its_bid():
+    # Value 800, start 0.5, patience 5: targets 400, 500, 600, 700, 800. Three turns: the first offer
+    # draws 400; the planner holds (asks 400 + 2 * 100 = 600) and the bid climbs to 500. With one
+    # turn left it asks where the next target lands, 500 + 100 - 1 = 599 (a buyer that climbs for 3 to
+    # 6 rounds is sure to climb at its third), and the buyer takes it: 499 instead of the bid's 400.
+    market = _one_by_one(800, budget=3)
+    seller = PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0)
+    episode = _play(market, seller, "concession?start=0.5&patience=5")
+    actions = [a for _, _, a in _messages(episode)]
+    assert actions[1:] == [("bid", "p1", 400), ("offer", "p1", 600), ("bid", "p1", 500), ("offer", "p1", 599), ("accept", "p1", 599)]
+    assert episode.metrics["profit"] == 499

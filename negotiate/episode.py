@@ -49,6 +49,7 @@ class _Guarded:
     def __init__(self, agent, who: str):
         self._agent = agent
         self._who = who
+        self.instant = getattr(agent, "instant", False)  # the bus asks for it: a hit here, not a __getattr__ miss
 
     def __getattr__(self, name: str):
         return getattr(self._agent, name)
@@ -194,4 +195,4 @@ async def run_episode(
         state.fail(f"{type(error).__name__}: {error}")
     metrics = live_metrics(state, opt_value) if state.outcome != Outcome.FAILED else None
     state.events.append(end_event(state, metrics, time.perf_counter() - began))
-    return Episode(state.events)
+    return Episode.built(state.events)

@@ -255,7 +255,7 @@ class PlannerSeller(ScriptedAgent):
                 cost = product.cost
                 if wanted >= 0:
                     if j == wanted:
-                        plan[r, c], value[r, c] = self._on_bid(i, buyer.id, j, bid[1], cost, tries, obs.budget_left)
+                        plan[r, c], value[r, c] = self._on_bid(i, buyer.id, j, bid[1], cost, tries, obs.budget_left, active)
                     continue
                 if worth[r, j] <= 0:
                     continue
@@ -272,25 +272,27 @@ class PlannerSeller(ScriptedAgent):
             self.sent[free[best[0]]] += 1
         return message
 
-    def _on_bid(self, i: int, buyer_id: str, j: int, bid: int, cost: int, tries: int, left: int) -> tuple[Message, float]:
+    def _on_bid(self, i: int, buyer_id: str, j: int, bid: int, cost: int, tries: int, left: int, active: int) -> tuple[Message, float]:
         """Accept a standing bid, or hold out for more; with the pair's value for the assignment."""
         bids = [(price, r) for (product, price), r in zip(self.bids[i], self.bid_rounds[i]) if product == j]
         rising = len(bids) >= 2 and bids[-1][0] > bids[-2][0]
         step = (bids[-1][0] - bids[-2][0]) / max(1, bids[-1][1] - bids[-2][1]) if rising else bid * 0.25
         # Holding out costs turns the other buyers could use: only while each active buyer
         # still has more than ``patience`` turns (1 measured best: 0 and 2 lose 0.1-0.3 on concession buyers).
-        hold = bid < cost or (tries > int(self.params.get("patience", 1)) and (len(bids) < 2 or rising))
-        if not hold:
-            if rising:
-                # Bids that climb by a step a round reach the next target one step up: ask just below it
-                # rather than take the bid, unless the buyer may have stopped climbing and no turn is left.
-                nxt = self.sent[i] + 1
-                sure = sum(1 for p in PATIENCE if p >= nxt) / max(1, sum(1 for p in PATIENCE if p >= bids[-1][1]))
-                ask = int(min(self.hi[i, j], bid + step * (nxt - bids[-1][1]) - 1))
-                fallback = bid - cost if left >= 2 else 0.0
-                worth = sure * (ask - cost) + (1 - sure) * fallback
-                if ask > bid and worth > bid - cost:
-                    return _offer(buyer_id, f"p{j + 1}", ask), worth + 1e-6
+        hold = tries > int(self.params.get("patience", 1)) and (len(bids) < 2 or rising)
+        if not hold and rising:
+            # Bids that climb by a step a round reach the next target one step up: ask just below it
+            # rather than take the bid, unless the buyer may have stopped climbing and no turn is left.
+            nxt = self.sent[i] + 1
+            sure = sum(1 for p in PATIENCE if p >= nxt) / max(1, sum(1 for p in PATIENCE if p >= bids[-1][1]))
+            ask = int(min(self.hi[i, j], bid + step * (nxt - bids[-1][1]) - 1))
+            # Turned down, the bid can still be taken next round if every active buyer has a turn left
+            # (the others hear offers meanwhile; "a turn left" alone: -0.015 on conceding buyers).
+            taken = bid - cost if bid >= cost else 0.0
+            worth = sure * (ask - cost) + (1 - sure) * (taken if left > active else 0.0)
+            if ask > bid and ask >= cost and (worth > taken or bid < cost):
+                return _offer(buyer_id, f"p{j + 1}", ask), worth + 1e-6
+        if not hold and bid >= cost:
             return _accept_bid(buyer_id, f"p{j + 1}", bid), bid - cost + 1e-6
         # One bid so far, or bids that climb: ask above where the next bid should land.
         ask = int(max(cost, min(self.hi[i, j], bid + 2 * step), bid + 1))

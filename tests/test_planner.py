@@ -230,3 +230,15 @@ def test_with_the_last_turn_a_climbing_buyer_is_asked_one_step_above_its_bid():
     actions = [a for _, _, a in _messages(episode)]
     assert actions[1:] == [("bid", "p1", 400), ("offer", "p1", 600), ("bid", "p1", 500), ("offer", "p1", 599), ("accept", "p1", 599)]
     assert episode.metrics["profit"] == 499
+
+
+def test_a_climbing_bid_below_cost_is_closed_by_the_next_target_when_it_covers_the_cost():
+    # Cost 550, value 800, start 0.5, patience 5: targets 400, 500, 600. The bids (400, 500) are below
+    # cost, so neither can be taken; with the last turn the planner asks 500 + 100 - 1 = 599, above
+    # cost, and sells (it used to hold at 700 and sell nothing).
+    market = _one_by_one(800, cost=550, budget=3)
+    seller = PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0)
+    episode = _play(market, seller, "concession?start=0.5&patience=5")
+    actions = [a for _, _, a in _messages(episode)]
+    assert actions[1:] == [("bid", "p1", 400), ("offer", "p1", 600), ("bid", "p1", 500), ("offer", "p1", 599), ("accept", "p1", 599)]
+    assert episode.metrics["profit"] == 49

@@ -1,9 +1,14 @@
 """The four-part message (thought, to, talk, action) and its two wire forms.
 
-Messages are typed, frozen records. Model text becomes a record in exactly one
-place, :func:`parse`, which never raises on model text: what does not parse comes
-back as a :class:`ParseFailure` with the reason, and the runtime records it as an
-``invalid`` message.
+Messages are typed, frozen records. Model text becomes a record here and nowhere
+else: :func:`parse` reads either wire form as written, and :func:`parse_lenient`
+(the LLM agent's) reads the same text once, clamping what a model gets slightly
+wrong (control characters, over-long talk, ``Buyer b3``, a ``<think>`` block) and
+noting each clamp. Neither raises on model text: what does not parse comes back as
+a :class:`ParseFailure` with the reason, and the runtime records it as an
+``invalid`` message. Roles and buyer statuses are StrEnums (:class:`Role`,
+:class:`BuyerStatus`), equal to the strings the trace holds; :data:`CONTROL` is
+the one definition of a control character.
 
 Tagged text form::
 

@@ -157,7 +157,8 @@ async def _play_all(run: Run, prepared: Prepared, concurrency: int, on_episode, 
         for job in jobs:
             episode = await play(run, job, opt_cache=opt_cache)
             start = episode.events[0]
-            row = {k: start[k] for k in ("seller", "split", "shape", "tier", "index")} | {"outcome": episode.outcome, "metrics": episode.metrics}
+            row = {"seller": start.seller, "split": start.split, "shape": start.shape, "tier": start.tier, "index": start.index,
+                   "outcome": episode.outcome, "metrics": episode.metrics}
             if sink is None:
                 run.write(job.seller.text, episode.events)
             else:

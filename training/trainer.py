@@ -465,13 +465,13 @@ def evaluate_policy(model, tokenizer, config: TrainConfig, out_file: Path, *, ep
     return played
 
 
-def summarize_episodes(played: list[list[dict]], reward: str) -> dict:
+def summarize_episodes(played: list[list], reward: str) -> dict:
     """Mean reward, adherence (valid seller messages) and profit/OPT of played episodes."""
     from negotiate.training.rewards import reward_fn
 
     score = reward_fn(reward)
     rewards = [r for r in (score(events) for events in played) if r is not None]
-    ends = [events[-1].get("metrics") or {} for events in played]
+    ends = [events[-1].metrics or {} for events in played]
     sent = sum(m.get("seller_messages", 0) for m in ends)
     invalid = sum(m.get("seller_invalid", 0) for m in ends)
     ratios = [m["profit_ratio"] for m in ends if m.get("profit_ratio") is not None]

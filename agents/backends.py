@@ -24,19 +24,23 @@ Spec grammar (``--seller`` / ``--buyers``; see ``negotiate.agents.registry``)::
 ``logprobs``     1/0: ask for token log-probs (and vLLM's token ids) for training (default 1)
 ``think``        1/0: vLLM chat-template ``enable_thinking`` (Qwen3 and the like; default: unset)
 ``key_env``      the environment variable holding the API key (default ``OPENAI_API_KEY``)
-``client``       ``aiohttp`` (a lean client of our own, the default) or ``openai`` (the openai package)
+``client``       ``http`` (our own lean HTTP/1.1 client, the default), ``aiohttp`` (our requests over
+                 an aiohttp session) or ``openai`` (the openai package)
 
 The API key is read from the environment, never from the spec: specs are written into
 traces. One HTTP client is shared per (base URL, key) and event loop in a run's pools
 (``negotiate.agents.pools``: the run owns and closes them, and its request log), with an
 in-flight bound (a FIFO limiter) on the requests so a vLLM server can batch them without
-being flooded. The default client (``client=aiohttp``) posts with one shared
-``aiohttp.ClientSession`` and does its own retries (exponential backoff with jitter,
-Retry-After honored) and error classification; its HTTP work costs about 0.3 ms of CPU
-per request, against about 1.5 ms for the ``openai`` client (``client=openai``:
-``AsyncOpenAI`` over its aiohttp transport; httpx's own pool spends 10-30 ms of CPU per
-request at hundreds of connections; see NOTES.md and benchmarks/bench_llm.py). Both return the same :class:`Completion` and
-raise the same errors.
+being flooded. The default client (``client=http``, :mod:`negotiate.agents.http1`) keeps
+its own keep-alive connections and writes each request as one prebuilt buffer; with
+``client=aiohttp`` the same requests go through one shared ``aiohttp.ClientSession``. Both
+do our own retries (exponential backoff with jitter, Retry-After honored), timeouts and
+error classification, in one loop (:meth:`OpenAIBackend._post`). Their HTTP work costs
+about 45 us and 180 us of CPU per request, against about 1.5 ms for the ``openai`` client
+(``client=openai``: ``AsyncOpenAI`` over its aiohttp transport; httpx's own pool spends
+10-30 ms of CPU per request at hundreds of connections; see NOTES.md and
+benchmarks/bench_llm.py). All three return the same :class:`Completion` and raise the same
+errors. The check before a run (``GET /models``) always goes through the aiohttp session.
 
 Errors that are not the model's fault (server down, 401, 404, a context overflow) raise
 :class:`LLMError` with the reason, and the episode is recorded as failed. A request that
@@ -87,8 +91,9 @@ FORMATS = ("json", "tagged")
 """How a model writes its message: a JSON object under the four-part schema, or tagged text."""
 SERVERS = ("auto", "vllm", "openai", "llamacpp", "generic")
 """Server kinds, by how each takes a JSON schema for structured output."""
-CLIENTS = ("aiohttp", "openai")
-"""HTTP clients: our own over aiohttp (lean; the default) or the openai package's."""
+CLIENTS = ("http", "aiohttp", "openai")
+"""HTTP clients: our own HTTP/1.1 client (``negotiate.agents.http1``; the leanest, the default), our
+own requests over an ``aiohttp`` session, or the openai package's client."""
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 SERVER_BY_OWNER = {"vllm": "vllm", "me": "llamacpp", "llamacpp": "llamacpp", "llama.cpp": "llamacpp",
                    "openai": "openai", "system": "openai", "openai-internal": "openai"}
@@ -134,8 +139,9 @@ class OpenAIOptions:
     """vLLM ``chat_template_kwargs.enable_thinking``; None sends nothing."""
     key_env: str = DEFAULT_KEY_ENV
     """Environment variable holding the API key."""
-    client: str = "aiohttp"
-    """``aiohttp`` (our own lean client) or ``openai`` (the openai package's client)."""
+    client: str = "http"
+    """``http`` (our own HTTP/1.1 client), ``aiohttp`` (our requests over an aiohttp session) or ``openai``
+    (the openai package's client)."""
 
     def to_params(self) -> dict:
         return asdict(self)
@@ -344,7 +350,9 @@ class _Shared:
     key: str
     limiter: _Limiter
     session: object = None
-    """``aiohttp.ClientSession`` (``client=aiohttp``), made on first use."""
+    """``aiohttp.ClientSession`` (``client=aiohttp``, and every backend's preflight), made on first use."""
+    http: object = None
+    """:class:`~negotiate.agents.http1.HTTP1Pool` (``client=http``), made on first use."""
     openai: object = None
     """``openai.AsyncOpenAI`` over the aiohttp transport (``client=openai``), made on first use."""
 
@@ -355,6 +363,14 @@ class _Shared:
             self.openai = _openai_client(self.base_url, self.key)
         return self.openai
 
+    def http1(self):
+        """The HTTP/1.1 connection pool (made on first use)."""
+        if self.http is None:
+            from negotiate.agents.http1 import HTTP1Pool
+
+            self.http = HTTP1Pool(self.base_url, _headers(self.key), keepalive=30.0)
+        return self.http
+
     def aiohttp(self):
         """The aiohttp session (made on first use)."""
         if self.session is None:
@@ -363,10 +379,14 @@ class _Shared:
             # The limiter is the real bound; the connector never makes a request wait on top of it.
             connector = aiohttp.TCPConnector(limit=max(CONNECTIONS, self.limiter.total_tokens), limit_per_host=0,
                                              keepalive_timeout=30.0, ttl_dns_cache=300)
-            headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json", "Accept": "application/json"}
-            self.session = aiohttp.ClientSession(connector=connector, headers=headers, cookie_jar=aiohttp.DummyCookieJar(),
+            self.session = aiohttp.ClientSession(connector=connector, headers=_headers(self.key), cookie_jar=aiohttp.DummyCookieJar(),
                                                  skip_auto_headers=("User-Agent",), raise_for_status=False, trust_env=False)
         return self.session
+
+
+def _headers(key: str) -> dict[str, str]:
+    """The headers of every request to a server, either client."""
+    return {"Authorization": f"Bearer {key}", "Content-Type": "application/json", "Accept": "application/json"}
 
 
 CONNECTIONS = 4096
@@ -446,7 +466,9 @@ class OpenAIBackend:
         """The run's pools (:class:`~negotiate.agents.pools.Pools`); None: the current context's, at each lookup."""
         self._schemas = {role: json_schema(role) for role in ("seller", "buyer")}
         self._url = None
-        """The chat-completions URL as a ``yarl.URL`` (parsed once, not per request)."""
+        """The chat-completions URL as a ``yarl.URL`` (parsed once, not per request; ``client=aiohttp``)."""
+        self._target = urlsplit(options.base_url).path + "/chat/completions"
+        """The chat-completions request target (``client=http``)."""
         self._timeout = None
         """``aiohttp.ClientTimeout`` of this backend's requests (made on first use)."""
         self._shared: tuple | None = None
@@ -504,7 +526,7 @@ class OpenAIBackend:
             if o.client == "openai":
                 data, retries, latency = await self._post_openai(shared, payload, where)
             else:
-                data, retries, latency = await self._post_aiohttp(shared, payload, where)
+                data, retries, latency = await self._post(shared, payload, where)
         except (LLMError, LLMTimeout) as error:
             if requests is not None:
                 requests.warning("llm request failed", backend="openai", model=o.model, base_url=o.base_url, role=role,
@@ -593,21 +615,21 @@ class OpenAIBackend:
             self.server = SERVER_BY_OWNER.get(str(models[o.model]).lower(), "vllm")
             log.info("server kind", base_url=o.base_url, owned_by=models[o.model], server=self.server)
 
-    # -- client=aiohttp: our own requests, retries and errors ------------------------------------
+    # -- client=http and client=aiohttp: our own requests, retries and errors ----------------------
 
-    async def _post_aiohttp(self, shared: _Shared, payload: bytes, where: str) -> tuple[dict, int, float]:
-        """POST the body; (the answer's JSON, retries, latency). Retries 408/409/429/5xx and connection errors."""
-        import aiohttp
-
+    async def _post(self, shared: _Shared, payload: bytes, where: str) -> tuple[dict, int, float]:
+        """POST the body; (the answer's JSON, retries, latency). Retries 408/409/429/5xx and connection
+        errors, with backoff (Retry-After honored); each attempt is bounded by the spec's timeout."""
         o = self.options
-        session = shared.aiohttp()
-        if self._timeout is None:
-            import yarl
+        if o.client == "http":
+            pool, target, timeout = shared.http1(), self._target, o.timeout
 
-            # No aiohttp timers: asyncio.timeout below bounds each attempt, at a third of their CPU.
-            self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_read=None, sock_connect=None)
-            self._url = yarl.URL(o.base_url + "/chat/completions")
-        url = self._url
+            async def send() -> tuple[int, object, bytes]:
+                return await pool.request(b"POST", target, payload, timeout)
+
+            errors: tuple = (OSError,)  # TimeoutError is one
+        else:
+            send, errors = self._aiohttp_sender(shared, payload)
         attempt = 0
         async with shared.limiter:
             began = time.perf_counter()
@@ -615,15 +637,8 @@ class OpenAIBackend:
                 failure: BaseException | None = None
                 headers = None
                 try:
-                    async with asyncio.timeout(o.timeout):
-                        async with session.post(url, data=payload, timeout=self._timeout, allow_redirects=False) as response:
-                            status = response.status
-                            body = await response.read()
-                            if status >= 300:
-                                headers = response.headers
-                except TimeoutError as error:  # this attempt's timeout
-                    failure, status = error, 0
-                except aiohttp.ClientError as error:  # refused, reset, disconnected, a broken answer
+                    status, headers, body = await send()
+                except errors as error:  # refused, reset, disconnected, a broken answer, this attempt's timeout
                     failure, status = error, 0
                 if failure is None and status < 300:
                     break
@@ -642,6 +657,28 @@ class OpenAIBackend:
             return orjson.loads(body), attempt, latency
         except orjson.JSONDecodeError as error:
             raise LLMError(f"{where}: the server's answer is not JSON ({error})") from None
+
+    def _aiohttp_sender(self, shared: _Shared, payload: bytes):
+        """``client=aiohttp``: one attempt over the shared aiohttp session, and the errors it raises."""
+        import aiohttp
+
+        o = self.options
+        session = shared.aiohttp()
+        if self._timeout is None:
+            import yarl
+
+            # No aiohttp timers: asyncio.timeout below bounds each attempt, at a third of their CPU.
+            self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_read=None, sock_connect=None)
+            self._url = yarl.URL(o.base_url + "/chat/completions")
+        url, timeout = self._url, self._timeout
+
+        async def send() -> tuple[int, object, bytes]:
+            async with asyncio.timeout(o.timeout):
+                async with session.post(url, data=payload, timeout=timeout, allow_redirects=False) as response:
+                    status = response.status
+                    return status, response.headers if status >= 300 else None, await response.read()
+
+        return send, (TimeoutError, aiohttp.ClientError)
 
     # -- client=openai: the openai package's client ---------------------------------------------
 

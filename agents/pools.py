@@ -120,6 +120,8 @@ class Pools:
                 await shared.openai.close()
             if shared.session is not None:
                 await shared.session.close()
+            if shared.http is not None:
+                await shared.http.close()
 
     # -- hf: and vllm: ----------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ The server runs in its own process (``--serve``, started with ``subprocess``), s
 CPU never mixes with the client's; it counts requests and the time they spent inside
 it (so the mean number in flight, by Little's law) and reports its own CPU.
 
-For each client (``--clients``, default ``aiohttp,openai``) and each bound on requests
+For each client (``--clients``, default ``http,aiohttp,openai``: the spec's ``client=``) and each bound on requests
 in flight (``--inflight``, default ``64,256,1024``), with episode concurrency and the
 spec's ``max_inflight`` both set to that bound, it measures:
 
@@ -24,9 +24,9 @@ spec's ``max_inflight`` both set to that bound, it measures:
 ``--clients none`` replaces the HTTP request with the server's reply computed in this
 process after the same latency: the runtime's own cost per request, the floor any client adds to.
 
-    python benchmarks/bench_llm.py                          # both clients, 64/256/1024 in flight
-    python benchmarks/bench_llm.py --clients aiohttp --inflight 256 --episodes 1000 --json out.json
-    python benchmarks/bench_llm.py --profile aiohttp:256    # cProfile of one configuration
+    python benchmarks/bench_llm.py                          # the three clients, 64/256/1024 in flight
+    python benchmarks/bench_llm.py --clients http --inflight 256 --episodes 1000 --json out.json
+    python benchmarks/bench_llm.py --profile http:256       # cProfile of one configuration
 """
 
 from __future__ import annotations
@@ -180,13 +180,12 @@ def _no_http(latency: float):
                       "logprobs": {"content": [{"token": w, "logprob": -0.25} for w in words]}, "token_ids": list(range(len(words)))}
             return {"model": "bench", "choices": [choice], "usage": {"completion_tokens": len(words)}}, 0, latency
 
-    OpenAIBackend._post_none = post
-    original = OpenAIBackend._post_aiohttp
+    original = OpenAIBackend._post
 
     def restore():
-        OpenAIBackend._post_aiohttp = original
+        OpenAIBackend._post = original
 
-    OpenAIBackend._post_aiohttp = post
+    OpenAIBackend._post = post
     return restore
 
 
@@ -202,7 +201,7 @@ def run_one(server: Server, client: str, inflight: int, args, *, profile: cProfi
     if client == "none":
         restore = _no_http(args.latency)
         try:
-            row = run_one(server, "aiohttp", inflight, args, profile=profile, workers=workers)
+            row = run_one(server, "http", inflight, args, profile=profile, workers=workers)
         finally:
             restore()
         row["client"] = "none"
@@ -268,16 +267,18 @@ def _ints(text: str) -> list[int]:
 
 def _clients(text: str) -> list[str]:
     values = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [v for v in values if v not in ("aiohttp", "openai", "none")]
+    bad = [v for v in values if v not in ("http", "aiohttp", "openai", "none")]
     if not values or bad:
-        raise argparse.ArgumentTypeError(f"{text!r}: clients are aiohttp and openai")
+        raise argparse.ArgumentTypeError(f"{text!r}: clients are http, aiohttp, openai and none")
     return values
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Requests/s and client CPU per request of the LLM client, whole episodes included, "
                                                  "against a local server answering after 50 ms.")
-    parser.add_argument("--clients", type=_clients, default=["aiohttp", "openai"], help="comma-separated: aiohttp, openai, none (no HTTP: the runtime's floor) (default: aiohttp,openai)")
+    parser.add_argument("--clients", type=_clients, default=["http", "aiohttp", "openai"],
+                        help="comma-separated: http, aiohttp, openai (the spec's client=), none (no HTTP: the runtime's floor) "
+                             "(default: http,aiohttp,openai)")
     parser.add_argument("--workers", type=_ints, default=[1], help="worker processes, as serve --workers (default: 1; e.g. 1,2)")
     parser.add_argument("--inflight", type=_ints, default=[64, 256, 1024], help="requests (and episodes) in flight (default: 64,256,1024)")
     parser.add_argument("--episodes", type=int, default=None,
@@ -289,7 +290,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=30.0, help="the spec's per-request timeout (default: 30)")
     parser.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    parser.add_argument("--profile", metavar="CLIENT:N", help="instead of the table: cProfile one configuration (e.g. aiohttp:256)")
+    parser.add_argument("--profile", metavar="CLIENT:N", help="instead of the table: cProfile one configuration (e.g. http:256)")
     parser.add_argument("--profile-top", type=int, default=30, help="functions to print with --profile (default: 30)")
     parser.add_argument("--profile-out", metavar="PATH", help="with --profile, also dump the raw pstats file")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = tempfile.TemporaryDirectory()
     configure(Path(log_dir.name) / "eval.log.jsonl")  # as `negotiate eval` does: a JSON log file, warnings on the console
     console = Console()
-    episodes = {"aiohttp": 1000, "openai": 300, "none": 1000}
+    episodes = {"http": 1000, "aiohttp": 1000, "openai": 300, "none": 1000}
     results: list[dict] = []
     with Server(args.latency) as server:
         # Warm-up (imports, prompt files, first connections), not reported.

@@ -30,6 +30,12 @@ MESSAGES = [{"role": "system", "content": "You are a test."}, {"role": "user", "
 ANSWER = '{"thought": "t", "to": "b1", "talk": "hello there", "action": {"kind": "end", "product": null, "price": null}}'
 
 
+@pytest.fixture(params=["http", "aiohttp"])
+def ours(request) -> str:
+    """Our two clients (``client=http``, ``client=aiohttp``): the same retries, timeouts and errors."""
+    return request.param
+
+
 @pytest.fixture
 async def server():
     async with FakeOpenAI(lambda body: ANSWER) as fake:
@@ -45,18 +51,19 @@ def backend(server: FakeOpenAI | None, *, url: str | None = None, **options) -> 
 # -- the spec key --------------------------------------------------------------------------------------
 
 
-def test_the_client_key_defaults_to_aiohttp_and_takes_openai():
-    assert OpenAIOptions(**parse_agent("openai:m@http://h/v1", "seller").params).client == "aiohttp"
+def test_the_client_key_defaults_to_http_and_takes_aiohttp_and_openai():
+    assert OpenAIOptions(**parse_agent("openai:m@http://h/v1", "seller").params).client == "http"
+    assert OpenAIOptions(**parse_agent("openai:m@http://h/v1?client=aiohttp", "seller").params).client == "aiohttp"
     assert OpenAIOptions(**parse_agent("openai:m@http://h/v1?client=openai", "buyer").params).client == "openai"
-    with pytest.raises(UserError, match="client='httpx' is not one of aiohttp, openai"):
+    with pytest.raises(UserError, match="client='httpx' is not one of http, aiohttp, openai"):
         parse_agent("openai:m@http://h/v1?client=httpx", "seller")
 
 
 # -- answers: the same Completion from either client --------------------------------------------------
 
 
-@pytest.mark.parametrize("client", ["aiohttp", "openai"])
-async def test_both_clients_read_the_same_completion(server, client):
+@pytest.mark.parametrize("client", ["http", "aiohttp", "openai"])
+async def test_every_client_reads_the_same_completion(server, client):
     if client == "openai":
         pytest.importorskip("openai")
     completion = await backend(server, client=client).complete(MESSAGES, role="seller", seed=7)
@@ -78,15 +85,18 @@ async def test_the_key_is_sent_as_a_bearer_token(server, monkeypatch):
     assert [r["_headers"]["Authorization"] for r in server.requests] == ["Bearer sk-test", "Bearer EMPTY"]
 
 
-async def test_one_session_per_server_and_key_closed_at_the_end(server):
-    a, b = backend(server), backend(server, format="tagged", max_inflight=3)
+async def test_one_client_per_server_and_key_closed_at_the_end(server, ours):
+    a, b = backend(server, client=ours), backend(server, client=ours, format="tagged", max_inflight=3)
     await a.complete(MESSAGES, role="seller")
     await b.complete(MESSAGES, role="seller")
     shared = _shared(a.options)
-    assert shared is _shared(b.options) and shared.session is not None and shared.limiter.total_tokens == 3
-    session = shared.session
+    assert shared is _shared(b.options) and shared.limiter.total_tokens == 3
+    client = shared.http if ours == "http" else shared.session
+    assert client is not None and (shared.session if ours == "http" else shared.http) is None  # only the one used
+    if ours == "http":
+        assert len(client._open) == 1 and len(client._idle) == 1  # two requests in turn, one kept-alive connection
     await aclose_clients()
-    assert session.closed and not current_pools().has_clients()
+    assert client.closed and not current_pools().has_clients()
 
 
 async def test_a_runs_pools_are_its_own_and_close_with_it(server):
@@ -99,33 +109,33 @@ async def test_a_runs_pools_are_its_own_and_close_with_it(server):
         assert current_pools() is pools and pools.has_clients()
     assert current_pools() is not pools and not current_pools().has_clients()  # nothing leaked outside the run
     assert pools.shared(inside.options).limiter.total_tokens == 5  # the run's --max-inflight, not the spec's 256
-    session = pools.shared(inside.options).session
+    pool = pools.shared(inside.options).http
     await pools.aclose()
-    assert session.closed and not pools.has_clients()
+    assert pool.closed and not pools.has_clients()
 
 
 # -- retries -------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503])
-async def test_retryable_statuses_are_retried(server, status):
+async def test_retryable_statuses_are_retried(server, status, ours):
     server.faults.append(Fault(status=status, headers={"retry-after-ms": "10"}))
-    completion = await backend(server).complete(MESSAGES, role="seller")
+    completion = await backend(server, client=ours).complete(MESSAGES, role="seller")
     assert completion.retries == 1 and completion.text == ANSWER and len(server.requests) == 2
 
 
-async def test_retry_after_in_seconds_is_honored(server):
+async def test_retry_after_in_seconds_is_honored(server, ours):
     server.faults.append(Fault(status=429, headers={"retry-after": "0.4"}))
     began = time.perf_counter()
-    completion = await backend(server).complete(MESSAGES, role="seller")
+    completion = await backend(server, client=ours).complete(MESSAGES, role="seller")
     assert completion.retries == 1 and time.perf_counter() - began >= 0.38
     assert completion.latency_s >= 0.38  # the wait counts in the request's latency
 
 
-async def test_without_retry_after_the_backoff_is_exponential_with_jitter(server):
+async def test_without_retry_after_the_backoff_is_exponential_with_jitter(server, ours):
     server.faults.extend([Fault(status=500), Fault(status=500)])
     began = time.perf_counter()
-    completion = await backend(server, retries=2).complete(MESSAGES, role="seller")
+    completion = await backend(server, client=ours, retries=2).complete(MESSAGES, role="seller")
     waited = time.perf_counter() - began
     assert completion.retries == 2 and 0.375 + 0.75 - 0.02 <= waited < 1.5 + 1.0  # 0.5 s then 1 s, less up to a quarter
 
@@ -144,83 +154,83 @@ def test_backoff_and_retry_after_rules():
         assert 0.375 <= _backoff(0, {"retry-after": value}) <= 0.5
 
 
-async def test_x_should_retry_overrides_the_status(server):
+async def test_x_should_retry_overrides_the_status(server, ours):
     server.faults.append(Fault(status=500, message="do not retry me", headers={"x-should-retry": "false"}))
     with pytest.raises(LLMError, match=r"request failed \(500\): do not retry me"):
-        await backend(server, retries=2).complete(MESSAGES, role="seller")
+        await backend(server, client=ours, retries=2).complete(MESSAGES, role="seller")
     assert len(server.requests) == 1
     server.faults.append(Fault(status=400, headers={"x-should-retry": "true", "retry-after-ms": "1"}))
-    assert (await backend(server).complete(MESSAGES, role="seller")).retries == 1
+    assert (await backend(server, client=ours).complete(MESSAGES, role="seller")).retries == 1
 
 
-async def test_5xx_after_its_retries_is_an_error_with_the_servers_message(server):
+async def test_5xx_after_its_retries_is_an_error_with_the_servers_message(server, ours):
     server.faults.extend([Fault(status=503, message="overloaded", headers={"retry-after-ms": "1"})] * 3)
     with pytest.raises(LLMError, match=r"request failed \(503\): overloaded") as caught:
-        await backend(server, retries=2).complete(MESSAGES, role="seller")
+        await backend(server, client=ours, retries=2).complete(MESSAGES, role="seller")
     assert len(server.requests) == 3 and server.url in str(caught.value)
 
 
-async def test_429_after_its_retries_says_rate_limited(server):
+async def test_429_after_its_retries_says_rate_limited(server, ours):
     server.faults.extend([Fault(status=429, headers={"retry-after-ms": "1"})] * 2)
     with pytest.raises(LLMError, match=r"rate limited \(429\) after 1 retries: Rate limit reached"):
-        await backend(server).complete(MESSAGES, role="seller")
+        await backend(server, client=ours).complete(MESSAGES, role="seller")
 
 
 # -- errors that are not retried -------------------------------------------------------------------
 
 
-async def test_400_is_not_retried_and_keeps_the_servers_message(server):
+async def test_400_is_not_retried_and_keeps_the_servers_message(server, ours):
     server.faults.append(Fault(status=400, message="maximum context length is 2048 tokens"))
     with pytest.raises(LLMError, match=r"request failed \(400\): maximum context length is 2048 tokens"):
-        await backend(server, retries=3).complete(MESSAGES, role="seller")
+        await backend(server, client=ours, retries=3).complete(MESSAGES, role="seller")
     assert len(server.requests) == 1
 
 
-async def test_401_names_the_key_variable_and_is_not_retried(monkeypatch):
+async def test_401_names_the_key_variable_and_is_not_retried(monkeypatch, ours):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-wrong")
     async with FakeOpenAI(lambda body: ANSWER, api_key="sk-right") as fake:
         with pytest.raises(LLMError, match=r"authentication failed \(401\): Incorrect API key provided.; set the key in \$OPENAI_API_KEY") as caught:
-            await backend(fake, retries=3).complete(MESSAGES, role="seller")
+            await backend(fake, client=ours, retries=3).complete(MESSAGES, role="seller")
         await aclose_clients()
     assert len(fake.requests) == 1 and "sk-wrong" not in str(caught.value)
 
 
-async def test_403_and_404(server):
+async def test_403_and_404(server, ours):
     server.faults.append(Fault(status=403, message="no access"))
     with pytest.raises(LLMError, match=r"permission denied \(403\): no access"):
-        await backend(server).complete(MESSAGES, role="seller")
+        await backend(server, client=ours).complete(MESSAGES, role="seller")
     with pytest.raises(LLMError, match=r"not found \(404\): The model `nope` does not exist.*GET .*/models"):
-        await backend(server, model="nope").complete(MESSAGES, role="seller")
+        await backend(server, client=ours, model="nope").complete(MESSAGES, role="seller")
 
 
 # -- timeouts and a server that is down ------------------------------------------------------------
 
 
-async def test_a_hang_is_retried_then_answers(server):
+async def test_a_hang_is_retried_then_answers(server, ours):
     server.faults.append(Fault(delay=30))
     began = time.perf_counter()
-    completion = await backend(server, timeout=0.3).complete(MESSAGES, role="seller")
+    completion = await backend(server, client=ours, timeout=0.3).complete(MESSAGES, role="seller")
     assert completion.retries == 1 and completion.text == ANSWER and time.perf_counter() - began < 2.5
 
 
-async def test_hangs_past_the_retries_are_an_llm_timeout(server):
+async def test_hangs_past_the_retries_are_an_llm_timeout(server, ours):
     server.faults.extend([Fault(delay=30), Fault(delay=30)])
     began = time.perf_counter()
     with pytest.raises(LLMTimeout, match=r"no reply within 0.2s \(1 retries\)") as caught:
-        await backend(server, timeout=0.2).complete(MESSAGES, role="seller")
+        await backend(server, client=ours, timeout=0.2).complete(MESSAGES, role="seller")
     assert isinstance(caught.value, TimeoutError) and time.perf_counter() - began < 2.5 and len(server.requests) == 2
 
 
-async def test_a_refused_connection_says_cannot_reach_the_server():
+async def test_a_refused_connection_says_cannot_reach_the_server(ours):
     url = f"http://127.0.0.1:{free_port()}/v1"
     began = time.perf_counter()
     with pytest.raises(LLMError, match=r"cannot reach the server \(ConnectionRefusedError") as caught:
-        await backend(None, url=url, retries=1).complete(MESSAGES, role="seller")
+        await backend(None, client=ours, url=url, retries=1).complete(MESSAGES, role="seller")
     await aclose_clients()
     assert url in str(caught.value) and 0.3 < time.perf_counter() - began < 3  # retried once, after a backoff
 
 
-async def test_an_answer_that_is_not_json_is_an_llm_error():
+async def test_an_answer_that_is_not_json_is_an_llm_error(ours):
     from aiohttp import web
 
     async def chat(request):
@@ -235,7 +245,7 @@ async def test_an_answer_that_is_not_json_is_an_llm_error():
     url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
     try:
         with pytest.raises(LLMError, match="the server's answer is not JSON"):
-            await backend(None, url=url).complete(MESSAGES, role="seller")
+            await backend(None, client=ours, url=url).complete(MESSAGES, role="seller")
     finally:
         await aclose_clients()
         await runner.cleanup()

@@ -28,7 +28,8 @@ conceding buyer) is held at a high price while the budget allows, so its bids cl
 toward its value; when the budget runs short it is asked just below where its next bid
 would land (bids climb by a step a round) rather than held to its last bid. A buyer whose
 bid does not move (a stubborn buyer) has its bid accepted: waiting gains nothing, and it
-bids its highest anchor, so no product sells to it above that bid. A bid for another product than the one offered bounds the offered one.
+bids its highest anchor, so no product sells to it above that bid. A bid for another
+product than the one offered bounds the offered one.
 """
 
 from __future__ import annotations
@@ -272,13 +273,16 @@ class PlannerSeller(ScriptedAgent):
             self.sent[free[best[0]]] += 1
         return message
 
-    def _on_bid(self, i: int, buyer_id: str, j: int, bid: int, cost: int, tries: int, left: int, active: int) -> tuple[Message, float]:
-        """Accept a standing bid, or hold out for more; with the pair's value for the assignment."""
+    def _on_bid(
+        self, i: int, buyer_id: str, j: int, bid: int, cost: int, tries: int, left: int, active: int
+    ) -> tuple[Message, float]:
+        """Accept a standing bid, hold out for more, or close one step above it; with the pair's
+        value for the assignment. ``left``: turns left in the budget; ``active``: buyers still active."""
         bids = [(price, r) for (product, price), r in zip(self.bids[i], self.bid_rounds[i]) if product == j]
         rising = len(bids) >= 2 and bids[-1][0] > bids[-2][0]
         step = (bids[-1][0] - bids[-2][0]) / max(1, bids[-1][1] - bids[-2][1]) if rising else bid * 0.25
-        # Holding out costs turns the other buyers could use: only while each active buyer
-        # still has more than ``patience`` turns (1 measured best: 0 and 2 lose 0.36 and 0.09 on conceding buyers, with the closing ask below).
+        # Holding out costs turns the other buyers could use: only while each active buyer still has
+        # more than ``patience`` turns (1 measured best: 0 and 2 lose 0.36 and 0.09 on conceding buyers).
         hold = tries > int(self.params.get("patience", 1)) and (len(bids) < 2 or rising)
         if not hold and rising:
             # Bids that climb by a step a round reach the next target one step up: ask just below it

@@ -206,14 +206,14 @@ def test_a_bid_that_does_not_move_caps_every_product_of_that_buyer():
 
 def test_the_first_ask_is_priced_for_the_turns_left_per_possible_deal():
     # Uniform values on [100, 1000], costs 100. The first price is the first step of a ladder of
-    # 0.7 x (turns left / deals still possible) offers, whose closed form is 100 + 900 k / (k + 1)
-    # (cells of 37.5 allow a cell either way).
-    # Four buyers, one unit, 12 turns: one deal, k = round(8.4) = 8: 900 (a ladder per buyer,
-    # 12 / 4 = 3 offers, would ask 775).
+    # k = 0.7 x (turns left / deals still possible) offers, 100 + 900 k / (k + 1) in closed form,
+    # interpolated between the whole ladders either side (cells of 37.5 allow a cell either way).
+    # Four buyers, one unit, 12 turns: one deal, k = 8.4: 0.6 x 900 + 0.4 x 910 = 904 (a ladder per
+    # buyer, 12 / 4 = 3 offers, would ask 775).
     one_unit = Market(MarketSpec(), 0, (Product("p1", "A", 100, 1),), tuple(Buyer(f"b{i + 1}", (101,)) for i in range(4)), 12, 100, 1000)
-    # Two buyers, two units, 6 turns: two deals, k = round(2.1) = 2: 700.
+    # Two buyers, two units, 6 turns: two deals, k = 2.1: 0.9 x 700 + 0.1 x 775 = 707.5.
     two_by_two = _two_by_two([(101, 101), (101, 101)])
-    for market, price in ((one_unit, 900), (two_by_two, 700)):
+    for market, price in ((one_unit, 904), (two_by_two, 707)):
         seller = PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0)
         first = _messages(_play(market, seller))[0][2]
         assert first[0] == "offer" and abs(first[2] - price) <= 38, first

@@ -133,6 +133,42 @@ async def test_a_long_scripted_episode_lets_a_short_one_beside_it_finish_first()
     assert finished == ["short", "long"]
 
 
+class SlowRejecter(ThresholdBuyer):
+    """A buyer that waits before it answers (like a model): it runs in its own task."""
+
+    instant = False
+
+    async def act(self, obs):
+        await anyio.sleep(0)
+        return Message(obs.buyer, SELLER, "No.", Action("reject"))
+
+
+async def test_a_long_episode_with_a_waiting_buyer_beside_inline_ones_lets_others_run():
+    # b2 waits (its own task), b1 is inline and the seller only ever talks to b1: nothing in
+    # the episode awaits but the bus's own yields.
+    two_buyers = Market(MarketSpec(), 0, (Product("p1", "Alpha", 200, 1),), (Buyer("b1", (400,)), Buyer("b2", (400,))),
+                        20 * bus.YIELD_TURNS, 100, 1000)
+    long_state = EpisodeState(two_buyers)
+    long_turns_when_short_ended: list[int] = []
+
+    async def long() -> None:
+        await run_episode(two_buyers, FirmSeller("firm"), {"b1": ThresholdBuyer("threshold"), "b2": SlowRejecter("slow")}, state=long_state)
+        assert (long_state.outcome, long_state.reason, long_state.turns_used) == ("truncated", "budget", 20 * bus.YIELD_TURNS)
+
+    async def short() -> None:
+        while long_state.turns_used == 0:  # starts once the long one is under way
+            await anyio.sleep(0)
+        state = EpisodeState(no_deal_market(10))
+        await run_episode(state.market, FirmSeller("firm"), {"b1": ThresholdBuyer("threshold")}, state=state)
+        long_turns_when_short_ended.append(long_state.turns_used)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(long)
+        tg.start_soon(short)
+    # The short episode ran at the long one's first yields, not after its 2,000 turns.
+    assert long_turns_when_short_ended[0] <= 3 * bus.YIELD_TURNS
+
+
 async def test_a_long_scripted_episode_can_be_cancelled_while_it_runs():
     state = EpisodeState(no_deal_market(20 * bus.YIELD_TURNS))
 

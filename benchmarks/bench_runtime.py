@@ -20,7 +20,10 @@ back after each run, outside the timed region). Both paths run with
 ``gc.set_threshold(50_000, 20, 20)``, as ``run_batch`` does. Markets, agents and
 OPT are built before the clock starts (their cost is reported separately), so the
 figures are the runtime's: scheduling, validation, observations, trace events,
-metrics and trace writing.
+metrics and trace writing. Each row gives messages per second of wall time and per
+second of the process's CPU time (``time.process_time``): on a shared machine the
+wall figure follows the other jobs' load, and the CPU figure is what the process
+would get on an idle one.
 
 Each configuration runs in its own subprocess, so its peak RSS
 (``resource.getrusage``) is its own; ``--in-process`` runs them all here.

@@ -15,13 +15,15 @@ of one product lowers the belief about the others.
 
 Planning. Each pair's belief becomes a discrete distribution over value cells; a
 dynamic programme gives the optimal descending ladder of k offers on that distribution
-(k = the budget share of each active buyer) and its expected profit; the price asked first
-is the first step of a ladder of ``PRICE_TRIES`` x the turns left per possible deal. The pairs are then
-assigned to units jointly (``linear_sum_assignment``), and the best assigned pair's next
-step is sent: one message at a time while buyers only accept or reject, to every free buyer
-before the replies once they bid. Measured beside greedy (benchmarks/bench_planner.py,
-README; Monte Carlo rollouts of greedy's ladder over sampled values were measured there and
-dropped: choosing among pairs by a few dozen rollouts picks sampling noise).
+(k = the budget share of each active buyer) and its expected profit. The pairs are then
+assigned to units jointly (``linear_sum_assignment``), and the best assigned pair is offered
+the first price of a ladder of ``PRICE_TRIES`` x the turns left per possible deal
+(interpolated between whole lengths): one message at a time while buyers only accept or
+reject, to every free buyer before the replies once they bid. Measured beside greedy
+(benchmarks/planner_dev.py, benchmarks/bench_planner.py, README; Monte Carlo rollouts of
+greedy's ladder over sampled values were measured there and dropped: choosing among pairs
+by a few dozen rollouts picks sampling noise). On 2x2 markets it comes within 0.005
+profit/OPT of the exact best seller (benchmarks/planner_exact.py).
 
 Counter-bids. A bid is a lower bound on value. A buyer whose bids on a product rise (a
 conceding buyer) is held at a high price while the budget allows, so its bids climb

@@ -319,7 +319,9 @@ class HTTP1Pool:
             server_hostname=self.host if self.ssl is not None else None))
         try:
             await asyncio.wait((connect, waiter), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
+        except BaseException:  # cancelled while connecting: a connection made meanwhile is closed, not leaked
+            if connect.done() and not connect.cancelled() and connect.exception() is None:
+                connect.result()[0].abort()
             connect.cancel()
             raise
         if not connect.done():

@@ -16,7 +16,9 @@ For each client (``--clients``, default ``http,aiohttp,openai``: the spec's ``cl
 in flight (``--inflight``, default ``64,256,1024``), with episode concurrency and the
 spec's ``max_inflight`` both set to that bound, it measures:
 
-* requests/s achieved, and against the ideal (in flight / latency);
+* requests/s achieved, and against the ideal (in flight / latency); also in full flow, from the
+  server's answers per half second with the batch's ramp-up and drain left out (the last
+  tenth of the answers come as the final episodes run out, far below the bound in flight);
 * client CPU per request: ``time.process_time()`` of this process over the run,
   divided by the requests the server answered (so the runtime's work is included);
 * the server's mean requests in flight and its CPU per request (is the server the limit?);
@@ -197,6 +199,20 @@ def _no_http(latency: float):
     return restore
 
 
+def _steady(timeline: list[int], width: float = 0.5) -> float | None:
+    """Requests/s in full flow: the server's answers per ``width``-second bin from the second bin up to
+    the one before 90% of the answers were in (a finite batch's ramp-up and drain left out); None if
+    the run is too short to tell."""
+    total, seen, end = sum(timeline), 0, 0
+    for k, answered in enumerate(timeline):
+        seen += answered
+        if seen >= 0.9 * total:
+            end = k
+            break
+    bins = timeline[1:end]
+    return sum(bins) / (len(bins) * width) if len(bins) >= 2 else None
+
+
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # finished and waited-for children: the workers, not the server
     return usage.ru_utime + usage.ru_stime
@@ -255,7 +271,7 @@ def run_one(server: Server, client: str, inflight: int, args, *, profile: cProfi
         outcomes[row["outcome"]] = outcomes.get(row["outcome"], 0) + 1
     return {
         "client": client, "workers": workers, "inflight": inflight, "episodes": len(rows), "requests": requests, "wall_s": wall,
-        "rps": requests / wall, "ideal_rps": ideal, "of_ideal": requests / wall / ideal,
+        "rps": requests / wall, "steady_rps": _steady(after["timeline"]), "ideal_rps": ideal, "of_ideal": requests / wall / ideal,
         "client_cpu_s": cpu, "client_cpu_us_per_request": cpu / max(requests, 1) * 1e6, "client_cpu_busy": cpu / wall,
         "server_inflight_mean": (after["inside_s"] - before["inside_s"]) / wall,
         "server_cpu_us_per_request": (after["cpu_s"] - before["cpu_s"]) / max(requests, 1) * 1e6,
@@ -357,18 +373,19 @@ def main(argv: list[str] | None = None) -> int:
                     row = max(runs, key=lambda r: r["rps"])  # the least disturbed run: timings here move 15-25% from run to run
                     row["rps_runs"] = [round(r["rps"]) for r in runs]
                     results.append(row)
-                    console.print(f"  {client} x{workers} at {inflight} in flight: {row['rps']:,.0f} requests/s, "
+                    steady = f" ({row['steady_rps']:,.0f} in full flow)" if row["steady_rps"] else ""
+                    console.print(f"  {client} x{workers} at {inflight} in flight: {row['rps']:,.0f} requests/s{steady}, "
                                   f"{row['client_cpu_us_per_request']:,.0f} us CPU per request"
                                   + (f" (runs: {', '.join(f'{x:,}' for x in row['rps_runs'])})" if args.repeat > 1 else ""), highlight=False)
 
     table = Table(title=f"LLM client: requests/s against a server answering after {args.latency * 1000:.0f} ms "
                         "(LLM seller + LLM buyers, whole episodes, traces written)")
-    for name in ("client", "workers", "in flight", "episodes", "requests", "wall s", "requests/s", "ideal", "of ideal",
+    for name in ("client", "workers", "in flight", "episodes", "requests", "wall s", "requests/s", "steady", "ideal", "of ideal",
                  "client CPU/req", "client busy", "latency", "server in flight", "server CPU/req", "outcomes"):
         table.add_column(name, justify="left" if name in ("client", "outcomes") else "right")
     for r in results:
         table.add_row(r["client"], str(r["workers"]), f"{r['inflight']:,}", f"{r['episodes']:,}", f"{r['requests']:,}", f"{r['wall_s']:.1f}",
-                      f"{r['rps']:,.0f}", f"{r['ideal_rps']:,.0f}", f"{r['of_ideal']:.0%}",
+                      f"{r['rps']:,.0f}", f"{r['steady_rps']:,.0f}" if r["steady_rps"] else "-", f"{r['ideal_rps']:,.0f}", f"{r['of_ideal']:.0%}",
                       f"{r['client_cpu_us_per_request']:,.0f} us", f"{r['client_cpu_busy']:.0%}", f"{r['client_latency_ms']:.0f} ms",
                       f"{r['server_inflight_mean']:,.0f}" if r["client"] != "none" else "-",
                       f"{r['server_cpu_us_per_request']:,.0f} us" if r["client"] != "none" else "-",

@@ -62,17 +62,17 @@ def _run(main) -> None:
         gc.set_threshold(*old)
 
 
-def long_episode(budget: int):
+def long_episode(budget: int, seller_spec: str = "concession", buyer_spec: str = "threshold"):
     """The long episode's market, seller and buyers (fresh agents: they are stateful)."""
     market = generate(MarketSpec(name="long", buyers=1, products=1, budget=budget), SEED)
-    seller = parse_agent("concession", "seller").build(market, [SEED, 2])
-    buyers = {b.id: parse_agent("threshold", "buyer").build(market, [SEED, 1, k]) for k, b in enumerate(market.buyers)}
+    seller = parse_agent(seller_spec, "seller").build(market, [SEED, 2])
+    buyers = {b.id: parse_agent(buyer_spec, "buyer").build(market, [SEED, 1, k]) for k, b in enumerate(market.buyers)}
     return market, seller, buyers
 
 
-def growth(budget: int) -> dict:
+def growth(budget: int, seller_spec: str = "concession", buyer_spec: str = "threshold") -> dict:
     """Play the long episode once with this budget; its wall time and counts."""
-    market, seller, buyers = long_episode(budget)
+    market, seller, buyers = long_episode(budget, seller_spec, buyer_spec)
     state = EpisodeState(market, episode=f"long-{budget}")
     result: dict = {}
 
@@ -132,18 +132,20 @@ def _parser() -> argparse.ArgumentParser:
                         help="also run the longest budget beside --short short episodes (default: on)")
     parser.add_argument("--short", type=int, default=100, help="short episodes beside the long one with --stall (default: 100)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--seller", default="concession", help="the long episode's seller spec (default: concession)")
+    parser.add_argument("--buyer", default="threshold", help="the long episode's buyer spec (default: threshold)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    print(f"negotiate long-episode benchmark: 1x1 market (seed {SEED}, no deal possible), concession seller, threshold buyer, "
+    print(f"negotiate long-episode benchmark: 1x1 market (seed {SEED}, no deal possible), {args.seller} seller, {args.buyer} buyer, "
           f"Python {platform.python_version()}, gc.set_threshold{GC_THRESHOLD}")
-    growth(1_000)  # warm-up: imports, first-call caches
+    growth(1_000, args.seller, args.buyer)  # warm-up: imports, first-call caches
     rows = []
     print(f"{'budget':>9} {'turns':>9} {'messages':>9} {'wall s':>8} {'CPU s':>8} {'CPU us/turn':>12} {'CPU ratio':>11} {'turn ratio':>11} {'per 2x':>7}  outcome")
     for budget in args.budgets:
-        row = min((growth(budget) for _ in range(max(1, args.repeat))), key=lambda r: r["cpu_s"])
+        row = min((growth(budget, args.seller, args.buyer) for _ in range(max(1, args.repeat))), key=lambda r: r["cpu_s"])
         if rows:
             prev = rows[-1]
             row["time_ratio"] = row["cpu_s"] / prev["cpu_s"]

@@ -85,7 +85,7 @@ def prepare(config: RunConfig, out: Path, *, resume: bool) -> Prepared:
                 with open(path, "r+b") as handle:
                     handle.truncate(result.good_bytes)
                 log.info("dropped a half-written episode", file=str(path), episode=result.partial)
-            finished = {start["index"] for start in result.complete}
+            finished = {start.index for start in result.complete}
         prepared.done += len(finished & set(config.indices()))
         prepared.jobs.extend(Job(seller, i) for i in config.indices() if i not in finished)
     # Interleave sellers so a partial run has comparable coverage of every seller.

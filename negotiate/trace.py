@@ -524,12 +524,14 @@ class TraceWriter:
 
 @dataclass(frozen=True)
 class ScanResult:
-    complete: list[dict]
-    """The episode_start events of complete episodes, with ``metrics`` and ``outcome`` from their ends."""
+    complete: list[EpisodeStart]
+    """The starts of the complete episodes, in file order."""
     good_bytes: int
     """File offset just after the last complete episode."""
     partial: str | None
     """Id of a half-written trailing episode, if any."""
+    ends: list[EpisodeEnd] = field(default_factory=list)
+    """The ends of the complete episodes (outcome, reason, metrics), in the order of ``complete``."""
 
 
 def _check_start(event: dict, path: Path, line_no: int) -> None:
@@ -659,7 +661,8 @@ def read_records(path: str | Path, *, allow_partial: bool = False,
 def scan(path: str | Path) -> ScanResult:
     """Find the complete episodes of a (possibly half-written) trace file."""
     path = Path(path)
-    complete: list[dict] = []
+    complete: list[EpisodeStart] = []
+    ends: list[EpisodeEnd] = []
     good = 0
     start: dict | None = None
     if not path.exists():
@@ -680,10 +683,11 @@ def scan(path: str | Path) -> ScanResult:
             _check_start(event, path, line_no)
             start = event
         elif kind == "episode_end" and start is not None:
-            complete.append(start | {"outcome": event.get("outcome"), "metrics": event.get("metrics")})
+            complete.append(parse_event(start))
+            ends.append(parse_event(event))
             start = None
             good = offset
-    return ScanResult(complete, good, start.get("episode") if start else None)
+    return ScanResult(complete, good, start.get("episode") if start else None, ends)
 
 
 def trace_files(paths: Iterable[str | Path]) -> list[Path]:

@@ -155,8 +155,8 @@ def test_scan_of_a_complete_file(tmp_path):
     path = tmp_path / "t.jsonl"
     _write_lines(path, tiny("a", index=0) + tiny("b", index=1))
     result = scan(path)
-    assert [s["episode"] for s in result.complete] == ["a", "b"]
-    assert result.complete[0]["outcome"] == "terminated" and result.complete[0]["metrics"] == {"profit": 1}
+    assert [s.episode for s in result.complete] == ["a", "b"]
+    assert result.ends[0].outcome == "terminated" and result.ends[0].metrics == {"profit": 1}
     assert result.good_bytes == path.stat().st_size
     assert result.partial is None
 

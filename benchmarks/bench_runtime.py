@@ -64,7 +64,7 @@ from negotiate.metrics import opt
 from negotiate.protocol import Generated, Message, ParseFailure
 from negotiate.regulator import EpisodeState
 from negotiate.runner import build_episode, slug
-from negotiate.trace import TraceWriter
+from negotiate.trace import DealEvent, EpisodeEnd, MessageEvent, TraceWriter, parse_event
 
 GC_THRESHOLD = tuple(int(x) for x in __import__("os").environ.get("BENCH_GC", "50000,20,20").split(","))
 """What negotiate.runner.run_batch sets while a batch runs."""
@@ -200,7 +200,7 @@ def play_sync(episode_id: str, market, seller, buyers: dict, labels: dict, opt_v
             state.buyer_reply(buyer_id, result, raw, extra)
     metrics = live_metrics(state, opt_value)
     end = end_event(state, metrics, time.perf_counter() - began)
-    end["episode"] = episode_id
+    end.episode = episode_id
     state.events.append(end)
     return state.events
 
@@ -218,13 +218,13 @@ def run_sync(jobs: list[tuple], writer: TraceWriter, sink: list | None = None) -
 # -- reading the traces back -------------------------------------------------------------
 
 
-def _deal_key(event: dict) -> tuple:
-    return (event["buyer"], event["product"], event["price"], event["by"], event["turn"])
+def _deal_key(event: DealEvent) -> tuple:
+    return (event.buyer, event.product, event.price, event.by, event.turn)
 
 
-def _message_key(event: dict) -> tuple:
-    action = event["action"]
-    return (event["sender"], event["to"], event["turn"], event["valid"], None if action is None else tuple(action.values()))
+def _message_key(event: MessageEvent) -> tuple:
+    action = event.action
+    return (event.sender, event.to, event.turn, event.valid, None if action is None else tuple(action.values()))
 
 
 def summarize_trace(path: Path) -> dict:
@@ -234,16 +234,15 @@ def summarize_trace(path: Path) -> dict:
     outcomes: dict[str, int] = {}
     with open(path, "rb") as handle:
         for line in handle:
-            event = orjson.loads(line)
-            kind = event["type"]
-            if kind == "message":
+            event = parse_event(orjson.loads(line))
+            if isinstance(event, MessageEvent):
                 messages += 1
-            elif kind == "deal":
+            elif isinstance(event, DealEvent):
                 deals += 1
-                by_episode.setdefault(event["episode"], []).append(_deal_key(event))
-            elif kind == "episode_end":
+                by_episode.setdefault(event.episode, []).append(_deal_key(event))
+            elif isinstance(event, EpisodeEnd):
                 episodes += 1
-                outcomes[event["outcome"]] = outcomes.get(event["outcome"], 0) + 1
+                outcomes[event.outcome] = outcomes.get(event.outcome, 0) + 1
     digest = hashlib.sha256(orjson.dumps(sorted(by_episode.items()))).hexdigest()[:12]
     return {"episodes": episodes, "messages": messages, "deals": deals, "deal_digest": digest, "outcomes": outcomes}
 
@@ -316,21 +315,21 @@ def sanity_check(args, count: int) -> dict:
             run_async(build_jobs(small)[0], count, writer, async_events)
         with TraceWriter(Path(tmp) / "s.jsonl") as writer:
             run_sync(build_jobs(small)[0], writer, sync_events)
-    by_id = {events[0]["episode"]: events for events in async_events}
+    by_id = {events[0].episode: events for events in async_events}
     same_deals = same_messages = same_outcome = 0
     first_diff = None
     for events in sync_events:
-        other = by_id.get(events[0]["episode"], [])
-        pick = lambda evs, t, key: [key(e) for e in evs if e["type"] == t]  # noqa: E731
-        d = pick(events, "deal", _deal_key) == pick(other, "deal", _deal_key)
-        m = pick(events, "message", _message_key) == pick(other, "message", _message_key)
-        o = events[-1]["outcome"] == other[-1]["outcome"] and events[-1]["reason"] == other[-1]["reason"] if other else False
+        other = by_id.get(events[0].episode, [])
+        pick = lambda evs, t, key: [key(e) for e in evs if isinstance(e, t)]  # noqa: E731
+        d = pick(events, DealEvent, _deal_key) == pick(other, DealEvent, _deal_key)
+        m = pick(events, MessageEvent, _message_key) == pick(other, MessageEvent, _message_key)
+        o = events[-1].outcome == other[-1].outcome and events[-1].reason == other[-1].reason if other else False
         same_deals += d
         same_messages += m
         same_outcome += o
         if not (d and m and o) and first_diff is None:
-            first_diff = events[0]["episode"]
-    deals = sum(1 for events in sync_events for e in events if e["type"] == "deal")
+            first_diff = events[0].episode
+    deals = sum(1 for events in sync_events for e in events if isinstance(e, DealEvent))
     return {"episodes": count, "same_deals": same_deals, "same_messages": same_messages, "same_outcome": same_outcome,
             "deals": deals, "first_difference": first_diff, "ok": same_deals == same_messages == same_outcome == count}
 

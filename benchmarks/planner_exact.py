@@ -28,6 +28,8 @@ from scipy.optimize import linear_sum_assignment
 from negotiate.agents.scripted import BUYERS, SELLERS
 from negotiate.episode import run_episode
 from negotiate.market import Buyer, Market, MarketSpec, Product
+from negotiate.protocol import SELLER
+from negotiate.trace import MessageEvent
 
 LOW, HIGH = 100, 1000
 
@@ -117,17 +119,18 @@ async def main() -> None:
                 # The planner's offers while every pair is open, valued by the programme.
                 buyers, products, bounds, turns, step = tuple(range(n)), tuple(range(m)), list([G] * (n * m)), budget, 0
                 for e in episode.events:
-                    if e["type"] != "message" or e["sender"] != "seller" or e["action"]["kind"] != "offer":
+                    if not isinstance(e, MessageEvent) or e.sender != SELLER or e.kind != "offer":
                         continue
-                    i, j = int(e["to"][1:]) - 1, int(e["action"]["product"][1:]) - 1
-                    q = next((x for x in range(G) if edges[x] >= e["action"]["price"]), G)
+                    price = e.price
+                    i, j = int(e.to[1:]) - 1, int(e.product[1:]) - 1
+                    q = next((x for x in range(G) if edges[x] >= price), G)
                     if len(buyers) == n and len(products) == m and q < bounds[i * m + j]:
                         state = (turns, buyers, products, tuple(bounds))
                         top = V(*state)[0]
                         same = max(Q(*state, i, j, x) for x in range(bounds[i * m + j]))
                         lost["pair", step].append(top - same)
                         lost["price", step].append(same - Q(*state, i, j, q))
-                    if values[i][j] >= e["action"]["price"]:
+                    if values[i][j] >= price:
                         buyers, products = tuple(b for b in buyers if b != i), tuple(p for p in products if p != j)
                     else:
                         bounds[i * m + j] = min(bounds[i * m + j], q)

@@ -100,7 +100,10 @@ class _Connection(asyncio.Protocol):
             return
         if self._head is not None and self._length == -3:  # an answer delimited by the close
             self.keep_alive = False
-            waiter.set_result(self._answer(bytes(self.buffer)))
+            try:
+                waiter.set_result(self._answer(bytes(self.buffer)))
+            except BrokenAnswer as error:  # an encoding it cannot read: said now, not at the timeout
+                waiter.set_exception(error)
             return
         error = BrokenAnswer("the server closed the connection before answering" if not self.buffer and self._head is None
                              else "the server closed the connection inside its answer")

@@ -157,6 +157,16 @@ async def test_an_answer_cut_off_or_not_http_is_a_broken_answer(raw):
     assert isinstance(BrokenAnswer("x"), OSError)  # the backend retries it as a connection error
 
 
+async def test_a_close_delimited_answer_that_cannot_be_read_is_a_broken_answer_at_once(raw):
+    # Read until the close, in an encoding it cannot inflate: a BrokenAnswer when the server
+    # closes, not a wait for the request's timeout.
+    raw.scripts.append(Script((b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\n\r\nnot brotli",), close=True))
+    pool = HTTP1Pool(raw.url, HEADERS)
+    with pytest.raises(BrokenAnswer, match="br"):
+        await pool.request(b"POST", TARGET, b"{}", 30.0)
+    await pool.close()
+
+
 async def test_a_timeout_or_a_cancellation_drops_the_connection(raw):
     hang = Script((b"HTTP/1.1 200 OK\r\n", b"", b"", b"", b""))  # a head that does not end in time
     raw.scripts.extend([hang, hang, Script((ok(b"late"),))])

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from negotiate.market import Market
 from negotiate.protocol import BUYER, SELLER, Action, BuyerStatus, Message, Notice, ParseFailure
 from negotiate.rules import MALFORMED, TIMEOUT, VIOLATIONS, buyer_violation, seller_violation  # the rules, and their kinds
-from negotiate.trace import TIMEOUT as TIMEOUT_KIND, DealEvent, EndReason, MessageEvent, NoticeEvent, Outcome, ViolationEvent
+from negotiate.trace import DealEvent, EndReason, MessageEvent, NoticeEvent, Outcome, ViolationEvent
 
 __all__ = [
     "EpisodeState",
@@ -374,10 +374,7 @@ class EpisodeState:
         if self.turns_used >= self.market.budget:
             raise BudgetExceeded(f"turn {self.turns_used + 1} exceeds the budget of {self.market.budget}")
         self.turns_used += 1
-        invalid = None
-        if isinstance(result, Message) and result.action.kind != "end":
-            kind, detail = self._check_seller(result)
-            invalid = None if kind is None else (kind, detail)
+        invalid = self._check_seller(result) if isinstance(result, Message) and result.action.kind != "end" else None
         self._record_message(SELLER, result, raw, extra, self.turns_used, invalid)
         if isinstance(result, ParseFailure):
             self.invalid_by[SELLER] += 1
@@ -406,12 +403,12 @@ class EpisodeState:
         buyer.messages_received += 1
         return buyer.id
 
-    def _check_seller(self, message: Message) -> tuple[str | None, str]:
+    def _check_seller(self, message: Message) -> tuple[str, str] | None:
         action = message.action
         j = self._product_index.get(action.product)
         products = self._products_view or self._seller_products()
         problem = seller_violation(action, message.to, self._buyer_by_id.get(message.to), None if j is None else products[j])
-        return problem or (None, "")
+        return problem
 
     def seller_timeout(self, seconds: float) -> None:
         """The seller said nothing in time: the turn is spent, a violation counted."""
@@ -419,7 +416,7 @@ class EpisodeState:
         self.invalid_by[SELLER] += 1
         self.messages_by[SELLER] += 1
         self.events.append(MessageEvent(episode=self.episode, ts=self._ts(), turn=self.turns_used, sender=SELLER, to=None, thought="", talk="",
-                                        action=None, valid=False, error=f"timeout after {seconds}s", error_kind=TIMEOUT_KIND, timeout_s=seconds))
+                                        action=None, valid=False, error=f"timeout after {seconds}s", error_kind=TIMEOUT, timeout_s=seconds))
         self._violate(SELLER, TIMEOUT, f"no message within {seconds}s")
 
     # -- the buyers --------------------------------------------------------------
@@ -490,7 +487,7 @@ class EpisodeState:
         self.invalid_by[BUYER] += 1
         self.messages_by[BUYER] += 1
         self.events.append(MessageEvent(episode=self.episode, ts=self._ts(), turn=None, sender=buyer_id, to=SELLER, thought="", talk="",
-                                        action=None, valid=False, error=f"timeout after {seconds}s", error_kind=TIMEOUT_KIND, timeout_s=seconds))
+                                        action=None, valid=False, error=f"timeout after {seconds}s", error_kind=TIMEOUT, timeout_s=seconds))
         self._violate(buyer_id, TIMEOUT, f"no reply within {seconds}s (taken as a reject)")
         self._seller_sees(Message(buyer_id, SELLER, "", Action("reject")))
 

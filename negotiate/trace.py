@@ -30,6 +30,7 @@ import orjson
 
 from negotiate.errors import UserError
 from negotiate.protocol import CONTROL
+from negotiate.rules import MALFORMED, TIMEOUT  # a message's error_kind is its violation's kind: TIMEOUT, one that never came
 
 __all__ = [
     "SCHEMA_VERSION", "EventType", "Outcome", "EndReason", "TIMEOUT",
@@ -75,8 +76,6 @@ class EndReason(StrEnum):
     BUDGET = "budget"
 
 
-TIMEOUT = "timeout"
-"""The ``error_kind`` of a message that never came (the agent's deadline passed)."""
 
 
 class _Record:
@@ -370,7 +369,7 @@ def _upgrade_message(data: dict, event: MessageEvent) -> None:
         except ValueError:
             pass
     elif event.valid is False and event.action is None:
-        event.error_kind = "malformed"
+        event.error_kind = MALFORMED
     elif event.valid is False and (match := _KIND_PREFIX.match(error)):
         event.error_kind = match.group(1)
 

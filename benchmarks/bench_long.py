@@ -42,6 +42,7 @@ from negotiate.episode import run_episode
 from negotiate.market import SPLITS, MarketSpec, generate
 from negotiate.regulator import EpisodeState
 from negotiate.runner import build_episode
+from negotiate.run import build_buyers, seller_seed
 
 GC_THRESHOLD = (50_000, 20, 20)
 """What negotiate.runner.run_batch sets while a batch runs."""
@@ -65,8 +66,8 @@ def _run(main) -> None:
 def long_episode(budget: int, seller_spec: str = "concession", buyer_spec: str = "threshold"):
     """The long episode's market, seller and buyers (fresh agents: they are stateful)."""
     market = generate(MarketSpec(name="long", buyers=1, products=1, budget=budget), SEED)
-    seller = parse_agent(seller_spec, "seller").build(market, [SEED, 2])
-    buyers = {b.id: parse_agent(buyer_spec, "buyer").build(market, [SEED, 1, k]) for k, b in enumerate(market.buyers)}
+    seller = parse_agent(seller_spec, "seller").build(market, seller_seed(market.seed))
+    buyers = build_buyers(market, parse_agent(buyer_spec, "buyer"))
     return market, seller, buyers
 
 

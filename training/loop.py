@@ -595,7 +595,7 @@ def write_report(out: Path, config: LoopConfig, state: State) -> None:
             pairs += [(trained[-1], "SFT (round 0)"), (trained[-1], config.teacher)]
         table = results_table(rows, splits, pairs)
         sections.append(f"### buyers: {buyers}\n\nprofit/OPT mean ± 95% CI (valid-message rate, markets)\n\n{table}\n")
-    for k, note in sorted((state.data.get("notes") or {}).items()):
+    for k, note in sorted((state.data.get("notes") or {}).items(), key=lambda item: int(item[0])):  # round 10 after 2
         sections.append(f"Round {k}: {note}.\n")
     (out / "results.md").write_text("\n".join(sections))
     write_loop_curve(out, config, state)

@@ -79,8 +79,8 @@ class PlannerSeller(ScriptedAgent):
         self.hi: np.ndarray | None = None
         self.last: dict[int, tuple[int, int]] = {}
         """Each buyer's unanswered offer: (product, price)."""
-        self.bids: list[list[tuple[int, int]]] = []
-        """Each buyer's bids, in order: (product, price)."""
+        self.bids: list[list[tuple[int, int, int]]] = []
+        """Each buyer's bids, in order: (product, price, offers it had heard by then)."""
         self.rejected: list[bool] = []
         """Whether the buyer has ever rejected outright (it does not bid: a threshold buyer)."""
 
@@ -96,7 +96,6 @@ class PlannerSeller(ScriptedAgent):
         self.lo = np.full((n, m), float(obs.price_low))
         self.hi = np.full((n, m), float(obs.price_high))
         self.bids = [[] for _ in range(n)]
-        self.bid_rounds = [[] for _ in range(n)]
         self.sent = [0] * n
         self.rejected = [False] * n
         self.stubborn = [False] * n
@@ -139,12 +138,11 @@ class PlannerSeller(ScriptedAgent):
                     if last is not None and last[0] != j:
                         # It turned the offer down for another product: it will not pay that price for this one now.
                         hi[i, last[0]] = min(hi[i, last[0]], max(last[1] - 1, lo[i, last[0]]))
-                    if self.bids[i] and self.bids[i][-1] == (j, price) and last is not None and last[1] > price:
+                    if self.bids[i] and self.bids[i][-1][:2] == (j, price) and last is not None and last[1] > price:
                         self.stubborn[i] = True  # the same bid again after a higher ask: it will not move
                     lo[i, j] = max(lo[i, j], float(price))
                     hi[i, j] = max(hi[i, j], lo[i, j])
-                    self.bids[i].append((j, price))
-                    self.bid_rounds[i].append(self.sent[i])
+                    self.bids[i].append((j, price, self.sent[i]))
                     if self.stubborn[i]:
                         # A stubborn buyer bids its highest anchor: no product sells to it above that bid.
                         hi[i] = np.maximum(np.minimum(hi[i], price), lo[i])
@@ -288,7 +286,7 @@ class PlannerSeller(ScriptedAgent):
         # The last two bids for j, oldest first, found from the end: a scan of every past bid cost
         # 319, 521 and 746 us a turn at 2,000, 4,000 and 8,000 turns against a stubborn buyer.
         bids: list[tuple[int, int]] = []
-        for (product, price), r in zip(reversed(self.bids[i]), reversed(self.bid_rounds[i])):
+        for product, price, r in reversed(self.bids[i]):
             if product == j:
                 bids.insert(0, (price, r))
                 if len(bids) == 2:

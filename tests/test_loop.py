@@ -26,11 +26,12 @@ def world(monkeypatch, tmp_path):
     spec = tmp_path / "tiny.toml"
     spec.write_text(SPEC)
     calls: list[str] = []
-    crash = {"at": None, "policy": "random"}
+    crash = {"at": None, "policy": "random", "train_args": []}
 
     def run_stage(name, args, out_file, *, tolerate_failed_episodes=True):
         calls.append(name)
         if args[0] == "train":
+            crash["train_args"].append(args)
             out = Path(args[args.index("--out") + 1])
             out.mkdir(parents=True)
             (out / "metrics.jsonl").write_text("{}\n")
@@ -68,7 +69,7 @@ def world(monkeypatch, tmp_path):
 
 def test_a_loop_killed_mid_training_resumes_at_that_stage_and_keeps_every_finished_one(world):
     config, calls, crash, out = world
-    crash["at"] = "round 1 grpo"
+    crash["at"] = "round 1 rft"
     with pytest.raises(KeyboardInterrupt):
         run_loop(config(), echo=lambda line: None)
     state = json.loads((out / "loop.json").read_text())
@@ -78,7 +79,10 @@ def test_a_loop_killed_mid_training_resumes_at_that_stage_and_keeps_every_finish
     calls.clear()
     crash["at"] = None
     data = run_loop(config(), echo=lambda line: None)
-    assert calls == ["round 1 grpo", "round 1 eval (threshold)"]  # ...is redone; nothing finished runs twice
+    assert calls == ["round 1 rft", "round 1 eval (threshold)"]  # ...is redone; nothing finished runs twice
+    args = crash["train_args"][-1]
+    assert args[args.index("--method") + 1] == "rft" and args[args.index("--epochs") + 1] == "1.0" and "--kl-beta" not in args
+    assert args[args.index("--adapter") + 1].endswith("round-00/checkpoint/adapter")
     assert data["done"][-2:] == ["round 1 train", "round 1 eval"]
     assert set(data["rounds"]) == {"0", "1"}
     results = (out / "results.md").read_text()
@@ -93,15 +97,15 @@ def test_a_loop_killed_mid_training_resumes_at_that_stage_and_keeps_every_finish
 
     calls.clear()
     run_loop(config(rounds=2), echo=lambda line: None)  # more rounds: only the new ones run
-    assert calls == ["round 2 collect", "round 2 grpo", "round 2 eval (threshold)"]
+    assert calls == ["round 2 collect", "round 2 rft", "round 2 eval (threshold)"]
 
 
 def test_a_round_whose_groups_all_scored_alike_keeps_the_previous_policy(world):
     config, calls, crash, out = world
     crash["policy"] = "concession"  # deterministic: every repeat of a market plays the same episode
     data = run_loop(config(), echo=lambda line: None)
-    assert "round 1 grpo" not in calls and data["done"][-2:] == ["round 1 train", "round 1 eval"]
-    assert data["notes"] == {"1": "no learning signal: every group's rewards were equal, so the policy is unchanged"}
+    assert "round 1 rft" not in calls and data["done"][-2:] == ["round 1 train", "round 1 eval"]
+    assert data["notes"] == {"1": "no learning signal: no group had an episode better than its others, so the policy is unchanged"}
     assert (out / "round-01" / "checkpoint" / "adapter" / "adapter_config.json").is_file()  # round 0's, copied
     assert "Round 1: no learning signal" in (out / "results.md").read_text()
 
@@ -113,6 +117,60 @@ def test_a_rerun_with_other_settings_is_refused_naming_the_flag(world):
         run_loop(config(), echo=lambda line: None)
     with pytest.raises(UserError, match=r"--teacher.*'greedy'.*rerun with the same value to resume it, or choose another --out"):
         run_loop(config(teacher="posted"), echo=lambda line: None)
+
+
+def test_offline_grpo_rounds_pass_their_kl_and_steps(world):
+    config, calls, crash, out = world
+    run_loop(config(round_method="offline-grpo", kl_beta=0.05, grpo_steps=3), echo=lambda line: None)
+    assert "round 1 offline-grpo" in calls
+    args = crash["train_args"][-1]
+    assert args[args.index("--method") + 1] == "offline-grpo" and args[args.index("--kl-beta") + 1] == "0.05"
+    assert args[args.index("--max-steps") + 1] == "3" and "--epochs" not in args
+
+
+def test_a_run_from_before_round_method_resumes_with_offline_grpo(world):
+    config, calls, crash, out = world
+    crash["at"] = "round 1 rft"
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(config(), echo=lambda line: None)
+    state = json.loads((out / "loop.json").read_text())
+    for name in ("round_method", "round_epochs", "sft_from"):  # as loop.json was written before these flags
+        del state["config"][name]
+    (out / "loop.json").write_text(json.dumps(state))
+    with pytest.raises(UserError, match=r"--round-method 'offline-grpo'"):
+        run_loop(config(), echo=lambda line: None)  # its rounds were GRPO: rft now would mix two methods in one run
+    crash["at"] = None
+    calls.clear()
+    run_loop(config(round_method="offline-grpo"), echo=lambda line: None)
+    assert calls == ["round 1 offline-grpo", "round 1 eval (threshold)"]
+
+
+def test_a_run_takes_round_0_from_an_earlier_one_and_only_trains_its_rounds(world):
+    config, calls, crash, out = world
+    run_loop(config(rounds=0), echo=lambda line: None)
+    first = json.loads((out / "loop.json").read_text())
+    calls.clear()
+    other = out.parent / "ablation"
+    data = run_loop(config(out=str(other), sft_from=str(out), markets=3, round_method="offline-grpo"), echo=lambda line: None)
+    assert calls == ["round 1 collect", "round 1 offline-grpo", "round 1 eval (threshold)"]  # no teacher, SFT, baselines or round 0 eval
+    assert data["rounds"]["0"] == first["rounds"]["0"] and data["serving"] == first["serving"] and data["port"] == first["port"]
+    assert data["done"][:6] == list(loop.ROUND0_STAGES)
+    teacher = sorted(p.relative_to(out) for p in (out / "round-00").rglob("*") if p.is_file())
+    assert teacher and sorted(p.relative_to(other) for p in (other / "round-00").rglob("*") if p.is_file()) == teacher
+    args = crash["train_args"][-1]
+    assert args[args.index("--adapter") + 1] == str(other / "round-00" / "checkpoint" / "adapter")
+    results = (other / "results.md").read_text()
+    assert "| SFT (round 0) |" in results and "| round 1 − SFT (round 0) (paired) |" in results and "| greedy |" in results
+    # A flag round 0 depends on must match; the round's own flags may differ (markets, method, above).
+    with pytest.raises(UserError, match=r"--sft-lr.*round 0 depends on it"):
+        run_loop(config(out=str(out.parent / "c"), sft_from=str(out), sft_lr=1e-3), echo=lambda line: None)
+    with pytest.raises(UserError, match=r"--sft-from.*not a loop run folder"):
+        run_loop(config(out=str(out.parent / "d"), sft_from=str(out.parent / "nothing")), echo=lambda line: None)
+    crash["at"] = "round 0 sft"
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(config(out=str(out.parent / "e")), echo=lambda line: None)
+    with pytest.raises(UserError, match=r"round 0 of that run is not finished \(round 0 train, serving, baselines, round 0 eval missing\)"):
+        run_loop(config(out=str(out.parent / "f"), sft_from=str(out.parent / "e")), echo=lambda line: None)
 
 
 def test_a_failing_stage_is_one_line_that_says_how_to_resume(world, monkeypatch):
@@ -143,6 +201,8 @@ def test_the_real_stage_runner_reports_the_commands_last_line(tmp_path):
     ({"lora_r": 12}, "--lora-r"),
     ({"group": 1}, "--group"),
     ({"split": "specs/nope.toml"}, "--split"),
+    ({"round_method": "ppo"}, "--round-method"),
+    ({"round_epochs": 0}, "--round-epochs"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(change, flag, tmp_path):
     with pytest.raises(UserError, match=flag):

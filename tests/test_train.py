@@ -157,6 +157,24 @@ def test_advantages_worked_out_by_hand():
     assert advantages(eps, scale=False)["c"] == pytest.approx(0.4)
 
 
+def test_rft_keeps_the_valid_decisions_of_each_groups_best_episode():
+    from negotiate.training.dataset import Decision
+    from negotiate.training.trainer import TrainConfig, group_best, select
+
+    def ep(name, group, reward, valid=(True,)):
+        decisions = [Decision(episode=name, group=group, turn=k, prompt=[], completion=f"{name}{k}", reward=reward, valid=v)
+                     for k, v in enumerate(valid)]
+        return Episode(name, group, "s", "train", reward, {}, decisions)
+
+    eps = [ep("a", "g1", 0.2), ep("b", "g1", 0.7, valid=(True, False, True)), ep("c", "g1", 0.5),
+           ep("d", "g2", 0.4), ep("e", "g2", 0.4),  # alike: nothing to prefer
+           ep("f", "g3", -0.1), ep("g", "g3", 0.0),  # the best sold nothing: not imitated
+           ep("h", "g4", 0.6), ep("i", "g4", 0.6), ep("j", "g4", 0.3)]  # a tie at the top: both kept
+    assert [e.id for e in group_best(eps)] == ["b", "h", "i"]
+    picked = select(TrainConfig(method="rft", traces=("x",)), eps)
+    assert [(d.completion, w) for d, w in picked] == [("b0", 1.0), ("b2", 1.0), ("h0", 1.0), ("i0", 1.0)]  # b's invalid b1 is left out
+
+
 def test_collect_plays_each_market_group_times_and_the_loader_groups_them(tmp_path):
     out = tmp_path / "c"
     assert main(["collect", "--seller", "random,greedy", "--markets", "3", "--group", "4", "--seed", "7", "--out", str(out), "--quiet"]) == 0
@@ -355,6 +373,37 @@ def test_offline_grpo_from_collected_groups_and_the_checkpoint_plays_as_a_seller
     assert events[1]["extra"]["token_ids"] and events[1]["extra"]["model"].endswith("grpo")
 
 
+@needs_train
+def test_rft_trains_on_the_best_random_episode_of_each_group_and_raises_its_likelihood(tiny, traces, tmp_path):
+    import torch
+
+    from negotiate.training.trainer import build_examples, completion_logprobs, group_best, load_policy, train
+
+    # The random seller breaks rules often enough that its penalized rewards are mostly below 0: rank by profit share.
+    cfg = config(tiny, tmp_path / "rft", method="rft", traces=(str(traces / "run"),), seller="random", min_group=3, lr=3e-3,
+                 epochs=3, reward="profit")
+    episodes = load_episodes(cfg.traces, reward="profit", where=DataFilter(seller="random", min_group=3))
+    best = group_best(episodes)
+    assert 0 < len(best) <= 4 < len(episodes) == 12
+    model, tokenizer = load_policy(cfg)
+    examples, counts = build_examples(cfg, episodes, model, tokenizer)
+    assert counts["examples"] == len(examples) == sum(d.valid for e in best for d in e.decisions)
+    assert {ex.reward for ex in examples} == {e.reward for e in best if any(d.valid for d in e.decisions)}
+
+    def nll(m) -> float:
+        with torch.no_grad():
+            return sum(-float(completion_logprobs(m, ex).sum()) for ex in examples)
+
+    before = nll(model)
+    summary = train(cfg)
+    from transformers import AutoModelForCausalLM
+
+    after = nll(AutoModelForCausalLM.from_pretrained(tmp_path / "rft"))
+    assert after < before, (before, after)
+    assert summary["steps"] == math.ceil(len(examples) * 3 / 4) and summary["data"]["examples"] == len(examples)
+    assert (tmp_path / "rft" / "adapter" / "adapter_config.json").is_file()
+
+
 @pytest.mark.skipif(not HAVE_TRL, reason="needs trl and datasets: pip install 'negotiate[train]'")
 def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, monkeypatch):
     from negotiate.training import online
@@ -400,7 +449,7 @@ def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, mo
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--method", "ppo", "--traces", "x"], "--method: 'ppo': unknown method; choose from sft, offline-grpo, online-grpo"),
+    (["--method", "ppo", "--traces", "x"], "--method: 'ppo': unknown method; choose from sft, rft, offline-grpo, online-grpo"),
     (["--method", "sft"], "--traces: sft learns from traces: give --traces DIR"),
     (["--traces", "x", "--reward", "money"], "--reward: 'money': unknown reward"),
     (["--traces", "x", "--top", "0"], "--top: 0.0: must be in (0, 1]"),

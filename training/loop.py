@@ -10,7 +10,7 @@ One folder per run (``--out``)::
     round-00/checkpoint/      merged weights + adapter/ (train --method sft)
     round-00/eval/BUYERS/     held-out episodes of the round's policy (eval)
     round-KK/rollouts/        G x M episodes of the previous round's policy (collect)
-    round-KK/checkpoint/      offline GRPO on them, continuing the previous adapter
+    round-KK/checkpoint/      rft (or offline GRPO) on them, continuing the previous adapter
     round-KK/eval/BUYERS/
     server/                   the vLLM server's log and pid
     curve.png, results.md     per-round curve; every row paired on the same held-out markets
@@ -60,6 +60,7 @@ __all__ = ["LoopConfig", "LoopError", "run_loop", "loop_fields", "summarize_fold
 log = structlog.get_logger("negotiate.loop")
 
 SERVE_MODES = ("auto", "merged", "adapter")
+ROUND_METHODS = ("rft", "offline-grpo")
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256)
 """The ranks vLLM's ``--max-lora-rank`` takes."""
 
@@ -82,14 +83,17 @@ class LoopConfig:
     sft_steps: int = _help("SFT optimizer steps", default=100)
     sft_batch: int = _help("SFT decisions per step", default=8)
     sft_lr: float = _help("SFT learning rate", default=4e-4)
-    rounds: int = _help("GRPO rounds after SFT (round 0 is SFT)", default=2)
+    rounds: int = _help("rounds after SFT (round 0 is SFT)", default=2)
+    round_method: str = _help(f"how a round learns from its rollouts: {', '.join(ROUND_METHODS)} (rft: imitate each group's best "
+                              "episode; offline-grpo: the clipped group-relative policy gradient)", default="rft")
     markets: int = _help("markets collected per round", default=16)
-    group: int = _help("episodes per market per round (the GRPO group)", default=4)
+    group: int = _help("episodes per market per round (the group its episodes are compared in)", default=4)
     temperature: float = _help("sampling temperature of the rollouts", default=1.0)
-    grpo_steps: int | None = _help("GRPO optimizer steps per round (default: one pass over the round's decisions)", default=None)
-    grpo_batch: int = _help("GRPO decisions per step", default=16)
-    grpo_lr: float = _help("GRPO learning rate", default=2e-4)
-    kl_beta: float = _help("GRPO: weight of the KL to the base model", default=0.0)
+    grpo_steps: int | None = _help("optimizer steps per round (default: --round-epochs passes over the round's decisions)", default=None)
+    round_epochs: float = _help("passes over the round's decisions (when --grpo-steps is not given)", default=1.0)
+    grpo_batch: int = _help("decisions per optimizer step in a round", default=16)
+    grpo_lr: float = _help("learning rate in a round", default=2e-4)
+    kl_beta: float = _help("offline-grpo: weight of the KL to the base model", default=0.0)
     lora_r: int = _help(f"LoRA rank, one of {', '.join(map(str, LORA_RANKS))}", default=16)
     bf16: bool = _help("train in bfloat16 autocast (2.3x faster per decision than fp32 one at a time on these CPUs, "
                        "benchmarks/bench_decisions.py)", default=True)
@@ -109,10 +113,21 @@ class LoopConfig:
     port: int | None = _help("port of the server this command starts (default: a free one)", default=None)
     concurrency: int = _help("episodes in flight (and requests in flight to the server)", default=64)
     threads: int | None = _help("torch threads in training (default: torch's choice)", default=None)
+    sft_from: str | None = _help("take round 0 (the exported model, teacher episodes, SFT, serving choice, baselines and round 0's "
+                                 "evaluation) from this earlier run folder instead of redoing it; every flag round 0 depends on "
+                                 "must match that run's", default=None)
 
     def check(self) -> None:
         if self.serve not in SERVE_MODES:
             raise UserError(f"choose from {', '.join(SERVE_MODES)}", field="--serve", value=self.serve)
+        if self.round_method not in ROUND_METHODS:
+            raise UserError(f"choose from {', '.join(ROUND_METHODS)}", field="--round-method", value=self.round_method)
+        if self.round_epochs <= 0:
+            raise UserError("must be above 0", field="--round-epochs", value=self.round_epochs)
+        if self.sft_from is not None and not (Path(self.sft_from) / "loop.json").is_file():
+            raise UserError("not a loop run folder (no loop.json)", field="--sft-from", value=self.sft_from)
+        if self.sft_from is not None and Path(self.sft_from).resolve() == Path(self.out).resolve():
+            raise UserError("is the run itself; give an earlier run's folder", field="--sft-from", value=self.sft_from)
         if self.server_url and self.serve == "merged":
             raise UserError("a server given by URL cannot be restarted with merged weights; use --serve adapter or auto",
                             field="--serve", value=self.serve)
@@ -125,7 +140,7 @@ class LoopConfig:
         if self.rounds < 0:
             raise UserError("must be 0 or more", field="--rounds", value=self.rounds)
         if self.group < 2:
-            raise UserError("GRPO compares episodes of one market: at least 2", field="--group", value=self.group)
+            raise UserError("a round compares episodes of one market: at least 2", field="--group", value=self.group)
         if self.grpo_steps is not None and self.grpo_steps < 1:
             raise UserError("must be at least 1", field="--grpo-steps", value=self.grpo_steps)
         if self.seed <= self.eval_seed <= self.seed + self.rounds:
@@ -139,8 +154,56 @@ class LoopConfig:
         return asdict(self)
 
 
+BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None}
+"""What a run made before a flag existed did: rounds were offline GRPO, one pass."""
 RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 """Flags a rerun may change; any other change to a run's config is refused."""
+
+ROUND0_FIELDS = ("model", "teacher", "split", "buyers", "seed", "teacher_episodes", "sft_steps", "sft_batch", "sft_lr", "lora_r", "bf16",
+                 "micro_batch", "max_tokens", "eval_splits", "eval_buyers", "eval_episodes", "eval_seed", "eval_temperature", "ladder",
+                 "untrained", "serve", "server_url")
+"""Flags that round 0 depends on: ``--sft-from`` takes an earlier run's round 0 only where they all match."""
+ROUND0_STAGES = ("export", "round 0 teacher", "round 0 train", "serving", "baselines", "round 0 eval")
+ROUND0_FOLDERS = ("base", "round-00", "baselines")
+
+
+def take_round0(source: Path, out: Path, config: LoopConfig, state: State) -> None:
+    """Start ``out`` from ``source``'s finished round 0 (``--sft-from``): its folders are hard-linked (copied
+    across file systems), its stages, serving choice, port and round-0 summary recorded as done here."""
+    try:
+        other = json.loads((source / "loop.json").read_text())
+    except ValueError as error:
+        raise UserError(f"not a valid loop.json ({error})", source=str(source / "loop.json")) from None
+    theirs = other.get("config", {})
+    for name in ROUND0_FIELDS:
+        ours = getattr(config, name)
+        if name in theirs and theirs[name] != ours:
+            raise UserError(f"the run in {source} has {_flag(name)} {theirs[name]!r}; round 0 depends on it, so give the same value",
+                            field=_flag(name), value=ours)
+    missing = [stage for stage in ROUND0_STAGES if stage not in other.get("done", [])]
+    if missing:
+        raise UserError(f"round 0 of that run is not finished ({', '.join(missing)} missing): finish it first", field="--sft-from",
+                        value=str(source))
+    for name in ROUND0_FOLDERS:
+        target = out / name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(source / name, target, copy_function=_link_or_copy)
+    data = state.data
+    data["done"] = [stage for stage in ROUND0_STAGES]
+    data["rounds"]["0"] = other["rounds"]["0"]
+    data["serving"], data["port"] = other.get("serving"), other.get("port")
+    data["seconds"] = {stage: seconds for stage, seconds in (other.get("seconds") or {}).items() if stage in ROUND0_STAGES}
+    data["sft_from"] = str(source.resolve())
+    state.save()
+    log.info("round 0 taken", source=str(source))
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def loop_fields():
@@ -173,7 +236,7 @@ class State:
                 old = json.loads(path.read_text())
             except ValueError as error:
                 raise UserError(f"not a valid loop.json ({error})", source=str(path)) from None
-            for key, value in old.get("config", {}).items():
+            for key, value in {**BEFORE_FLAGS, **old.get("config", {})}.items():
                 if key not in RESUMABLE_CHANGES and self.data["config"].get(key) != value:
                     raise UserError(f"the run in {path.parent} has {_flag(key)} {value!r}; rerun with the same value to resume it, "
                                     f"or choose another --out", field=_flag(key), value=self.data["config"].get(key))
@@ -454,6 +517,8 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     state = State(out / "loop.json", config)
+    if config.sft_from and not state.data["done"]:
+        take_round0(Path(config.sft_from), out, config, state)
     state.save()
     base = out / "base"
     serving = Serving(config, out, base, state)
@@ -530,26 +595,27 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
                     "--seed", str(config.seed + k), "--max-inflight", str(config.concurrency)], config), out / "loop.out")
                 state.data.setdefault("rollouts", {})[str(k)] = summarize_folder(folder / "rollouts")
 
-            def grpo(k=k, folder=folder) -> None:
+            def learn(k=k, folder=folder) -> None:
                 serving.before_training()
                 _fresh(folder / "checkpoint")
-                if not learning_signal(folder / "rollouts"):
-                    # Every group's episodes scored alike: every advantage is 0, and so is GRPO's gradient.
+                if not learning_signal(folder / "rollouts", config.round_method):
+                    # Every group's episodes scored alike (or none sold at a profit): nothing to prefer, so no gradient.
                     # The round keeps the previous policy (a copy, so that every round has its checkpoint).
                     shutil.copytree(out / f"round-{k - 1:02d}" / "checkpoint", folder / "checkpoint")
-                    state.data.setdefault("notes", {})[str(k)] = ("no learning signal: every group's rewards were equal, "
-                                                                  "so the policy is unchanged")
+                    state.data.setdefault("notes", {})[str(k)] = ("no learning signal: no group had an episode better than "
+                                                                  "its others, so the policy is unchanged")
                     log.warning("no learning signal", round=k)
                     return
-                steps = ["--max-steps", str(config.grpo_steps)] if config.grpo_steps else []
-                run_stage(f"round {k} grpo", tolerate_failed_episodes=False, args=["train", "--method", "offline-grpo", "--traces", str(folder / "rollouts"),
-                                              "--model", str(base), "--adapter", str(out / f"round-{k - 1:02d}" / "checkpoint" / "adapter"),
-                                              "--out", str(folder / "checkpoint"), "--batch-size", str(config.grpo_batch),
-                                              "--lr", str(config.grpo_lr), "--kl-beta", str(config.kl_beta), "--lora-r", str(config.lora_r),
-                                              "--seed", str(config.seed + k), "--quiet", *steps, *train_flags], out_file=out / "loop.out")
+                steps = ["--max-steps", str(config.grpo_steps)] if config.grpo_steps else ["--epochs", str(config.round_epochs)]
+                kl = ["--kl-beta", str(config.kl_beta)] if config.round_method == "offline-grpo" else []
+                run_stage(f"round {k} {config.round_method}", tolerate_failed_episodes=False, args=[
+                    "train", "--method", config.round_method, "--traces", str(folder / "rollouts"), "--model", str(base),
+                    "--adapter", str(out / f"round-{k - 1:02d}" / "checkpoint" / "adapter"), "--out", str(folder / "checkpoint"),
+                    "--batch-size", str(config.grpo_batch), "--lr", str(config.grpo_lr), *kl, "--lora-r", str(config.lora_r),
+                    "--seed", str(config.seed + k), "--quiet", *steps, *train_flags], out_file=out / "loop.out")
 
             stage(f"round {k} collect", collect)
-            stage(f"round {k} train", grpo)
+            stage(f"round {k} train", learn)
             stage(f"round {k} eval", lambda k=k: evaluate(k))
     except (ServerError, LoopError) as error:
         raise LoopError(f"{error} (finished stages are kept: rerun the same command to resume)") from None
@@ -559,11 +625,16 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
     return state.data
 
 
-def learning_signal(rollouts: Path) -> bool:
-    """Whether any group of the collected episodes has rewards that differ (a nonzero advantage)."""
+def learning_signal(rollouts: Path, method: str = "offline-grpo") -> bool:
+    """Whether the collected episodes give the round's method anything to learn: for offline-grpo a
+    group whose rewards differ (a nonzero advantage), for rft a group with a best episode to imitate."""
     from negotiate.training.dataset import DataFilter, advantages, load_episodes
 
     episodes = load_episodes([rollouts], where=DataFilter(min_group=2))
+    if method == "rft":
+        from negotiate.training.trainer import group_best
+
+        return any(d.valid for ep in group_best(episodes) for d in ep.decisions)
     return any(value != 0.0 for value in advantages(episodes).values())
 
 

@@ -11,6 +11,9 @@
 
    - ``sft``: mean negative log-likelihood of the completion tokens of the best episodes'
      valid messages (``top``: the share of episodes kept, by reward);
+   - ``rft`` (rejection-sampling fine-tuning, or expert iteration): the same loss as ``sft``, on the
+     valid messages of each collected group's best episode (its reward above the group's lowest and
+     above 0). Only better-than-its-siblings behaviour is pushed up; nothing is pushed down;
    - ``offline-grpo``: the clipped policy-gradient surrogate of GRPO on collected groups. Each
      completion token ``t`` of a decision in episode ``e`` has ratio ``r = exp(logp_new - logp_old)``
      against the logged log-prob (or, where none was logged, the policy's own before its first
@@ -49,7 +52,7 @@ __all__ = ["TrainConfig", "METHODS", "train", "load_policy", "build_examples", "
 
 log = structlog.get_logger("negotiate.training")
 
-METHODS = ("sft", "offline-grpo", "online-grpo")
+METHODS = ("sft", "rft", "offline-grpo", "online-grpo")
 
 
 def _help(text: str, **kw):
@@ -60,14 +63,14 @@ def _help(text: str, **kw):
 class TrainConfig:
     """One training run. Each field is a ``negotiate train`` flag (``--epochs`` for ``epochs``)."""
 
-    traces: tuple[str, ...] = _help("trace files or folders to learn from (sft, offline-grpo)", default=())
+    traces: tuple[str, ...] = _help("trace files or folders to learn from (sft, rft, offline-grpo)", default=())
     model: str = _help("the starting model: a folder saved by transformers, a .gguf file, or smollm2", default="smollm2")
     out: str = _help("checkpoint folder to write", default="checkpoints/seller")
     method: str = _help(f"one of {', '.join(METHODS)}", default="sft")
     reward: str = _help(f"reward function, one of {', '.join(REWARDS)}", default=DEFAULT_REWARD)
     split: str | None = _help("use only episodes of this split", default=None)
     seller: str | None = _help("use only episodes of this seller spec (as the trace names it)", default=None)
-    min_group: int = _help("drop groups with fewer episodes (offline-grpo needs 2 or more)", default=2)
+    min_group: int = _help("drop groups with fewer episodes (rft and offline-grpo need 2 or more)", default=2)
     top: float = _help("sft: the share of episodes kept, best rewards first", default=1.0)
     lora: bool = _help("train a LoRA adapter (peft) instead of every weight", default=True)
     lora_r: int = _help("LoRA rank", default=16)
@@ -214,7 +217,7 @@ class Example:
     prompt_ids: list[int]
     completion_ids: list[int]
     weight: float
-    """sft: 1; offline-grpo: the episode's advantage."""
+    """sft, rft: 1; offline-grpo: the episode's advantage."""
     old_logprobs: list[float] | None
     """Log-probs of the completion under the policy that sampled it (None: computed before the first update)."""
     reward: float
@@ -235,13 +238,31 @@ def encode_completion(tokenizer, messages: list[dict], completion: str, stops: s
 
 def select(config: TrainConfig, episodes: list[Episode]) -> list[tuple[Decision, float]]:
     """(decision, weight) pairs for the method: sft keeps the valid messages of the best ``top`` share of
-    episodes (weight 1); offline-grpo keeps every decision whose episode has a nonzero advantage."""
+    episodes (weight 1); rft the valid messages of each group's best episodes (:func:`group_best`);
+    offline-grpo keeps every decision whose episode has a nonzero advantage."""
     if config.method == "sft":
         ranked = sorted(episodes, key=lambda ep: ep.reward, reverse=True)
         kept = ranked[: max(1, math.ceil(len(ranked) * config.top))] if ranked else []
         return [(d, 1.0) for ep in kept for d in ep.decisions if d.valid]
+    if config.method == "rft":
+        return [(d, 1.0) for ep in group_best(episodes) for d in ep.decisions if d.valid]
     adv = advantages(episodes, scale=config.scale_advantages)
     return [(d, adv[ep.id]) for ep in episodes for d in ep.decisions if adv[ep.id] != 0.0]
+
+
+def group_best(episodes: list[Episode]) -> list[Episode]:
+    """Each group's best episodes: those whose reward is the group's highest, when that is above the
+    group's lowest (the group tells better from worse) and above 0 (nothing sold at a loss is imitated).
+    Ties at the top are all kept."""
+    groups: dict[str, list[Episode]] = {}
+    for ep in episodes:
+        groups.setdefault(ep.group, []).append(ep)
+    kept = []
+    for members in groups.values():
+        top = max(ep.reward for ep in members)
+        if top > 0 and top > min(ep.reward for ep in members):
+            kept += [ep for ep in members if ep.reward == top]
+    return kept
 
 
 def build_examples(config: TrainConfig, episodes: list[Episode], model, tokenizer) -> tuple[list[Example], dict]:
@@ -348,7 +369,7 @@ def example_loss(config: TrainConfig, model, example: Example, stats: dict, logp
 
     if logp is None:
         logp = completion_logprobs(model, example)
-    if config.method == "sft":
+    if config.method in ("sft", "rft"):
         return -logp.sum()
     if example.old_logprobs is None:  # nothing logged: the policy before its first update samples the reference point
         example.old_logprobs = logp.detach().tolist()
@@ -518,7 +539,8 @@ def train(config: TrainConfig, *, progress=None) -> dict:
     out = Path(config.out)
     if (out / "train.json").exists():
         raise UserError("already holds a trained checkpoint; choose another --out", source=str(out))
-    where = DataFilter(split=config.split, seller=config.seller, min_group=config.min_group if config.method == "offline-grpo" else 1)
+    grouped = config.method in ("rft", "offline-grpo")
+    where = DataFilter(split=config.split, seller=config.seller, min_group=config.min_group if grouped else 1)
     episodes = load_episodes(config.traces, reward=config.reward, where=where)
     if not episodes:
         raise UserError("no usable episodes (check --split, --seller and --min-group against the traces)", source=", ".join(config.traces))
@@ -526,7 +548,7 @@ def train(config: TrainConfig, *, progress=None) -> dict:
     model, tokenizer = load_policy(config)
     examples, counts = build_examples(config, episodes, model, tokenizer)
     if not examples:
-        hint = " (every group's rewards are equal: collect with a sampling seller, --group 2 or more)" if config.method == "offline-grpo" else ""
+        hint = " (every group's rewards are equal: collect with a sampling seller, --group 2 or more)" if grouped else ""
         raise UserError(f"no training examples{hint}", source=", ".join(config.traces))
     out.mkdir(parents=True, exist_ok=True)
     log.info("train", method=config.method, model=config.model, **counts, load_s=round(time.perf_counter() - began, 1))

@@ -219,3 +219,12 @@ def test_the_results_table_pairs_rows_on_the_markets_both_played():
     assert lines[2] == "| a | 0.700 ± 0.226 (valid 0.83, n=3) |"
     # Paired on markets 0 and 1 only: differences 0.1 and 0.3, mean 0.2, sd 0.1414 -> 1.96 * 0.1414 / sqrt(2) = 0.196.
     assert lines[4] == "| a − b (paired) | 0.200 ± 0.196 (n=2) |"
+    # Two splits: a pooled column, every market of both splits in one mean.
+    a2 = a | {("t", 0): {"profit_ratio": 0.3, "valid_rate": 0.0}}
+    b2 = b | {("t", 0): {"profit_ratio": 0.5, "valid_rate": 1.0}}
+    lines = results_table([("a", a2), ("b", b2)], ["s", "t"], [("a", "b")]).splitlines()
+    assert lines[0] == "| seller | s | t | all splits |"
+    # a over all four: mean 0.6, sd sqrt(((-0.1)^2 + 0.1^2 + 0.3^2 + (-0.3)^2) / 3) = 0.2582 -> 1.96 * 0.2582 / 2 = 0.253.
+    assert lines[2] == "| a | 0.700 ± 0.226 (valid 0.83, n=3) | 0.300 (valid 0.00, n=1) | 0.600 ± 0.253 (valid 0.62, n=4) |"
+    # Paired on (s, 0), (s, 1), (t, 0): 0.1, 0.3, -0.2; mean 0.0667, sd 0.2517 -> 1.96 * 0.2517 / sqrt(3) = 0.285.
+    assert lines[4] == "| a − b (paired) | 0.200 ± 0.196 (n=2) | -0.200 (n=1) | 0.067 ± 0.285 (n=3) |"

@@ -350,15 +350,24 @@ def _fmt(mean: float | None, half: float | None) -> str:
     return f"{mean:.3f} ± {half:.3f}" if half is not None and np.isfinite(half) else f"{mean:.3f}"
 
 
+ALL_SPLITS = "all splits"
+
+
 def results_table(rows: list[tuple[str, dict]], splits: list[str], pairs: list[tuple[str, str]] = ()) -> str:
-    """A markdown table: one row per (label, market -> metrics) entry, profit/OPT (valid rate) per split; then
-    one row per (a, b) of ``pairs``: the paired difference a - b on the markets both played."""
-    lines = ["| seller | " + " | ".join(splits) + " |", "|---|" + "---|" * len(splits)]
+    """A markdown table: one row per (label, market -> metrics) entry, profit/OPT (valid rate) per split, and
+    with several splits a last column of every market pooled; then one row per (a, b) of ``pairs``: the paired
+    difference a - b on the markets both played."""
+    columns = [*splits, ALL_SPLITS] if len(splits) > 1 else list(splits)
+    lines = ["| seller | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     data = dict(rows)
+
+    def within(split: str, column: str) -> bool:
+        return column == ALL_SPLITS or split == column
+
     for label, markets in rows:
         cells = []
-        for split in splits:
-            picked = [m for (s, _), m in markets.items() if s == split]
+        for split in columns:
+            picked = [m for (s, _), m in markets.items() if within(s, split)]
             ratios = [m["profit_ratio"] for m in picked if m["profit_ratio"] is not None]
             valid = [m["valid_rate"] for m in picked if m["valid_rate"] is not None]
             mean, half = _mean_ci(ratios)
@@ -368,8 +377,8 @@ def results_table(rows: list[tuple[str, dict]], splits: list[str], pairs: list[t
         if first not in data or second not in data:
             continue
         cells = []
-        for split in splits:
-            keys = [k for k in data[first] if k[0] == split and k in data[second]
+        for split in columns:
+            keys = [k for k in data[first] if within(k[0], split) and k in data[second]
                     and data[first][k]["profit_ratio"] is not None and data[second][k]["profit_ratio"] is not None]
             diffs = [data[first][k]["profit_ratio"] - data[second][k]["profit_ratio"] for k in keys]
             mean, half = _mean_ci(diffs)

@@ -228,3 +228,6 @@ def test_the_results_table_pairs_rows_on_the_markets_both_played():
     assert lines[2] == "| a | 0.700 ± 0.226 (valid 0.83, n=3) | 0.300 (valid 0.00, n=1) | 0.600 ± 0.253 (valid 0.62, n=4) |"
     # Paired on (s, 0), (s, 1), (t, 0): 0.1, 0.3, -0.2; mean 0.0667, sd 0.2517 -> 1.96 * 0.2517 / sqrt(3) = 0.285.
     assert lines[4] == "| a − b (paired) | 0.200 ± 0.196 (n=2) | -0.200 (n=1) | 0.067 ± 0.285 (n=3) |"
+    # The pooled column pools the splits shown, not every market the rows hold.
+    lines = results_table([("a", a2 | {("u", 0): {"profit_ratio": 0.0, "valid_rate": 1.0}}), ("b", b2)], ["s", "t"]).splitlines()
+    assert lines[2].endswith("| 0.600 ± 0.253 (valid 0.62, n=4) |")

@@ -362,7 +362,7 @@ def results_table(rows: list[tuple[str, dict]], splits: list[str], pairs: list[t
     data = dict(rows)
 
     def within(split: str, column: str) -> bool:
-        return column == ALL_SPLITS or split == column
+        return split == column or (column == ALL_SPLITS and split in splits)
 
     for label, markets in rows:
         cells = []

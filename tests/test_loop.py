@@ -67,17 +67,23 @@ def world(monkeypatch, tmp_path):
     return config, calls, crash, tmp_path / "run"
 
 
+def cut(world, stage: str, **kw) -> dict:
+    """Run the loop until it is killed in the middle of ``stage``; returns loop.json as it was left."""
+    config, calls, crash, out = world
+    crash["at"] = stage
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(config(**kw), echo=lambda line: None)
+    crash["at"] = None
+    return json.loads((Path(config(**kw).out) / "loop.json").read_text())
+
+
 def test_a_loop_killed_mid_training_resumes_at_that_stage_and_keeps_every_finished_one(world):
     config, calls, crash, out = world
-    crash["at"] = "round 1 rft"
-    with pytest.raises(KeyboardInterrupt):
-        run_loop(config(), echo=lambda line: None)
-    state = json.loads((out / "loop.json").read_text())
+    state = cut(world, "round 1 rft")
     assert state["done"] == ["export", "round 0 teacher", "round 0 train", "serving", "baselines", "round 0 eval", "round 1 collect"]
     assert (out / "round-01" / "checkpoint").exists()  # the cut training's partial output...
 
     calls.clear()
-    crash["at"] = None
     data = run_loop(config(), echo=lambda line: None)
     assert calls == ["round 1 rft", "round 1 eval (threshold)"]  # ...is redone; nothing finished runs twice
     args = crash["train_args"][-1]
@@ -112,9 +118,7 @@ def test_a_round_whose_groups_all_scored_alike_keeps_the_previous_policy(world):
 
 def test_a_rerun_with_other_settings_is_refused_naming_the_flag(world):
     config, calls, crash, out = world
-    crash["at"] = "round 0 sft"
-    with pytest.raises(KeyboardInterrupt):
-        run_loop(config(), echo=lambda line: None)
+    cut(world, "round 0 sft")
     with pytest.raises(UserError, match=r"--teacher.*'greedy'.*rerun with the same value to resume it, or choose another --out"):
         run_loop(config(teacher="posted"), echo=lambda line: None)
 
@@ -130,16 +134,12 @@ def test_offline_grpo_rounds_pass_their_kl_and_steps(world):
 
 def test_a_run_from_before_round_method_resumes_with_offline_grpo(world):
     config, calls, crash, out = world
-    crash["at"] = "round 1 rft"
-    with pytest.raises(KeyboardInterrupt):
-        run_loop(config(), echo=lambda line: None)
-    state = json.loads((out / "loop.json").read_text())
+    state = cut(world, "round 1 rft")
     for name in ("round_method", "round_epochs", "sft_from"):  # as loop.json was written before these flags
         del state["config"][name]
     (out / "loop.json").write_text(json.dumps(state))
     with pytest.raises(UserError, match=r"--round-method 'offline-grpo'"):
         run_loop(config(), echo=lambda line: None)  # its rounds were GRPO: rft now would mix two methods in one run
-    crash["at"] = None
     calls.clear()
     run_loop(config(round_method="offline-grpo"), echo=lambda line: None)
     assert calls == ["round 1 offline-grpo", "round 1 eval (threshold)"]
@@ -166,9 +166,7 @@ def test_a_run_takes_round_0_from_an_earlier_one_and_only_trains_its_rounds(worl
         run_loop(config(out=str(out.parent / "c"), sft_from=str(out), sft_lr=1e-3), echo=lambda line: None)
     with pytest.raises(UserError, match=r"--sft-from.*not a loop run folder"):
         run_loop(config(out=str(out.parent / "d"), sft_from=str(out.parent / "nothing")), echo=lambda line: None)
-    crash["at"] = "round 0 sft"
-    with pytest.raises(KeyboardInterrupt):
-        run_loop(config(out=str(out.parent / "e")), echo=lambda line: None)
+    cut(world, "round 0 sft", out=str(out.parent / "e"))
     with pytest.raises(UserError, match=r"round 0 of that run is not finished \(round 0 train, serving, baselines, round 0 eval missing\)"):
         run_loop(config(out=str(out.parent / "f"), sft_from=str(out.parent / "e")), echo=lambda line: None)
 

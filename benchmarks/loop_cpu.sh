@@ -6,6 +6,7 @@
 #   bash benchmarks/loop_cpu.sh [OUT]                 # SFT and one round: about 2 hours on 2 cores
 #   ROUNDS=2 bash benchmarks/loop_cpu.sh [OUT]        # rerun with more rounds: the finished stages are kept
 #   SFT_FROM=runs/loop-cpu GRPO=1 bash benchmarks/loop_cpu.sh runs/grpo   # GRPO rounds on that run's SFT
+#   SFT_FROM=runs/loop-cpu TEMPERATURE=0.7 bash benchmarks/loop_cpu.sh runs/t07   # rollouts at 0.7
 #
 # SmolLM2-135M-Instruct imitates the greedy seller on compact markets (300 teacher episodes,
 # 80 SFT steps of 16 decisions: 1,280 decisions), then rounds of rft: the policy, served by vLLM,
@@ -26,6 +27,6 @@ if [ -n "${SFT_FROM:-}" ]; then METHOD+=(--sft-from "$SFT_FROM"); fi
 cd "$(dirname "$0")/.."
 negotiate loop --out "$OUT" --model smollm2 --teacher greedy --split specs/compact.toml \
     --teacher-episodes 300 --sft-steps 80 --sft-batch 16 --sft-lr 4e-4 \
-    --rounds "$ROUNDS" "${METHOD[@]}" --markets 32 --group 4 --temperature 1.0 --grpo-batch 16 --grpo-lr 2e-4 \
+    --rounds "$ROUNDS" "${METHOD[@]}" --markets 32 --group 4 --temperature "${TEMPERATURE:-1.0}" --grpo-batch 16 --grpo-lr 2e-4 \
     --eval-splits specs/compact.toml,specs/compact-correlated.toml,specs/compact-shapes.toml --eval-episodes 64 \
     --ladder greedy,planner,posted,concession,dutch,oracle --max-tokens 48 --concurrency 64 --threads 2

@@ -211,6 +211,14 @@ def load_episodes(paths: Iterable[str | Path], *, reward: str = DEFAULT_REWARD, 
     return [ep for ep in episodes if sizes[ep.group] >= where.min_group]
 
 
+def by_group(episodes: Sequence[ScoredEpisode]) -> dict[str, list[ScoredEpisode]]:
+    """The episodes of each group (one market instance), in their order."""
+    groups: dict[str, list[ScoredEpisode]] = defaultdict(list)
+    for ep in episodes:
+        groups[ep.group].append(ep)
+    return groups
+
+
 def advantages(episodes: Sequence[ScoredEpisode], *, scale: bool = True, eps: float = 1e-6) -> dict[str, float]:
     """Group-relative advantage of each episode: its reward minus its group's mean, divided by
     the group's standard deviation (population) when ``scale``. A group of one, or one whose
@@ -220,11 +228,8 @@ def advantages(episodes: Sequence[ScoredEpisode], *, scale: bool = True, eps: fl
     >>> advantages(eps)  # group g: mean 0.5, sd 0.5
     {'a': 1.0, 'b': -1.0, 'c': 0.0}
     """
-    groups: dict[str, list[ScoredEpisode]] = defaultdict(list)
-    for ep in episodes:
-        groups[ep.group].append(ep)
     out: dict[str, float] = {}
-    for members in groups.values():
+    for members in by_group(episodes).values():
         rewards = [ep.reward for ep in members]
         mean = sum(rewards) / len(rewards)
         sd = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))

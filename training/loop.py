@@ -175,11 +175,10 @@ def take_round0(source: Path, out: Path, config: LoopConfig, state: State) -> No
     except ValueError as error:
         raise UserError(f"not a valid loop.json ({error})", source=str(source / "loop.json")) from None
     theirs = other.get("config", {})
-    for name in ROUND0_FIELDS:
-        ours = getattr(config, name)
-        if name in theirs and theirs[name] != ours:
-            raise UserError(f"the run in {source} has {_flag(name)} {theirs[name]!r}; round 0 depends on it, so give the same value",
-                            field=_flag(name), value=ours)
+    name = _first_difference(theirs, config.to_json(), [name for name in ROUND0_FIELDS if name in theirs])
+    if name is not None:
+        raise UserError(f"the run in {source} has {_flag(name)} {theirs[name]!r}; round 0 depends on it, so give the same value",
+                        field=_flag(name), value=getattr(config, name))
     missing = [stage for stage in ROUND0_STAGES if stage not in other.get("done", [])]
     if missing:
         raise UserError(f"round 0 of that run is not finished ({', '.join(missing)} missing): finish it first", field="--sft-from",
@@ -190,13 +189,18 @@ def take_round0(source: Path, out: Path, config: LoopConfig, state: State) -> No
             shutil.rmtree(target)
         shutil.copytree(source / name, target, copy_function=_link_or_copy)
     data = state.data
-    data["done"] = [stage for stage in ROUND0_STAGES]
+    data["done"] = list(ROUND0_STAGES)
     data["rounds"]["0"] = other["rounds"]["0"]
     data["serving"], data["port"] = other.get("serving"), other.get("port")
     data["seconds"] = {stage: seconds for stage, seconds in (other.get("seconds") or {}).items() if stage in ROUND0_STAGES}
     data["sft_from"] = str(source.resolve())
     state.save()
     log.info("round 0 taken", source=str(source))
+
+
+def _first_difference(theirs: dict, ours: dict, names) -> str | None:
+    """The first of ``names`` whose value in an earlier run's config (``theirs``) is not this run's."""
+    return next((name for name in names if ours.get(name) != theirs[name]), None)
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -236,10 +240,11 @@ class State:
                 old = json.loads(path.read_text())
             except ValueError as error:
                 raise UserError(f"not a valid loop.json ({error})", source=str(path)) from None
-            for key, value in {**BEFORE_FLAGS, **old.get("config", {})}.items():
-                if key not in RESUMABLE_CHANGES and self.data["config"].get(key) != value:
-                    raise UserError(f"the run in {path.parent} has {_flag(key)} {value!r}; rerun with the same value to resume it, "
-                                    f"or choose another --out", field=_flag(key), value=self.data["config"].get(key))
+            theirs = {**BEFORE_FLAGS, **old.get("config", {})}
+            key = _first_difference(theirs, self.data["config"], [k for k in theirs if k not in RESUMABLE_CHANGES])
+            if key is not None:
+                raise UserError(f"the run in {path.parent} has {_flag(key)} {theirs[key]!r}; rerun with the same value to resume it, "
+                                f"or choose another --out", field=_flag(key), value=self.data["config"].get(key))
             old["config"] = self.data["config"]
             self.data = old
 
@@ -637,14 +642,11 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
 def learning_signal(rollouts: Path, method: str = "offline-grpo") -> bool:
     """Whether the collected episodes give the round's method anything to learn: for offline-grpo a
     group whose rewards differ (a nonzero advantage), for rft a group with a best episode to imitate."""
-    from negotiate.training.dataset import DataFilter, advantages, load_episodes
+    from negotiate.training.dataset import DataFilter, load_episodes
+    from negotiate.training.trainer import TrainConfig, select
 
     episodes = load_episodes([rollouts], where=DataFilter(min_group=2))
-    if method == "rft":
-        from negotiate.training.trainer import group_best
-
-        return any(d.valid for ep in group_best(episodes) for d in ep.decisions)
-    return any(value != 0.0 for value in advantages(episodes).values())
+    return bool(select(TrainConfig(method=method, traces=(str(rollouts),)), episodes))  # what the round's training would learn from
 
 
 def _fresh(folder: Path) -> None:

@@ -45,7 +45,7 @@ import structlog
 
 from negotiate.errors import UserError
 
-from negotiate.training.dataset import DataFilter, Decision, Episode, advantages, load_episodes
+from negotiate.training.dataset import DataFilter, Decision, Episode, advantages, by_group, load_episodes
 from negotiate.training.rewards import DEFAULT_REWARD, REWARDS
 
 __all__ = ["TrainConfig", "METHODS", "train", "load_policy", "build_examples", "Example", "save_policy", "evaluate_policy", "play_episodes"]
@@ -254,11 +254,8 @@ def group_best(episodes: list[Episode]) -> list[Episode]:
     """Each group's best episodes: those whose reward is the group's highest, when that is above the
     group's lowest (the group tells better from worse) and above 0 (nothing sold at a loss is imitated).
     Ties at the top are all kept."""
-    groups: dict[str, list[Episode]] = {}
-    for ep in episodes:
-        groups.setdefault(ep.group, []).append(ep)
     kept = []
-    for members in groups.values():
+    for members in by_group(episodes).values():
         top = max(ep.reward for ep in members)
         if top > 0 and top > min(ep.reward for ep in members):
             kept += [ep for ep in members if ep.reward == top]
@@ -548,7 +545,9 @@ def train(config: TrainConfig, *, progress=None) -> dict:
     model, tokenizer = load_policy(config)
     examples, counts = build_examples(config, episodes, model, tokenizer)
     if not examples:
-        hint = " (every group's rewards are equal: collect with a sampling seller, --group 2 or more)" if grouped else ""
+        hint = {"offline-grpo": " (every group's rewards are equal: collect with a sampling seller, --group 2 or more)",
+                "rft": " (no group has an episode that beats its others and sold at a profit: collect with a sampling seller, "
+                       "--group 2 or more)"}.get(config.method, "")
         raise UserError(f"no training examples{hint}", source=", ".join(config.traces))
     out.mkdir(parents=True, exist_ok=True)
     log.info("train", method=config.method, model=config.model, **counts, load_s=round(time.perf_counter() - began, 1))

@@ -142,6 +142,8 @@ class OpenAIOptions:
     client: str = "http"
     """``http`` (our own HTTP/1.1 client), ``aiohttp`` (our requests over an aiohttp session) or ``openai``
     (the openai package's client)."""
+    legal: bool = False
+    """Decode the seller's tagged reply under a regex of the replies the rules allow (vLLM only)."""
 
     def to_params(self) -> dict:
         return asdict(self)
@@ -157,7 +159,7 @@ _NUMBERS: dict[str, tuple[type, float, bool, float]] = {
     "max_inflight": (int, 1, True, 100_000),
 }
 """Numeric spec keys: type, low bound, whether the low bound is allowed, high bound."""
-_FLAGS = ("logprobs", "think")
+_FLAGS = ("logprobs", "think", "legal")
 _CHOICES = {"format": FORMATS, "server": SERVERS, "client": CLIENTS}
 _KEYS = (*_CHOICES, *_NUMBERS, *_FLAGS, "key_env")
 
@@ -480,8 +482,8 @@ class OpenAIBackend:
         o = self.options
         return {"backend": "openai", "model": o.model, "base_url": o.base_url, "format": o.format, "server": self.server}
 
-    def request(self, messages: list[dict], *, role: str, seed: int | None = None) -> dict:
-        """The JSON body of one chat-completions request."""
+    def request(self, messages: list[dict], *, role: str, seed: int | None = None, constraint: str | None = None) -> dict:
+        """The JSON body of one chat-completions request; ``constraint``: a regex the reply must match (vLLM)."""
         o = self.options
         body: dict = {"model": o.model, "messages": messages, "temperature": o.temperature}
         server = self.server
@@ -504,12 +506,17 @@ class OpenAIBackend:
             elif server == "llamacpp":
                 body["response_format"] = {"type": "json_object", "schema": schema}  # its json_schema form gets HTTP 500
             # generic: no constraint; the prompt describes the object
+        if constraint is not None:
+            if server != "vllm":
+                raise LLMError(f"{o.model} at {o.base_url}: legal=1 needs a vLLM server; this one is {server}")
+            body["structured_outputs"] = {"regex": constraint}
         if o.think is not None and server == "vllm":
             body["chat_template_kwargs"] = {"enable_thinking": o.think}
         return body
 
-    async def complete(self, messages: list[dict], *, role: str, seed: int | None = None) -> Completion:
-        """One chat completion. Raises :class:`LLMError` or :class:`LLMTimeout`; never waits past its deadline."""
+    async def complete(self, messages: list[dict], *, role: str, seed: int | None = None, constraint: str | None = None) -> Completion:
+        """One chat completion (``constraint``: a regex the reply must match). Raises :class:`LLMError` or
+        :class:`LLMTimeout`; never waits past its deadline."""
         o = self.options
         loop = asyncio.get_running_loop()
         pools = self.pools or current_pools()
@@ -520,7 +527,7 @@ class OpenAIBackend:
             shared = pools.shared(o)
             self._shared = (loop, pools, pools.generation, shared)
         requests = pools.requests.logger
-        payload = orjson.dumps(self.request(messages, role=role, seed=seed))  # serialized once, by orjson
+        payload = orjson.dumps(self.request(messages, role=role, seed=seed, constraint=constraint))  # serialized once, by orjson
         where = f"{o.model} at {o.base_url}"
         try:
             if o.client == "openai":
@@ -614,6 +621,8 @@ class OpenAIBackend:
         if o.server == "auto":
             self.server = SERVER_BY_OWNER.get(str(models[o.model]).lower(), "vllm")
             log.info("server kind", base_url=o.base_url, owned_by=models[o.model], server=self.server)
+        if o.legal and self.server != "vllm":
+            raise LLMError(f"{where}: legal=1 needs a vLLM server (its structured_outputs regex); this one is {self.server}")
 
     # -- client=http and client=aiohttp: our own requests, retries and errors ----------------------
 

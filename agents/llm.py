@@ -246,6 +246,74 @@ def render_buyer(obs: BuyerObservation, fmt: str = "json") -> list[dict]:
     return [{"role": "system", "content": _buyer_system(obs.buyer, obs.persona, fmt)}, {"role": "user", "content": user}]
 
 
+# -- legal replies ---------------------------------------------------------------------------
+
+def number_range(low: int, high: int) -> str:
+    """A regex of the whole numbers from ``low`` to ``high`` (0 <= low <= high), written without leading zeros.
+
+    >>> import re
+    >>> [k for k in range(0, 1500) if re.fullmatch(number_range(466, 1000), str(k))] == list(range(466, 1001))
+    True
+    >>> number_range(100, 999)
+    '([1-9][0-9]{2})'
+    """
+    options = []
+    for width in range(len(str(low)), len(str(high)) + 1):
+        a = max(low, 10 ** (width - 1) if width > 1 else 0)
+        b = min(high, 10**width - 1)
+        if a <= b:
+            options.append(_same_width(str(a), str(b)))
+    return "(" + "|".join(options) + ")"
+
+
+def _same_width(a: str, b: str) -> str:
+    """A regex of the numbers from ``a`` to ``b``, two strings of one width with ``a <= b``."""
+    if not a:
+        return ""
+    rest = len(a) - 1
+    tail = f"[0-9]{{{rest}}}" if rest > 1 else "[0-9]" if rest else ""
+    if a[0] == b[0]:
+        return a[0] + _wrap(_same_width(a[1:], b[1:]))
+    if a[1:] == "0" * rest and b[1:] == "9" * rest:
+        return f"[{a[0]}-{b[0]}]{tail}"
+    options = [a[0] + _wrap(_same_width(a[1:], "9" * rest))]
+    if int(a[0]) + 1 <= int(b[0]) - 1:
+        options.append(f"[{int(a[0]) + 1}-{int(b[0]) - 1}]{tail}")
+    options.append(b[0] + _wrap(_same_width("0" * rest, b[1:])))
+    return "|".join(options)
+
+
+def _wrap(pattern: str) -> str:
+    return f"({pattern})" if "|" in pattern else pattern
+
+
+def legal_pattern(obs: SellerObservation) -> str | None:
+    """A regex of the tagged replies the regulator accepts from the seller now; None when no buyer may be written to.
+
+    A reply writes to a buyer that is active and owes no reply. It offers an in-stock product at a price
+    from its cost to the top of the public value range (no buyer takes more), accepts that buyer's standing
+    bid (when its product is in stock and the bid covers the cost), rejects, or ends. Decoding under it
+    (``legal=1``) leaves the model every choice the rules leave, but for offers no buyer can take; the
+    price is still the model's. One race stays: a buyer's accept that lands while the reply is being
+    written can sell the unit first, and the regulator records that reply as refused.
+    """
+    stocked = {p.id: p.cost for p in obs.products if p.stock > 0}
+    offers = "|".join(rf"{product} \${number_range(cost, obs.price_high)}" for product, cost in stocked.items()
+                      if cost <= obs.price_high)
+    branches = []
+    for buyer in obs.buyers:
+        if buyer.status != ACTIVE or buyer.awaiting:
+            continue
+        actions = [rf"\[OFFER\] ({offers})"] if offers else []
+        if buyer.bid is not None and buyer.bid[0] in stocked and buyer.bid[1] >= stocked[buyer.bid[0]]:
+            actions.append(rf"\[ACCEPT\] {buyer.bid[0]} \${buyer.bid[1]}")
+        actions += [r"\[REJECT\]", r"\[END\]"]
+        branches.append(rf"To: {buyer.id}\nTalk: [^\n]*\nAction: ({'|'.join(actions)})")
+    if not branches:
+        return None
+    return rf"(Thought: [^\n]*\n)?({'|'.join(branches)})"
+
+
 # -- parsing -------------------------------------------------------------------------------
 
 parse_reply = parse_lenient
@@ -278,10 +346,12 @@ class LLMAgent:
     """A model takes time: the bus puts a deadline on every call."""
     role: ClassVar[str] = ""
 
-    def __init__(self, backend, *, fmt: str = "json", reask: int = 0, seed: int | None = None):
+    def __init__(self, backend, *, fmt: str = "json", reask: int = 0, seed: int | None = None, legal: bool = False):
         self.backend = backend
         """The model boundary: ``await backend.complete(messages, role=..., seed=...)`` -> Completion."""
         self.format = fmt
+        self.legal = legal
+        """Decode each reply under :func:`legal_pattern` (the backend takes ``constraint=``)."""
         self.reask = reask
         self._seed = seed
         self._calls = 0
@@ -292,13 +362,13 @@ class LLMAgent:
         Its backend is the run's (``pools``; by default the current context's): one per spec."""
         pools = pools or current_pools()
         options = pools.openai_options(spec.params)
-        return cls(pools.openai_backend(options), fmt=options.format, reask=options.reask, seed=request_seed(seed))
+        return cls(pools.openai_backend(options), fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=options.legal)
 
     def describe(self) -> dict:
         out = {"kind": "llm", **self.backend.describe(), "format": self.format}
         options = getattr(self.backend, "options", None)
         if options is not None:
-            out["params"] = {k: getattr(options, k) for k in ("temperature", "top_p", "max_tokens", "timeout", "retries", "reask", "max_inflight", "logprobs", "think")}
+            out["params"] = {k: getattr(options, k) for k in ("temperature", "top_p", "max_tokens", "timeout", "retries", "reask", "max_inflight", "logprobs", "think", "legal")}
         return out
 
     def render(self, obs) -> list[dict]:
@@ -307,12 +377,14 @@ class LLMAgent:
     async def act(self, obs) -> Generated:
         messages = self.render(obs)
         sender = SELLER if self.role == SELLER else obs.buyer
+        constraint = legal_pattern(obs) if self.legal else None
+        ask = {} if constraint is None else {"constraint": constraint}
         attempts: list[dict] = []
         waited = 0.0
         while True:
             seed = None if self._seed is None else (self._seed + self._calls) % (2**31 - 1)
             self._calls += 1
-            completion: Completion = await self.backend.complete(messages, role=self.role, seed=seed)
+            completion: Completion = await self.backend.complete(messages, role=self.role, seed=seed, **ask)
             waited += completion.latency_s
             result, notes, reasoning = parse_reply(completion.text, self.role, sender)
             if isinstance(result, ParseFailure) and completion.finish_reason == "length":

@@ -221,6 +221,8 @@ class VLLMOptions:
     max_model_len: int | None = None
     tensor_parallel_size: int = 1
     seed: int = 0
+    legal: bool = False
+    """Decode the seller's tagged reply under a regex of the replies the rules allow."""
 
     def to_params(self) -> dict:
         return asdict(self)
@@ -254,7 +256,7 @@ def parse_vllm_spec(rest: str, *, field: str, text: str) -> VLLMOptions:
     name, _, query = rest.strip().partition("?")
     if not name:
         raise fail("a vllm agent is vllm:MODEL[?key=value...], e.g. vllm:Qwen/Qwen3-8B?format=json")
-    values = parse_query(query, _VLLM_NUMBERS, {"format": FORMATS, "dtype": ("auto", *DTYPES)}, ("logprobs", "think"),
+    values = parse_query(query, _VLLM_NUMBERS, {"format": FORMATS, "dtype": ("auto", *DTYPES)}, ("logprobs", "think", "legal"),
                           what="a vllm agent", fail=fail)
     if not _installed("vllm"):
         raise fail(VLLM_MISSING)
@@ -629,7 +631,7 @@ class VLLMBackend:
     def describe(self) -> dict:
         o = self.settings
         params = {k: getattr(o, k) for k in ("temperature", "top_p", "max_tokens", "reask", "logprobs", "think", "dtype",
-                                              "gpu_memory_utilization", "kv_cache_gib", "max_model_len", "tensor_parallel_size")}
+                                              "gpu_memory_utilization", "kv_cache_gib", "max_model_len", "tensor_parallel_size", "legal")}
         return {"backend": "vllm", "model": o.model, "format": o.format, "params": params}
 
     async def warm(self) -> None:
@@ -650,8 +652,9 @@ class VLLMBackend:
                 args["max_model_len"] = o.max_model_len
         return args
 
-    def sampling(self, *, role: str, seed: int | None) -> dict:
-        """Keyword arguments of ``vllm.SamplingParams`` (``structured_outputs`` as a dict, made typed at the call)."""
+    def sampling(self, *, role: str, seed: int | None, constraint: str | None = None) -> dict:
+        """Keyword arguments of ``vllm.SamplingParams`` (``structured_outputs`` as a dict, made typed at the call);
+        ``constraint``: a regex the reply must match."""
         o = self.settings
         params: dict = {"temperature": o.temperature, "top_p": o.top_p, "max_tokens": o.max_tokens}
         if seed is not None:
@@ -660,6 +663,8 @@ class VLLMBackend:
             params["logprobs"] = 0  # the sampled token's log-prob only
         if o.format == "json":
             params["structured_outputs"] = {"json": self._schemas[role]}
+        if constraint is not None:
+            params["structured_outputs"] = {"regex": constraint}
         return params
 
     def prompt_ids(self, tokenizer, messages: list[dict]) -> list[int]:
@@ -698,13 +703,13 @@ class VLLMBackend:
                     found = _ENGINES[key] = _Engine(engine, tokenizer)
             return found
 
-    async def complete(self, messages: list[dict], *, role: str, seed: int | None = None) -> Completion:
+    async def complete(self, messages: list[dict], *, role: str, seed: int | None = None, constraint: str | None = None) -> Completion:
         import vllm
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         o = self.settings
         engine = await self._engine()
-        params = self.sampling(role=role, seed=seed)
+        params = self.sampling(role=role, seed=seed, constraint=constraint)
         if "structured_outputs" in params:
             params["structured_outputs"] = StructuredOutputsParams(**params["structured_outputs"])
         sampling = vllm.SamplingParams(**params, output_kind=RequestOutputKind.FINAL_ONLY)
@@ -759,7 +764,7 @@ def build_local_agent(spec, market, seed, pools=None):
     options = (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
     cls = LLMSeller if spec.role == SELLER else LLMBuyer
     backend = (pools or current_pools()).local_backend(spec.backend, options)
-    return cls(backend, fmt=options.format, reask=options.reask, seed=request_seed(seed))
+    return cls(backend, fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=getattr(options, "legal", False))
 
 
 async def preload(spec, pools=None) -> None:

@@ -22,6 +22,8 @@ model behind any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); its
 ``max_inflight``  requests in flight per server and key (default 256)
 ``logprobs``      1/0: log-probs and (vLLM) token ids into the trace (default 1)
 ``think``         1/0: vLLM ``enable_thinking`` for models that think (default: unset)
+``legal``         1/0: decode the seller's reply under a regex of the replies the rules allow now
+                  (vLLM ``structured_outputs``; needs ``format=tagged`` and a vLLM server; default 0)
 ``client``        ``aiohttp`` (default: a lean client, about 2x less CPU per request) or ``openai``
                   (the openai package's client)
 ``key_env``       environment variable with the API key (default ``OPENAI_API_KEY``); a key
@@ -34,7 +36,7 @@ folder, a ``.gguf`` file, or the alias ``smollm2``: SmolLM2-135M-Instruct from t
 ``dtype``, ``reask``. ``vllm:Qwen/Qwen3-8B?format=json`` is vLLM's engine in this process (GPU
 machines, ``pip install 'negotiate[gpu]'``); keys ``format``, ``temperature``, ``top_p``,
 ``max_tokens``, ``reask``, ``logprobs``, ``think``, ``dtype``, ``gpu_memory_utilization``,
-``max_model_len``, ``tensor_parallel_size``, ``seed``. Both are described in full in
+``max_model_len``, ``tensor_parallel_size``, ``seed``, ``legal``. Both are described in full in
 ``negotiate.agents.local``; a missing path or package is a clear error at parse time.
 
 A spec is parsed once, up front (a bad name is a clear error before anything runs), then
@@ -99,6 +101,20 @@ class AgentSpec:
         return self.text
 
 
+def _check_legal(options, role: str, field_name: str, text: str) -> None:
+    """``legal=1`` constrains a seller's tagged replies, on vLLM only (the regex goes to its ``structured_outputs``)."""
+    if not getattr(options, "legal", False):
+        return
+    if role != "seller":
+        raise UserError("legal=1 constrains the seller's replies; a buyer's are judged by the regulator's buyer guard",
+                        field=field_name, value=text)
+    if options.format != "tagged":
+        raise UserError("legal=1 constrains the tagged form; add format=tagged", field=field_name, value=text)
+    if getattr(options, "server", "vllm") not in ("vllm", "auto"):
+        raise UserError(f"legal=1 needs a vLLM server (its structured_outputs regex); server={options.server}",
+                        field=field_name, value=text)
+
+
 def parse_agent(text: str, role: str, *, field_name: str | None = None) -> AgentSpec:
     """Parse ``text`` as an agent for ``role``; raise a :class:`UserError` naming the problem."""
     field_name = field_name or ("--seller" if role == "seller" else "--buyers")
@@ -108,12 +124,14 @@ def parse_agent(text: str, role: str, *, field_name: str | None = None) -> Agent
         from negotiate.agents.backends import parse_openai_spec
 
         options = parse_openai_spec(rest, field=field_name, text=text)
+        _check_legal(options, role, field_name, text)
         return AgentSpec(text=raw, role=role, backend="openai", name=options.model, params=options.to_params())
     if backend in ("hf", "vllm"):
         from negotiate.agents.local import parse_hf_spec, parse_vllm_spec
 
         parse = parse_hf_spec if backend == "hf" else parse_vllm_spec
         options = parse(rest, field=field_name, text=text)
+        _check_legal(options, role, field_name, text)
         return AgentSpec(text=raw, role=role, backend=backend, name=options.model, params=options.to_params())
     if backend != "scripted":
         raise UserError(

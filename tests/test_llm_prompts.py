@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from negotiate.agents.llm import PERSONAS, _example, parse_reply, render_buyer, render_seller
+from negotiate.agents.llm import PERSONAS, _example, legal_pattern, number_range, parse_reply, render_buyer, render_seller
 from negotiate.market import Buyer, Market, MarketSpec, Product
 from negotiate.protocol import SELLER, TALK_MAX, Action, Message, ParseFailure
-from negotiate.regulator import EpisodeState, observe
+from negotiate.regulator import ACTIVE, SERVED, BuyerView, EpisodeState, ProductView, SellerObservation, observe
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -216,3 +216,85 @@ def test_what_does_not_parse_is_a_failure_with_the_raw_text(text, reason):
     assert isinstance(result, ParseFailure)
     assert reason in result.reason
     assert result.raw == text
+
+
+# -- legal=1: the regex of the replies the rules allow -------------------------------------------------
+
+
+def test_legal_pattern_by_hand():
+    """The shapes market of an SFT evaluation, at the turn where the model offered a sold-out p1: b1 has
+    bought p1, b2 owes a reply, b3 may be written to and has bid $480 on p3."""
+    products = (ProductView("p1", "Pro", 420, 0), ProductView("p2", "Lite", 466, 1), ProductView("p3", "Basic", 473, 1))
+    buyers = (BuyerView("b1", SERVED, False, None, None), BuyerView("b2", ACTIVE, True, ("p2", 495), None),
+              BuyerView("b3", ACTIVE, False, None, ("p3", 480)))
+    pattern = legal_pattern(SellerObservation(4, 14, 100, 1000, products, buyers, (), ()))
+
+    def legal(text: str) -> bool:
+        return re.fullmatch(pattern, text) is not None
+
+    assert legal("To: b3\nTalk: It is yours for $571.\nAction: [OFFER] p2 $571")
+    assert legal("Thought: start high\nTo: b3\nTalk: \nAction: [OFFER] p3 $473")  # at cost: allowed
+    assert legal("To: b3\nTalk: Deal.\nAction: [ACCEPT] p3 $480")
+    assert legal("To: b3\nTalk: No.\nAction: [REJECT]") and legal("To: b3\nTalk: Bye.\nAction: [END]")
+    assert not legal("To: b3\nTalk: x\nAction: [OFFER] p1 $608")  # sold out
+    assert not legal("To: b3\nTalk: x\nAction: [OFFER] p3 $472")  # below cost
+    assert not legal("To: b3\nTalk: x\nAction: [OFFER] p3 $0473")  # a leading zero
+    assert legal("To: b3\nTalk: x\nAction: [OFFER] p3 $1000")
+    assert not legal("To: b3\nTalk: x\nAction: [OFFER] p3 $1001")  # above every value: no buyer takes it
+    assert not legal("To: b3\nTalk: x\nAction: [ACCEPT] p3 $490")  # not its bid
+    assert not legal("To: b2\nTalk: x\nAction: [REJECT]")  # owes a reply
+    assert not legal("To: b1\nTalk: x\nAction: [REJECT]")  # has bought
+    assert not legal("To: b3\nTalk: two\nlines\nAction: [END]")
+    everyone_waits = tuple(b._replace(awaiting=True) for b in buyers)
+    assert legal_pattern(SellerObservation(4, 14, 100, 1000, products, everyone_waits, (), ())) is None
+
+
+@pytest.mark.parametrize(("low", "high"), [(0, 0), (0, 9), (1, 10), (9, 10), (99, 100), (100, 999), (466, 1000), (473, 1000),
+                                           (5, 4321), (1000, 1999), (1234, 1234), (250, 10_000)])
+def test_number_range_is_exactly_the_numbers_from_low_to_high(low, high):
+    pattern = number_range(low, high)
+    assert [k for k in range(0, 12_000) if re.fullmatch(pattern, str(k))] == list(range(low, min(high, 11_999) + 1))
+    assert not re.fullmatch(pattern, f"0{low}")  # no leading zero
+
+
+@given(st.integers(0, 10**7), st.integers(0, 10**7), st.integers(0, 10**7))
+def test_number_range_on_large_numbers(a, b, k):
+    low, high = sorted((a, b))
+    assert (re.fullmatch(number_range(low, high), str(k)) is not None) == (low <= k <= high)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(markets_and_plays(), st.data())
+def test_every_reply_the_legal_pattern_allows_is_one_the_regulator_accepts(case, data):
+    """Replies drawn from the regex, at every seller turn of random plays, parse and break no rule; and
+    the regex allows every offer at cost to a buyer that may be written to."""
+    market, plays, _ = case
+    state = EpisodeState(market)
+    for (i, kind, j, price), (reply, k, bid) in plays:
+        if state.done or state.budget_left <= 0:
+            break
+        obs = observe(state, SELLER)
+        pattern = legal_pattern(obs)
+        free = [b.id for b in obs.buyers if b.status == ACTIVE and not b.awaiting]
+        assert (pattern is None) == (not free)
+        if pattern is not None:
+            for b in free:
+                for p in obs.products:
+                    offer = f"To: {b}\nTalk: x\nAction: [OFFER] {p.id} ${p.cost}"
+                    assert (re.fullmatch(pattern, offer) is not None) == (p.stock > 0)
+                    assert re.fullmatch(pattern, f"To: {b}\nTalk: x\nAction: [OFFER] {p.id} ${p.cost - 1}") is None
+                    assert re.fullmatch(pattern, f"To: {b}\nTalk: x\nAction: [OFFER] {p.id} ${obs.price_high + 1}") is None
+            text = data.draw(st.from_regex(pattern, fullmatch=True), label="reply")
+            message = parse_reply(text, SELLER, SELLER)[0]
+            assert isinstance(message, Message), (text, message)
+            invalid = state.invalid_by[SELLER]
+            to = state.seller_send(message)
+            assert state.invalid_by[SELLER] == invalid, (text, state.events[-1])
+        else:
+            to = None
+        if to is None or state.done or not any(b.id == to and b.awaiting for b in observe(state, SELLER).buyers):
+            continue
+        offered = message.action.kind == "offer"
+        answer = {"bid": Action("bid", market.products[k].id, bid),
+                  "accept": Action("accept", message.action.product, message.action.price) if offered else Action("reject")}.get(reply, Action(reply))
+        state.buyer_reply(to, Message(to, SELLER, "", answer))

@@ -107,6 +107,8 @@ class LoopConfig:
     eval_temperature: float = _help("sampling temperature in evaluation", default=0.7)
     ladder: str = _help("scripted sellers evaluated once on the held-out markets", default="greedy,posted,concession,dutch,oracle")
     untrained: bool = _help("evaluate the untrained model too", default=True)
+    legal: bool = _help("decode the policy's replies (rollouts and evaluations) under a regex of the replies the rules allow "
+                        "(the seller spec's legal=1)", default=False)
     serve: str = _help(f"how a new policy goes into service: {', '.join(SERVE_MODES)}", default="auto")
     server_url: str | None = _help("use this running vLLM server (started with --enable-lora on the base model) instead of starting one",
                                    default=None)
@@ -154,28 +156,30 @@ class LoopConfig:
         return asdict(self)
 
 
-BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None}
-"""What a run made before a flag existed did: rounds were offline GRPO, one pass."""
+BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False}
+"""What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained."""
 RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 """Flags a rerun may change; any other change to a run's config is refused."""
 
-ROUND0_FIELDS = ("model", "teacher", "split", "buyers", "seed", "teacher_episodes", "sft_steps", "sft_batch", "sft_lr", "lora_r", "bf16",
-                 "micro_batch", "max_tokens", "eval_splits", "eval_buyers", "eval_episodes", "eval_seed", "eval_temperature", "ladder",
-                 "untrained", "serve", "server_url")
-"""Flags that round 0 depends on: ``--sft-from`` takes an earlier run's round 0 only where they all match."""
-ROUND0_STAGES = ("export", "round 0 teacher", "round 0 train", "serving", "baselines", "round 0 eval")
-ROUND0_FOLDERS = ("base", "round-00", "baselines")
+SFT_FIELDS = ("model", "teacher", "split", "buyers", "seed", "teacher_episodes", "sft_steps", "sft_batch", "sft_lr", "lora_r", "bf16",
+              "micro_batch", "max_tokens", "serve", "server_url")
+"""Flags that round 0's model depends on: ``--sft-from`` takes an earlier run's SFT only where they all match."""
+EVAL_FIELDS = ("eval_splits", "eval_buyers", "eval_episodes", "eval_seed", "eval_temperature", "ladder", "untrained", "legal")
+"""Flags that round 0's evaluations depend on: where one differs, ``--sft-from`` takes the SFT and evaluates it again."""
+SFT_STAGES = ("export", "round 0 teacher", "round 0 train", "serving")
+ROUND0_STAGES = (*SFT_STAGES, "baselines", "round 0 eval")
 
 
 def take_round0(source: Path, out: Path, config: LoopConfig, state: State) -> None:
     """Start ``out`` from ``source``'s finished round 0 (``--sft-from``): its folders are hard-linked (copied
-    across file systems), its stages, serving choice, port and round-0 summary recorded as done here."""
+    across file systems), its stages, serving choice, port and round-0 summary recorded as done here.
+    Where an evaluation flag differs, only the SFT is taken; the baselines and round 0's evaluation run again."""
     try:
         other = json.loads((source / "loop.json").read_text())
     except ValueError as error:
         raise UserError(f"not a valid loop.json ({error})", source=str(source / "loop.json")) from None
-    theirs = other.get("config", {})
-    name = _first_difference(theirs, config.to_json(), [name for name in ROUND0_FIELDS if name in theirs])
+    theirs = {**BEFORE_FLAGS, **other.get("config", {})}
+    name = _first_difference(theirs, config.to_json(), [name for name in SFT_FIELDS if name in theirs])
     if name is not None:
         raise UserError(f"the run in {source} has {_flag(name)} {theirs[name]!r}; round 0 depends on it, so give the same value",
                         field=_flag(name), value=getattr(config, name))
@@ -183,19 +187,26 @@ def take_round0(source: Path, out: Path, config: LoopConfig, state: State) -> No
     if missing:
         raise UserError(f"round 0 of that run is not finished ({', '.join(missing)} missing): finish it first", field="--sft-from",
                         value=str(source))
-    for name in ROUND0_FOLDERS:
+    same_eval = _first_difference(theirs, config.to_json(), [name for name in EVAL_FIELDS if name in theirs]) is None
+    stages = ROUND0_STAGES if same_eval else SFT_STAGES
+    for name in ("base", "round-00", "baselines"):
         target = out / name
         if target.exists():
             shutil.rmtree(target)
-        shutil.copytree(source / name, target, copy_function=_link_or_copy)
+        if name == "baselines" and not same_eval:
+            continue
+        skip = [] if same_eval else [source / "round-00" / "eval"]
+        shutil.copytree(source / name, target, copy_function=_link_or_copy,
+                        ignore=lambda folder, names: [n for n in names if Path(folder) / n in skip])
     data = state.data
-    data["done"] = list(ROUND0_STAGES)
-    data["rounds"]["0"] = other["rounds"]["0"]
+    data["done"] = list(stages)
+    if same_eval:
+        data["rounds"]["0"] = other["rounds"]["0"]
     data["serving"], data["port"] = other.get("serving"), other.get("port")
-    data["seconds"] = {stage: seconds for stage, seconds in (other.get("seconds") or {}).items() if stage in ROUND0_STAGES}
+    data["seconds"] = {stage: seconds for stage, seconds in (other.get("seconds") or {}).items() if stage in stages}
     data["sft_from"] = str(source.resolve())
     state.save()
-    log.info("round 0 taken", source=str(source))
+    log.info("round 0 taken", source=str(source), evaluations="taken" if same_eval else "to run again")
 
 
 def _first_difference(theirs: dict, ours: dict, names) -> str | None:
@@ -511,7 +522,7 @@ def _time_requests(url: str, model: str, count: int = 4) -> float:
 
 def _policy_spec(url: str, name: str, config: LoopConfig, temperature: float) -> str:
     return (f"openai:{name}@{url}?format=tagged&server=vllm&temperature={temperature}&max_tokens={config.max_tokens}"
-            f"&logprobs=1&timeout=1800&retries=2&max_inflight={config.concurrency}")
+            f"&logprobs=1&timeout=1800&retries=2&max_inflight={config.concurrency}" + ("&legal=1" if config.legal else ""))
 
 
 def _run_args(folder: Path, fresh: list[str], config: LoopConfig) -> list[str]:

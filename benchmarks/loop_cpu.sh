@@ -7,6 +7,7 @@
 #   ROUNDS=2 bash benchmarks/loop_cpu.sh [OUT]        # rerun with more rounds: the finished stages are kept
 #   SFT_FROM=runs/loop-cpu GRPO=1 bash benchmarks/loop_cpu.sh runs/grpo   # GRPO rounds on that run's SFT
 #   SFT_FROM=runs/loop-cpu TEMPERATURE=0.7 bash benchmarks/loop_cpu.sh runs/t07   # rollouts at 0.7
+#   SFT_FROM=runs/loop-cpu LEGAL=1 bash benchmarks/loop_cpu.sh runs/legal   # decode under the rules' regex (--legal)
 #
 # SmolLM2-135M-Instruct imitates the greedy seller on compact markets (300 teacher episodes,
 # 80 SFT steps of 16 decisions: 1,280 decisions), then rounds of rft: the policy, served by vLLM,
@@ -24,6 +25,7 @@ ROUNDS=${ROUNDS:-1}
 METHOD=(--round-method rft --round-epochs 2)
 if [ "${GRPO:-0}" = 1 ]; then METHOD=(--round-method offline-grpo); fi
 if [ -n "${SFT_FROM:-}" ]; then METHOD+=(--sft-from "$SFT_FROM"); fi
+if [ "${LEGAL:-0}" = 1 ]; then METHOD+=(--legal); fi
 cd "$(dirname "$0")/.."
 negotiate loop --out "$OUT" --model smollm2 --teacher greedy --split specs/compact.toml \
     --teacher-episodes 300 --sft-steps 80 --sft-batch 16 --sft-lr 4e-4 \

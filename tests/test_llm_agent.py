@@ -20,6 +20,7 @@ pytest.importorskip("aiohttp", reason="the fake server and the openai backend's 
 from fake_openai import FakeOpenAI, Fault, free_port  # noqa: E402
 
 from negotiate.agents.backends import LLMTimeout, _shared, aclose_clients  # noqa: E402
+from negotiate.agents.llm import legal_pattern  # noqa: E402
 from negotiate.agents.registry import parse_agent  # noqa: E402
 from negotiate.episode import run_episode  # noqa: E402
 from negotiate.market import Buyer, Market, MarketSpec, Product  # noqa: E402
@@ -125,6 +126,20 @@ async def test_tagged_format_sends_no_schema_and_options_reach_the_server(server
     assert isinstance(body["seed"], int) and body["seed"] == generated.extra["seed"]
     assert body["messages"] == generated.extra["prompt"]
     assert generated.raw.startswith("Thought:")
+
+
+async def test_legal_sends_the_regex_of_the_replies_the_rules_allow(server):
+    """b1 owes a reply and p1 is on offer to it: the regex lets the seller write only to b2."""
+    agent = parse_agent(spec(server, "format=tagged&server=vllm&legal=1"), "seller").build(market(), 5)
+    state = EpisodeState(market())
+    state.seller_send(Message(SELLER, "b1", "", Action("offer", "p1", 600)))
+    obs = observe(state, SELLER)
+    await agent.act(obs)
+    body = server.requests[-1]
+    assert body["structured_outputs"] == {"regex": legal_pattern(obs)}
+    assert body["structured_outputs"]["regex"].startswith(r"(Thought: [^\n]*\n)?(To: b2\nTalk: ")
+    assert "To: b1" not in body["structured_outputs"]["regex"]
+    assert agent.describe()["params"]["legal"] is True
 
 
 # -- whole episodes -------------------------------------------------------------------------------

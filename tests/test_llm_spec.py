@@ -93,3 +93,16 @@ def test_module_all_names_exist(module):
 
     mod = importlib.import_module(module)
     assert [name for name in mod.__all__ if not hasattr(mod, name)] == []
+
+
+def test_legal_constrains_a_sellers_tagged_replies_on_vllm_and_says_so_otherwise():
+    options = OpenAIOptions(**parse_agent("openai:m@http://h/v1?format=tagged&legal=1", "seller").params)
+    assert options.legal is True and OpenAIOptions(**parse_agent("openai:m@http://h/v1", "seller").params).legal is False
+    for text, role, match in [
+        ("openai:m@http://h/v1?format=tagged&legal=1", "buyer", "legal=1 constrains the seller's replies"),
+        ("openai:m@http://h/v1?legal=1", "seller", "legal=1 constrains the tagged form; add format=tagged"),
+        ("openai:m@http://h/v1?format=tagged&server=llamacpp&legal=1", "seller", "legal=1 needs a vLLM server.*server=llamacpp"),
+    ]:
+        with pytest.raises(UserError, match=match) as caught:
+            parse_agent(text, role)
+        assert repr(text) in str(caught.value)

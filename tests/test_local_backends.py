@@ -262,6 +262,8 @@ async def test_vllm_requests_ask_for_the_schema_logprobs_and_a_seed(fake_vllm, r
                                     token_ids=[7, 8, 9], prompt_token_ids=prompt["prompt_token_ids"], logprobs=[-0.0, -0.5, -1.0])
     await backend.complete(messages, role=role)
     assert len(fake_vllm.engines) == 1  # one engine per model and engine settings, shared
+    await backend.complete(messages, role=role, constraint="To: b1\nTalk: [^\n]*\nAction: \\[END\\]")  # legal=1's regex
+    assert engine.requests[-1][1].kwargs["structured_outputs"].kwargs == {"regex": "To: b1\nTalk: [^\n]*\nAction: \\[END\\]"}
 
 
 async def test_on_cpu_the_vllm_engine_runs_eager_in_bf16_without_chunked_prefill_or_a_share_of_ram(fake_vllm, monkeypatch):

@@ -26,10 +26,11 @@ def world(monkeypatch, tmp_path):
     spec = tmp_path / "tiny.toml"
     spec.write_text(SPEC)
     calls: list[str] = []
-    crash = {"at": None, "policy": "random", "train_args": []}
+    crash = {"at": None, "policy": "random", "train_args": [], "args": {}}
 
     def run_stage(name, args, out_file, *, tolerate_failed_episodes=True):
         calls.append(name)
+        crash["args"][name] = args
         if args[0] == "train":
             crash["train_args"].append(args)
             out = Path(args[args.index("--out") + 1])
@@ -169,6 +170,29 @@ def test_a_run_takes_round_0_from_an_earlier_one_and_only_trains_its_rounds(worl
     cut(world, "round 0 sft", out=str(out.parent / "e"))
     with pytest.raises(UserError, match=r"round 0 of that run is not finished \(round 0 train, serving, baselines, round 0 eval missing\)"):
         run_loop(config(out=str(out.parent / "f"), sft_from=str(out.parent / "e")), echo=lambda line: None)
+
+
+def test_other_evaluation_flags_take_the_sft_and_evaluate_it_again(world):
+    config, calls, crash, out = world
+    run_loop(config(rounds=0), echo=lambda line: None)
+    assert "legal=1" not in crash["args"]["round 0 eval (threshold)"][crash["args"]["round 0 eval (threshold)"].index("--seller") + 1]
+    calls.clear()
+    other = out.parent / "legal"
+    data = run_loop(config(out=str(other), sft_from=str(out), legal=True, eval_episodes=4), echo=lambda line: None)
+    # The SFT is taken; the baselines and round 0 are evaluated again, under the new flags, and the round runs.
+    assert calls == ["baselines (threshold)", "round 0 eval (threshold)", "round 1 collect", "round 1 rft", "round 1 eval (threshold)"]
+    for stage in ("round 0 eval (threshold)", "round 1 collect", "round 1 eval (threshold)"):
+        args = crash["args"][stage]
+        assert args[args.index("--seller") + 1].endswith("&legal=1"), stage
+    assert data["done"][:4] == list(loop.SFT_STAGES) and data["serving"] == {"mode": "merged", "why": "test"}
+    assert (other / "round-00" / "teacher").is_dir() and (other / "round-00" / "checkpoint" / "adapter").is_dir()
+    assert "n=4" in (other / "results.md").read_text() and "n=6" not in (other / "results.md").read_text()
+    # The earlier run's evaluation is left where it was, not linked into this one.
+    assert (out / "round-00" / "eval").is_dir()
+    theirs = {p.stat().st_ino for p in (out / "round-00" / "eval").rglob("*.jsonl")}
+    ours = {p.stat().st_ino for p in (other / "round-00" / "eval").rglob("*.jsonl")}
+    assert ours and not ours & theirs
+    assert json.loads((other / "loop.json").read_text())["rounds"]["0"] != json.loads((out / "loop.json").read_text())["rounds"]["0"]
 
 
 def test_a_failing_stage_is_one_line_that_says_how_to_resume(world, monkeypatch):

@@ -142,6 +142,18 @@ async def test_an_openai_seller_plays_a_whole_episode_on_a_real_vllm_server(serv
     assert all(set(json_schema(SELLER)["required"]) <= set(o) for o in finished), finished
 
 
+async def test_legal_replies_follow_the_rules_on_a_real_vllm_server(server, closing):
+    """legal=1: vLLM decodes the untrained model's tagged replies under the regex of the allowed replies, so
+    every reply that finished is one the regulator accepts (or lost the race for a unit sold meanwhile)."""
+    ep = await _play(f"openai:{MODEL}@{server.base_url}?format=tagged&legal=1&max_tokens=96&temperature=1&timeout=180&retries=1",
+                     budget=4)
+    sent = _check_model_messages(ep, "openai", MODEL)
+    finished = [e for e in sent if e["extra"]["finish_reason"] == "stop"]
+    assert finished, [e["raw"] for e in sent]
+    assert all(e["valid"] or e.get("error_kind") == "sold_out" for e in finished), [(e["raw"], e.get("error")) for e in finished]
+    assert all(e["raw"].splitlines()[-1].startswith("Action: [") for e in finished), [e["raw"] for e in finished]
+
+
 async def test_the_in_process_vllm_engine_plays_with_token_ids_and_logprobs(smollm2_folder, server, closing):
     # One engine at a time: the server of this module is stopped for the engine (memory), restarted after.
     server.stop()

@@ -506,9 +506,7 @@ class OpenAIBackend:
             elif server == "llamacpp":
                 body["response_format"] = {"type": "json_object", "schema": schema}  # its json_schema form gets HTTP 500
             # generic: no constraint; the prompt describes the object
-        if constraint is not None:
-            if server != "vllm":
-                raise LLMError(f"{o.model} at {o.base_url}: legal=1 needs a vLLM server; this one is {server}")
+        if constraint is not None:  # legal=1: the spec and preflight made sure the server is vLLM
             body["structured_outputs"] = {"regex": constraint}
         if o.think is not None and server == "vllm":
             body["chat_template_kwargs"] = {"enable_thinking": o.think}

@@ -189,15 +189,14 @@ def take_round0(source: Path, out: Path, config: LoopConfig, state: State) -> No
                         value=str(source))
     same_eval = _first_difference(theirs, config.to_json(), [name for name in EVAL_FIELDS if name in theirs]) is None
     stages = ROUND0_STAGES if same_eval else SFT_STAGES
+    skip = None if same_eval else source / "round-00" / "eval"  # evaluated again here, under this run's flags
     for name in ("base", "round-00", "baselines"):
         target = out / name
         if target.exists():
-            shutil.rmtree(target)
-        if name == "baselines" and not same_eval:
-            continue
-        skip = [] if same_eval else [source / "round-00" / "eval"]
-        shutil.copytree(source / name, target, copy_function=_link_or_copy,
-                        ignore=lambda folder, names: [n for n in names if Path(folder) / n in skip])
+            shutil.rmtree(target)  # a cut earlier attempt's copy: never resumed as if it were this run's
+        if same_eval or name != "baselines":
+            shutil.copytree(source / name, target, copy_function=_link_or_copy,
+                            ignore=lambda folder, names: [n for n in names if Path(folder) / n == skip])
     data = state.data
     data["done"] = list(stages)
     if same_eval:

@@ -88,6 +88,8 @@ __all__ = [
 log = structlog.get_logger("negotiate.llm")
 
 FORMATS = ("json", "tagged")
+PROMPTS = ("full", "compact")
+"""The seller's prompt (``negotiate.agents.llm.render_seller`` or ``render_seller_compact``)."""
 """How a model writes its message: a JSON object under the four-part schema, or tagged text."""
 SERVERS = ("auto", "vllm", "openai", "llamacpp", "generic")
 """Server kinds, by how each takes a JSON schema for structured output."""
@@ -144,6 +146,8 @@ class OpenAIOptions:
     (the openai package's client)."""
     legal: bool = False
     """Decode the seller's tagged reply under a regex of the replies the rules allow (vLLM only)."""
+    prompt: str = "full"
+    """The seller's prompt: ``full`` or ``compact`` (facts only, no talk; tagged replies)."""
 
     def to_params(self) -> dict:
         return asdict(self)
@@ -160,7 +164,7 @@ _NUMBERS: dict[str, tuple[type, float, bool, float]] = {
 }
 """Numeric spec keys: type, low bound, whether the low bound is allowed, high bound."""
 _FLAGS = ("logprobs", "think", "legal")
-_CHOICES = {"format": FORMATS, "server": SERVERS, "client": CLIENTS}
+_CHOICES = {"format": FORMATS, "server": SERVERS, "client": CLIENTS, "prompt": PROMPTS}
 _KEYS = (*_CHOICES, *_NUMBERS, *_FLAGS, "key_env")
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "LLMSeller",
     "LLMBuyer",
     "render_seller",
+    "render_seller_compact",
     "render_buyer",
     "parse_reply",
     "build_llm_agent",
@@ -229,6 +230,64 @@ def render_seller(obs: SellerObservation, fmt: str = "json") -> list[dict]:
     return [{"role": "system", "content": _seller_system(fmt)}, {"role": "user", "content": user}]
 
 
+def render_seller_compact(obs: SellerObservation) -> list[dict]:
+    """The seller's chat messages in the compact form (``prompt=compact``): a short system prompt and the
+    state as facts, one line per product and per buyer, with no talk.
+
+    A free buyer's line lists what it refused (the lowest refused price per product: an offer it answered
+    with a reject or a bid) and its standing bid: what the observation's history says about its values,
+    without the messages. Only the latest refusal notice of the seller's own last message is shown.
+    About a third of the full prompt's tokens, for small models trained on many decisions.
+    """
+    refused: dict[str, dict[str, int]] = {b.id: {} for b in obs.buyers}
+    pending: dict[str, tuple[str, int]] = {}
+    sent: tuple[str, str, int] | None = None
+    """The seller's latest offer (buyer, product, price), until the next item shows the regulator let it through."""
+    notice = ""
+    for item in obs.history:
+        refusal = isinstance(item, Notice) and item.kind == "violation" and not item.text.startswith((MALFORMED, TIMEOUT))
+        if sent is not None and not refusal:
+            pending[sent[0]] = sent[1:]
+        sent = None
+        if isinstance(item, Notice):
+            if item.kind == "violation":
+                notice = item.text
+            continue
+        action = item.action
+        if item.sender == SELLER:
+            notice = ""
+            if action.kind == "offer" and item.to in refused:
+                sent = (item.to, action.product, action.price)
+        elif item.sender in refused:
+            answered = pending.pop(item.sender, None)
+            if answered is not None and action.kind in ("reject", "bid"):
+                product, price = answered
+                known = refused[item.sender]
+                known[product] = min(price, known.get(product, price))
+    lines = []
+    for b in obs.buyers:
+        if b.status == SERVED:
+            lines.append(f"{b.id}: bought")
+        elif b.status == GONE:
+            lines.append(f"{b.id}: left")
+        elif b.awaiting:
+            lines.append(f"{b.id}: owes a reply" + (f" to your offer {b.offer[0]} ${b.offer[1]}" if b.offer else ""))
+        else:
+            facts = [f"{b.id}: free"]
+            if refused[b.id]:
+                facts.append("refused " + ", ".join(f"{product} ${price}" for product, price in sorted(refused[b.id].items())))
+            if b.bid is not None:
+                facts.append(f"bids {b.bid[0]} ${b.bid[1]}")
+            lines.append("; ".join(facts))
+    free = [b.id for b in obs.buyers if b.status == ACTIVE and not b.awaiting]
+    user = _fill(
+        "seller_compact_state.md", budget_left=obs.budget_left, budget=obs.budget, price_low=obs.price_low,
+        price_high=obs.price_high, catalog="\n".join(f"{p.id} cost ${p.cost}, {_stock(p.stock)}" for p in obs.products),
+        buyers="\n".join(lines), notice=f"Your last message was refused: {_one_line(notice, 160)}\n" if notice else "", free=", ".join(free) or "nobody",
+    )
+    return [{"role": "system", "content": _file("seller_compact.md").rstrip("\n")}, {"role": "user", "content": user}]
+
+
 def render_buyer(obs: BuyerObservation, fmt: str = "json") -> list[dict]:
     """One buyer's chat messages (system, user), from its observation alone: its own values, no costs."""
     catalog = "\n".join(f"- {p.id} {p.name}: worth ${value} to you, {_stock(p.stock)}" for p, value in zip(obs.products, obs.values))
@@ -346,10 +405,13 @@ class LLMAgent:
     """A model takes time: the bus puts a deadline on every call."""
     role: ClassVar[str] = ""
 
-    def __init__(self, backend, *, fmt: str = "json", reask: int = 0, seed: int | None = None, legal: bool = False):
+    def __init__(self, backend, *, fmt: str = "json", reask: int = 0, seed: int | None = None, legal: bool = False,
+                 prompt: str = "full"):
         self.backend = backend
         """The model boundary: ``await backend.complete(messages, role=..., seed=...)`` -> Completion."""
         self.format = fmt
+        self.prompt = prompt
+        """``full`` or ``compact`` (the seller only: :func:`render_seller_compact`)."""
         self.legal = legal
         """Decode each reply under :func:`legal_pattern` (the backend takes ``constraint=``)."""
         self.reask = reask
@@ -362,17 +424,22 @@ class LLMAgent:
         Its backend is the run's (``pools``; by default the current context's): one per spec."""
         pools = pools or current_pools()
         options = pools.openai_options(spec.params)
-        return cls(pools.openai_backend(options), fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=options.legal)
+        return cls(pools.openai_backend(options), fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=options.legal,
+                   prompt=options.prompt)
 
     def describe(self) -> dict:
         out = {"kind": "llm", **self.backend.describe(), "format": self.format}
+        if self.prompt != "full":
+            out["prompt"] = self.prompt
         options = getattr(self.backend, "options", None)
         if options is not None:
             out["params"] = {k: getattr(options, k) for k in ("temperature", "top_p", "max_tokens", "timeout", "retries", "reask", "max_inflight", "logprobs", "think", "legal")}
         return out
 
     def render(self, obs) -> list[dict]:
-        return render_seller(obs, self.format) if self.role == SELLER else render_buyer(obs, self.format)
+        if self.role != SELLER:
+            return render_buyer(obs, self.format)
+        return render_seller_compact(obs) if self.prompt == "compact" else render_seller(obs, self.format)
 
     async def act(self, obs) -> Generated:
         messages = self.render(obs)

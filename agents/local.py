@@ -70,7 +70,7 @@ import structlog
 from negotiate.errors import UserError
 from negotiate.protocol import SELLER, json_schema
 
-from negotiate.agents.backends import FORMATS, Completion, LLMError, parse_query
+from negotiate.agents.backends import FORMATS, PROMPTS, Completion, LLMError, parse_query
 from negotiate.agents.pools import current_pools
 
 __all__ = [
@@ -144,6 +144,8 @@ class HFOptions:
     threads: int | None = None
     dtype: str = "float32"
     reask: int = 0
+    prompt: str = "full"
+    """The seller's prompt: ``full`` or ``compact``."""
 
     def to_params(self) -> dict:
         return asdict(self)
@@ -168,7 +170,7 @@ def parse_hf_spec(rest: str, *, field: str, text: str) -> HFOptions:
     name, _, query = rest.strip().partition("?")
     if not name:
         raise fail("an hf agent is hf:PATH_OR_ALIAS[?key=value...], e.g. hf:smollm2 or hf:/models/my-seller")
-    values = parse_query(query, _HF_NUMBERS, {"format": FORMATS, "dtype": DTYPES}, (), what="an hf agent", fail=fail)
+    values = parse_query(query, _HF_NUMBERS, {"format": FORMATS, "dtype": DTYPES, "prompt": PROMPTS}, (), what="an hf agent", fail=fail)
     missing = [pkg for pkg in ("torch", "transformers") if not _installed(pkg)]
     if missing:
         raise fail(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed; "
@@ -223,6 +225,8 @@ class VLLMOptions:
     seed: int = 0
     legal: bool = False
     """Decode the seller's tagged reply under a regex of the replies the rules allow."""
+    prompt: str = "full"
+    """The seller's prompt: ``full`` or ``compact``."""
 
     def to_params(self) -> dict:
         return asdict(self)
@@ -256,7 +260,7 @@ def parse_vllm_spec(rest: str, *, field: str, text: str) -> VLLMOptions:
     name, _, query = rest.strip().partition("?")
     if not name:
         raise fail("a vllm agent is vllm:MODEL[?key=value...], e.g. vllm:Qwen/Qwen3-8B?format=json")
-    values = parse_query(query, _VLLM_NUMBERS, {"format": FORMATS, "dtype": ("auto", *DTYPES)}, ("logprobs", "think", "legal"),
+    values = parse_query(query, _VLLM_NUMBERS, {"format": FORMATS, "dtype": ("auto", *DTYPES), "prompt": PROMPTS}, ("logprobs", "think", "legal"),
                           what="a vllm agent", fail=fail)
     if not _installed("vllm"):
         raise fail(VLLM_MISSING)
@@ -764,7 +768,8 @@ def build_local_agent(spec, market, seed, pools=None):
     options = (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
     cls = LLMSeller if spec.role == SELLER else LLMBuyer
     backend = (pools or current_pools()).local_backend(spec.backend, options)
-    return cls(backend, fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=getattr(options, "legal", False))
+    return cls(backend, fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=getattr(options, "legal", False),
+               prompt=options.prompt)
 
 
 async def preload(spec, pools=None) -> None:

@@ -101,8 +101,15 @@ class AgentSpec:
         return self.text
 
 
-def _check_legal(options, role: str, field_name: str, text: str) -> None:
-    """``legal=1`` constrains a seller's tagged replies, on vLLM only (the regex goes to its ``structured_outputs``)."""
+def _check_seller_options(options, role: str, field_name: str, text: str) -> None:
+    """``legal=1`` constrains a seller's tagged replies, on vLLM only (the regex goes to its ``structured_outputs``);
+    ``prompt=compact`` is the seller's, and asks for tagged replies."""
+    if options.prompt != "full":
+        if role != "seller":
+            raise UserError(f"prompt={options.prompt} is a seller's prompt; a buyer's prompt is always the full one",
+                            field=field_name, value=text)
+        if options.format != "tagged":
+            raise UserError(f"prompt={options.prompt} asks for tagged replies; add format=tagged", field=field_name, value=text)
     if not getattr(options, "legal", False):
         return
     if role != "seller":
@@ -124,14 +131,14 @@ def parse_agent(text: str, role: str, *, field_name: str | None = None) -> Agent
         from negotiate.agents.backends import parse_openai_spec
 
         options = parse_openai_spec(rest, field=field_name, text=text)
-        _check_legal(options, role, field_name, text)
+        _check_seller_options(options, role, field_name, text)
         return AgentSpec(text=raw, role=role, backend="openai", name=options.model, params=options.to_params())
     if backend in ("hf", "vllm"):
         from negotiate.agents.local import parse_hf_spec, parse_vllm_spec
 
         parse = parse_hf_spec if backend == "hf" else parse_vllm_spec
         options = parse(rest, field=field_name, text=text)
-        _check_legal(options, role, field_name, text)
+        _check_seller_options(options, role, field_name, text)
         return AgentSpec(text=raw, role=role, backend=backend, name=options.model, params=options.to_params())
     if backend != "scripted":
         raise UserError(

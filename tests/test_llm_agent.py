@@ -20,7 +20,7 @@ pytest.importorskip("aiohttp", reason="the fake server and the openai backend's 
 from fake_openai import FakeOpenAI, Fault, free_port  # noqa: E402
 
 from negotiate.agents.backends import LLMTimeout, _shared, aclose_clients  # noqa: E402
-from negotiate.agents.llm import legal_pattern  # noqa: E402
+from negotiate.agents.llm import legal_pattern, render_seller_compact  # noqa: E402
 from negotiate.agents.registry import parse_agent  # noqa: E402
 from negotiate.episode import run_episode  # noqa: E402
 from negotiate.market import Buyer, Market, MarketSpec, Product  # noqa: E402
@@ -140,6 +140,18 @@ async def test_legal_sends_the_regex_of_the_replies_the_rules_allow(server):
     assert body["structured_outputs"]["regex"].startswith(r"(Thought: [^\n]*\n)?(To: b2\nTalk: ")
     assert "To: b1" not in body["structured_outputs"]["regex"]
     assert agent.describe()["params"]["legal"] is True
+
+
+async def test_the_compact_prompt_is_what_the_server_is_sent(server):
+    agent = parse_agent(spec(server, "format=tagged&prompt=compact"), "seller").build(market(), 5)
+    state = EpisodeState(market())
+    state.seller_send(Message(SELLER, "b1", "", Action("offer", "p1", 600)))
+    obs = observe(state, SELLER)
+    generated = await agent.act(obs)
+    body = server.requests[-1]
+    assert body["messages"] == render_seller_compact(obs) == generated.extra["prompt"]
+    assert "b1: owes a reply to your offer p1 $600" in body["messages"][1]["content"]
+    assert agent.describe()["prompt"] == "compact"
 
 
 # -- whole episodes -------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from negotiate.agents.llm import PERSONAS, _example, legal_pattern, number_range, parse_reply, render_buyer, render_seller
+from negotiate.agents.llm import (
+    PERSONAS, _example, legal_pattern, number_range, parse_reply, render_buyer, render_seller, render_seller_compact,
+)
 from negotiate.market import Buyer, Market, MarketSpec, Product
 from negotiate.protocol import SELLER, TALK_MAX, Action, Message, ParseFailure
 from negotiate.regulator import ACTIVE, SERVED, BuyerView, EpisodeState, ProductView, SellerObservation, observe
@@ -83,6 +85,45 @@ def test_golden_prompts_say_what_each_party_may_know():
         assert secret not in buyer
 
 
+def test_the_compact_prompt_matches_its_golden_files_and_states_the_facts():
+    start, _, mid, _ = golden_states()
+    _check_golden("seller_start_compact.txt", _text(render_seller_compact(observe(start, SELLER))))
+    _check_golden("seller_mid_compact.txt", _text(render_seller_compact(observe(mid, SELLER))))
+    user = render_seller_compact(observe(mid, SELLER))[1]["content"]
+    # By hand: 4 of 6 turns used (2 offers, the refused "Still there?", the malformed reply); b1 answered the
+    # $950 offer of p2 with a bid of $700; b2 has not answered the $600 offer of p1; the latest notice is the malformed one.
+    assert user.splitlines() == [
+        "Turns left: 2 of 6. Values lie in $100-$1000.",
+        "p1 cost $300, in stock",
+        "p2 cost $500, in stock",
+        "b1: free; refused p2 $950; bids p2 $700",
+        "b2: owes a reply to your offer p1 $600",
+        "Your last message was refused: malformed: no 'Action:' line",
+        "Free: b1",
+    ]
+    # b2 now rejects: the refused offer is the $600 one it was sent, not the $590 the regulator stopped.
+    mid.buyer_reply("b2", Message("b2", SELLER, "No.", Action("reject")))
+    mid.seller_send(Message(SELLER, "b2", "", Action("offer", "p1", 300)))
+    mid.buyer_reply("b2", Message("b2", SELLER, "Yes.", Action("accept", "p1", 300)))
+    lines = render_seller_compact(observe(mid, SELLER))[1]["content"].splitlines()
+    assert lines == ["Turns left: 1 of 6. Values lie in $100-$1000.", "p1 cost $300, sold out", "p2 cost $500, in stock",
+                     "b1: free; refused p2 $950; bids p2 $700", "b2: bought", "Free: b1"]
+    assert "I value it at 900" not in user and "$900" not in user and "Please" not in user  # no thoughts, no talk
+
+
+def test_the_compact_prompt_keeps_the_lowest_refusal_per_product_and_skips_what_the_regulator_stopped():
+    state = EpisodeState(golden_market())
+    for price in (900, 800):
+        state.seller_send(Message(SELLER, "b1", "", Action("offer", "p2", price)))
+        state.buyer_reply("b1", Message("b1", SELLER, "", Action("reject")))
+    state.seller_send(Message(SELLER, "b1", "", Action("offer", "p1", 250)))  # below cost: refused, never sent
+    state.seller_send(Message(SELLER, "b1", "", Action("offer", "p1", 700)))
+    state.buyer_reply("b1", Message("b1", SELLER, "", Action("bid", "p2", 640)))
+    lines = render_seller_compact(observe(state, SELLER))[1]["content"].splitlines()
+    assert lines[3] == "b1: free; refused p1 $700, p2 $800; bids p2 $640"
+    assert not any(line.startswith("Your last message was refused") for line in lines)  # a later message went through
+
+
 @pytest.mark.parametrize("role", [SELLER, "buyer"])
 @pytest.mark.parametrize("fmt", ["tagged", "json"])
 def test_the_example_in_every_prompt_parses(role, fmt):
@@ -130,7 +171,7 @@ def test_no_prompt_holds_another_partys_private_values(case):
     values = {b.id: b.values for b in market.buyers}
 
     def check_seller():
-        text = _text(render_seller(observe(state, SELLER), fmt))
+        text = _text(render_seller(observe(state, SELLER), fmt)) + _text(render_seller_compact(observe(state, SELLER)))
         leaked = [v for vs in values.values() for v in vs if _has(text, v)]
         assert leaked == [], f"seller prompt holds valuations {leaked}"
         assert "BUYER-THOUGHT" not in text

@@ -106,3 +106,16 @@ def test_legal_constrains_a_sellers_tagged_replies_on_vllm_and_says_so_otherwise
         with pytest.raises(UserError, match=match) as caught:
             parse_agent(text, role)
         assert repr(text) in str(caught.value)
+
+
+def test_the_compact_prompt_is_a_sellers_and_asks_for_tagged_replies():
+    assert OpenAIOptions(**parse_agent("openai:m@http://h/v1?format=tagged&prompt=compact", "seller").params).prompt == "compact"
+    assert OpenAIOptions(**parse_agent("openai:m@http://h/v1", "seller").params).prompt == "full"
+    for text, role, match in [
+        ("openai:m@http://h/v1?format=tagged&prompt=compact", "buyer", "prompt=compact is a seller's prompt"),
+        ("openai:m@http://h/v1?prompt=compact", "seller", "prompt=compact asks for tagged replies; add format=tagged"),
+        ("openai:m@http://h/v1?format=tagged&prompt=short", "seller", "prompt='short' is not one of full, compact"),
+    ]:
+        with pytest.raises(UserError, match=match) as caught:
+            parse_agent(text, role)
+        assert repr(text) in str(caught.value)

@@ -118,7 +118,7 @@ def test_a_gguf_file_needs_the_gguf_package(tmp_path, monkeypatch):
     [
         ("", "hf:PATH_OR_ALIAS"),
         ("/surely/not/a/model", "no model at '/surely/not/a/model'"),
-        ("{dir}?foo=1", "unknown key 'foo'; an hf agent takes format, dtype, temperature"),
+        ("{dir}?foo=1", "unknown key 'foo'; an hf agent takes format, dtype, prompt, temperature"),
         ("{dir}?temperature=hot", "temperature='hot' is not a number"),
         ("{dir}?temperature=3", r"outside \[0.0, 2.0\]"),
         ("{dir}?max_tokens=0", r"max_tokens=0 is outside \[1"),
@@ -290,6 +290,17 @@ async def test_a_vllm_agent_acts_and_the_trace_keeps_token_ids(fake_vllm):
     assert fake_vllm.tokenizer.template_kwargs[-1] == {"enable_thinking": True}
     description = seller.describe()
     assert (description["kind"], description["backend"], description["model"], description["params"]["max_tokens"]) == ("llm", "vllm", "m", 512)
+
+
+async def test_a_vllm_seller_with_the_compact_prompt_renders_it(fake_vllm):
+    from negotiate.agents.llm import render_seller_compact
+
+    seller = parse_agent("vllm:m?format=tagged&prompt=compact", SELLER).build(market(), [1, 2])
+    obs = observe(EpisodeState(market()), SELLER)
+    generated = await seller.act(obs)
+    assert seller.prompt == "compact" and generated.extra["prompt"] == render_seller_compact(obs)
+    with pytest.raises(UserError, match="prompt=compact is a seller's prompt"):
+        parse_agent("vllm:m?format=tagged&prompt=compact", "buyer")
 
 
 async def test_a_vllm_engine_that_cannot_start_is_an_llm_error(fake_vllm):

@@ -195,6 +195,26 @@ def test_other_evaluation_flags_take_the_sft_and_evaluate_it_again(world):
     assert json.loads((other / "loop.json").read_text())["rounds"]["0"] != json.loads((out / "loop.json").read_text())["rounds"]["0"]
 
 
+def test_the_compact_prompt_goes_to_the_sft_and_into_the_policys_spec(world):
+    config, calls, crash, out = world
+    run_loop(config(prompt="compact"), echo=lambda line: None)
+    sft, round1 = crash["train_args"]
+    assert sft[sft.index("--method") + 1] == "sft" and sft[sft.index("--prompt") + 1] == "compact"
+    assert round1[round1.index("--prompt") + 1] == "compact"
+    for stage in ("round 0 eval (threshold)", "round 1 collect", "round 1 eval (threshold)"):
+        args = crash["args"][stage]
+        assert args[args.index("--seller") + 1].endswith("&prompt=compact"), stage
+    # The SFT depends on the prompt: another run cannot take it with the full prompt...
+    with pytest.raises(UserError, match=r"--prompt 'compact'; round 0 depends on it"):
+        run_loop(config(out=str(out.parent / "full"), sft_from=str(out)), echo=lambda line: None)
+    # ...and a run from before the flag had the full prompt.
+    state = json.loads((out / "loop.json").read_text())
+    del state["config"]["prompt"]
+    (out / "loop.json").write_text(json.dumps(state))
+    with pytest.raises(UserError, match=r"--prompt 'full'"):
+        run_loop(config(prompt="compact"), echo=lambda line: None)
+
+
 def test_a_failing_stage_is_one_line_that_says_how_to_resume(world, monkeypatch):
     config, calls, crash, out = world
 

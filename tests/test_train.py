@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from negotiate.agents.llm import render_seller
+from negotiate.agents.llm import render_seller, render_seller_compact
 from negotiate.agents.registry import parse_agent
 from negotiate.cli import main
 from negotiate.episode import run_episode
@@ -112,6 +112,19 @@ def test_scripted_decisions_are_the_prompt_an_llm_would_see_and_tagged_text():
     assert first.turn == 1 and first.valid and first.reward == 0.5 and first.prompt_ids is None
     # The second prompt shows the first offer and the buyer's answer in its thread.
     assert f"you: [OFFER] {m['action']['product']} ${m['action']['price']}" in ds[1].prompt[1]["content"]
+
+
+def test_scripted_decisions_under_the_compact_prompt():
+    events = play()
+    ds = decisions(events, reward=0.5, group="g", prompt="compact")
+    full = decisions(events, reward=0.5, group="g")
+    from negotiate.regulator import EpisodeState, observe
+
+    assert ds[0].prompt == render_seller_compact(observe(EpisodeState(small_market()), SELLER))
+    assert [d.completion for d in ds] == [d.completion for d in full]  # the same replies, under another prompt
+    m = next(e for e in events if e["type"] == "message" and e["sender"] == SELLER)
+    assert f"{m['to']}: owes a reply to your offer {m['action']['product']} ${m['action']['price']}" in ds[1].prompt[1]["content"]
+    assert sum(len(c["content"]) for d in ds for c in d.prompt) < 0.5 * sum(len(c["content"]) for d in full for c in d.prompt)
 
 
 def test_logged_llm_decisions_keep_the_prompt_tokens_and_logprobs_as_logged():
@@ -451,6 +464,7 @@ def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, mo
 @pytest.mark.parametrize("argv, message", [
     (["--method", "ppo", "--traces", "x"], "--method: 'ppo': unknown method; choose from sft, rft, offline-grpo, online-grpo"),
     (["--method", "sft"], "--traces: sft learns from traces: give --traces DIR"),
+    (["--traces", "x", "--prompt", "short"], "--prompt: 'short': unknown prompt; choose from full, compact"),
     (["--traces", "x", "--reward", "money"], "--reward: 'money': unknown reward"),
     (["--traces", "x", "--top", "0"], "--top: 0.0: must be in (0, 1]"),
     (["--traces", "x", "--batch-size", "0"], "--batch-size: 0: must be at least 1"),

@@ -155,9 +155,11 @@ def _completion(event: MessageEvent) -> str:
     return render_tagged(_message(event))
 
 
-def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, group: str, *, fmt: str = "tagged") -> list[Decision]:
-    """The seller decisions of one episode (timeouts skipped: the seller wrote nothing)."""
-    from negotiate.agents.llm import render_seller  # prompt files: loaded only when building data
+def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, group: str, *, fmt: str = "tagged",
+              prompt: str = "full") -> list[Decision]:
+    """The seller decisions of one episode (timeouts skipped: the seller wrote nothing). A model's decisions keep
+    the prompt it saw; a scripted seller's are rendered with the ``full`` or ``compact`` prompt."""
+    from negotiate.agents.llm import render_seller, render_seller_compact  # prompt files: loaded only when building data
 
     episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
     out: list[Decision] = []
@@ -168,24 +170,27 @@ def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, gro
         if event.timed_out:
             continue
         extra = event.extra or {}
-        prompt = extra.get("prompt") if logged else render_seller(obs, fmt)
-        if not prompt:
+        if logged:
+            messages = extra.get("prompt")
+        else:
+            messages = render_seller_compact(obs) if prompt == "compact" else render_seller(obs, fmt)
+        if not messages:
             continue
         tokens = {"prompt_ids": extra.get("prompt_token_ids"), "completion_ids": extra.get("token_ids"), "logprobs": extra.get("logprobs")}
         if logged and extra.get("reasks"):
             # The final reply answered the re-ask conversation: learn it as the answer to the original
             # prompt (re-tokenized), without log-probs that belong to another context.
-            prompt = prompt[:2]
+            messages = messages[:2]
             tokens = {}
         out.append(Decision(
-            episode=episode.id, group=group, turn=int(event.turn or 0), prompt=list(prompt),
+            episode=episode.id, group=group, turn=int(event.turn or 0), prompt=list(messages),
             completion=_completion(event), reward=reward, valid=bool(event.valid), **tokens,
         ))
     return out
 
 
 def load_episodes(paths: Iterable[str | Path], *, reward: str = DEFAULT_REWARD, where: DataFilter = DataFilter(),
-                  fmt: str = "tagged") -> list[ScoredEpisode]:
+                  fmt: str = "tagged", prompt: str = "full") -> list[ScoredEpisode]:
     """Every complete, scorable episode under ``paths`` (files or folders) that passes ``where``, with its decisions."""
     score = reward_fn(reward)
     episodes: list[ScoredEpisode] = []
@@ -204,7 +209,7 @@ def load_episodes(paths: Iterable[str | Path], *, reward: str = DEFAULT_REWARD, 
                                 field="episode", value=record.id)
             seen.add(key)
             group = group_key(start)
-            episodes.append(ScoredEpisode.scored(record, group, value, decisions(record, value, group, fmt=fmt)))
+            episodes.append(ScoredEpisode.scored(record, group, value, decisions(record, value, group, fmt=fmt, prompt=prompt)))
     sizes = defaultdict(int)
     for ep in episodes:
         sizes[ep.group] += 1

@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 
+from negotiate.agents.backends import PROMPTS
 from negotiate.errors import UserError
 from negotiate.runner import slug as _slug
 
@@ -109,6 +110,8 @@ class LoopConfig:
     untrained: bool = _help("evaluate the untrained model too", default=True)
     legal: bool = _help("decode the policy's replies (rollouts and evaluations) under a regex of the replies the rules allow "
                         "(the seller spec's legal=1)", default=False)
+    prompt: str = _help("the policy's prompt: full, or compact (facts only, about a third of the tokens; SFT renders the "
+                        "teacher's decisions with it, and the policy is served with prompt=compact)", default="full")
     serve: str = _help(f"how a new policy goes into service: {', '.join(SERVE_MODES)}", default="auto")
     server_url: str | None = _help("use this running vLLM server (started with --enable-lora on the base model) instead of starting one",
                                    default=None)
@@ -124,6 +127,8 @@ class LoopConfig:
             raise UserError(f"choose from {', '.join(SERVE_MODES)}", field="--serve", value=self.serve)
         if self.round_method not in ROUND_METHODS:
             raise UserError(f"choose from {', '.join(ROUND_METHODS)}", field="--round-method", value=self.round_method)
+        if self.prompt not in PROMPTS:
+            raise UserError(f"choose from {', '.join(PROMPTS)}", field="--prompt", value=self.prompt)
         if self.round_epochs <= 0:
             raise UserError("must be above 0", field="--round-epochs", value=self.round_epochs)
         if self.sft_from is not None and not (Path(self.sft_from) / "loop.json").is_file():
@@ -156,13 +161,13 @@ class LoopConfig:
         return asdict(self)
 
 
-BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False}
-"""What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained."""
+BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False, "prompt": "full"}
+"""What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained, the full prompt."""
 RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 """Flags a rerun may change; any other change to a run's config is refused."""
 
 SFT_FIELDS = ("model", "teacher", "split", "buyers", "seed", "teacher_episodes", "sft_steps", "sft_batch", "sft_lr", "lora_r", "bf16",
-              "micro_batch", "max_tokens", "serve", "server_url")
+              "micro_batch", "max_tokens", "serve", "server_url", "prompt")
 """Flags that round 0's model depends on: ``--sft-from`` takes an earlier run's SFT only where they all match."""
 EVAL_FIELDS = ("eval_splits", "eval_buyers", "eval_episodes", "eval_seed", "eval_temperature", "ladder", "untrained", "legal")
 """Flags that round 0's evaluations depend on: where one differs, ``--sft-from`` takes the SFT and evaluates it again."""
@@ -521,7 +526,8 @@ def _time_requests(url: str, model: str, count: int = 4) -> float:
 
 def _policy_spec(url: str, name: str, config: LoopConfig, temperature: float) -> str:
     return (f"openai:{name}@{url}?format=tagged&server=vllm&temperature={temperature}&max_tokens={config.max_tokens}"
-            f"&logprobs=1&timeout=1800&retries=2&max_inflight={config.concurrency}" + ("&legal=1" if config.legal else ""))
+            f"&logprobs=1&timeout=1800&retries=2&max_inflight={config.concurrency}" + ("&legal=1" if config.legal else "")
+            + ("" if config.prompt == "full" else f"&prompt={config.prompt}"))
 
 
 def _run_args(folder: Path, fresh: list[str], config: LoopConfig) -> list[str]:
@@ -548,7 +554,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
     serving = Serving(config, out, base, state)
     buyers_list = _list(config.eval_buyers)
     train_flags = ["--threads", str(config.threads)] if config.threads else []
-    train_flags += ["--micro-batch", str(config.micro_batch), "--bf16" if config.bf16 else "--no-bf16"]
+    train_flags += ["--micro-batch", str(config.micro_batch), "--bf16" if config.bf16 else "--no-bf16", "--prompt", config.prompt]
 
     def stage(name: str, work) -> None:
         if state.done(name):

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import structlog
 
+from negotiate.agents.backends import PROMPTS
 from negotiate.errors import UserError
 
 from negotiate.training.dataset import DataFilter, Decision, Episode, advantages, by_group, load_episodes
@@ -90,6 +91,8 @@ class TrainConfig:
     kl_beta: float = _help("offline-grpo: weight of the KL to the starting model (0: none)", default=0.0)
     scale_advantages: bool = _help("offline-grpo: divide advantages by the group's standard deviation", default=True)
     max_length: int = _help("drop decisions longer than this many tokens", default=2048)
+    prompt: str = _help("the seller's prompt, full or compact: how a scripted teacher's decisions are rendered, and the "
+                        "prompt in evaluation and rollouts (a model's own decisions keep the prompt it saw)", default="full")
     seed: int = _help("shuffling and sampling seed", default=0)
     threads: int | None = _help("torch threads (default: torch's choice)", default=None)
     eval_episodes: int = _help("held-out episodes the policy plays before, during and after training (0: none)", default=0)
@@ -113,6 +116,8 @@ class TrainConfig:
         if self.method == "offline-grpo" and self.kl_beta > 0 and not self.lora:
             raise UserError("a KL to the reference needs LoRA (the reference is the model with its adapter off); "
                             "drop --no-lora or set --kl-beta 0", field="--kl-beta", value=self.kl_beta)
+        if self.prompt not in PROMPTS:
+            raise UserError(f"unknown prompt; choose from {', '.join(PROMPTS)}", field="--prompt", value=self.prompt)
         if self.adapter is not None and not self.lora:
             raise UserError("an adapter to continue needs LoRA; drop --no-lora", field="--adapter", value=self.adapter)
         if self.adapter is not None and not (Path(self.adapter) / "adapter_config.json").is_file():
@@ -447,7 +452,7 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
         text = label
 
         def build(self, market, seed, pools=None):
-            return LLMSeller(backend, fmt="tagged", seed=request_seed(seed))
+            return LLMSeller(backend, fmt="tagged", seed=request_seed(seed), prompt=config.prompt)
 
     # Market m's episodes are indices m * group + repeat of a run grouped by ``group``, as collect numbers them.
     run = Run(RunConfig(sellers=(label,), buyers=config.eval_buyers, split=split, seed=run_seed, group=group,
@@ -538,7 +543,7 @@ def train(config: TrainConfig, *, progress=None) -> dict:
         raise UserError("already holds a trained checkpoint; choose another --out", source=str(out))
     grouped = config.method in ("rft", "offline-grpo")
     where = DataFilter(split=config.split, seller=config.seller, min_group=config.min_group if grouped else 1)
-    episodes = load_episodes(config.traces, reward=config.reward, where=where)
+    episodes = load_episodes(config.traces, reward=config.reward, where=where, prompt=config.prompt)
     if not episodes:
         raise UserError("no usable episodes (check --split, --seller and --min-group against the traces)", source=", ".join(config.traces))
     began = time.perf_counter()

@@ -231,59 +231,49 @@ def render_seller(obs: SellerObservation, fmt: str = "json") -> list[dict]:
 
 
 def render_seller_compact(obs: SellerObservation) -> list[dict]:
-    """The seller's chat messages in the compact form (``prompt=compact``): a short system prompt and the
-    state as facts, one line per product and per buyer, with no talk.
+    """The seller's chat messages in the compact form (``prompt=compact``): a short system prompt, one line
+    per product, and per buyer its state and its thread of actions, without talk or thoughts.
 
-    A free buyer's line lists what it refused (the lowest refused price per product: an offer it answered
-    with a reject or a bid) and its standing bid: what the observation's history says about its values,
-    without the messages. Only the latest refusal notice of the seller's own last message is shown.
-    About a third of the full prompt's tokens, for small models trained on many decisions.
+    The threads are the full prompt's (``you: [OFFER] p1 $818`` / ``b1: [REJECT]``, a refused message
+    marked, the latest ``THREAD_SHOWN``); what goes is the talk, the long rules and example, product
+    names, and every notice but the refusal of the seller's own last message. About half the full
+    prompt's tokens, for small models trained on many decisions.
     """
-    refused: dict[str, dict[str, int]] = {b.id: {} for b in obs.buyers}
-    pending: dict[str, tuple[str, int]] = {}
-    sent: tuple[str, str, int] | None = None
-    """The seller's latest offer (buyer, product, price), until the next item shows the regulator let it through."""
+    threads: dict[str, list[str]] = {b.id: [] for b in obs.buyers}
+    last: list[str] | None = None
+    """The thread holding the seller's latest message, while a refusal notice may still follow it."""
     notice = ""
     for item in obs.history:
-        refusal = isinstance(item, Notice) and item.kind == "violation" and not item.text.startswith((MALFORMED, TIMEOUT))
-        if sent is not None and not refusal:
-            pending[sent[0]] = sent[1:]
-        sent = None
         if isinstance(item, Notice):
             if item.kind == "violation":
                 notice = item.text
+                if last and not item.text.startswith((MALFORMED, TIMEOUT)):
+                    last[-1] += " (refused)"
+            last = None
             continue
-        action = item.action
+        last = None
         if item.sender == SELLER:
             notice = ""
-            if action.kind == "offer" and item.to in refused:
-                sent = (item.to, action.product, action.price)
-        elif item.sender in refused:
-            answered = pending.pop(item.sender, None)
-            if answered is not None and action.kind in ("reject", "bid"):
-                product, price = answered
-                known = refused[item.sender]
-                known[product] = min(price, known.get(product, price))
+            if item.to in threads:
+                last = threads[item.to]
+                last.append(_line_of(item.action, "", "you"))
+        elif item.sender in threads:
+            threads[item.sender].append(_line_of(item.action, "", item.sender))
     lines = []
     for b in obs.buyers:
         if b.status == SERVED:
             lines.append(f"{b.id}: bought")
         elif b.status == GONE:
             lines.append(f"{b.id}: left")
-        elif b.awaiting:
-            lines.append(f"{b.id}: owes a reply" + (f" to your offer {b.offer[0]} ${b.offer[1]}" if b.offer else ""))
         else:
-            facts = [f"{b.id}: free"]
-            if refused[b.id]:
-                facts.append("refused " + ", ".join(f"{product} ${price}" for product, price in sorted(refused[b.id].items())))
-            if b.bid is not None:
-                facts.append(f"bids {b.bid[0]} ${b.bid[1]}")
-            lines.append("; ".join(facts))
+            lines.append(f"{b.id}: {'owes you a reply' if b.awaiting else 'free'}")
+            lines.extend(_thread_lines(threads[b.id], "  "))
     free = [b.id for b in obs.buyers if b.status == ACTIVE and not b.awaiting]
     user = _fill(
         "seller_compact_state.md", budget_left=obs.budget_left, budget=obs.budget, price_low=obs.price_low,
         price_high=obs.price_high, catalog="\n".join(f"{p.id} cost ${p.cost}, {_stock(p.stock)}" for p in obs.products),
-        buyers="\n".join(lines), notice=f"Your last message was refused: {_one_line(notice, 160)}\n" if notice else "", free=", ".join(free) or "nobody",
+        buyers="\n".join(lines), notice=f"Your last message was refused: {_one_line(notice, 160)}\n" if notice else "",
+        free=", ".join(free) or "nobody",
     )
     return [{"role": "system", "content": _file("seller_compact.md").rstrip("\n")}, {"role": "user", "content": user}]
 

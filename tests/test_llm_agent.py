@@ -150,7 +150,7 @@ async def test_the_compact_prompt_is_what_the_server_is_sent(server):
     generated = await agent.act(obs)
     body = server.requests[-1]
     assert body["messages"] == render_seller_compact(obs) == generated.extra["prompt"]
-    assert "b1: owes a reply to your offer p1 $600" in body["messages"][1]["content"]
+    assert "b1: owes you a reply\n  you: [OFFER] p1 $600\nb2: free" in body["messages"][1]["content"]
     assert agent.describe()["prompt"] == "compact"
 
 

@@ -85,7 +85,7 @@ def test_golden_prompts_say_what_each_party_may_know():
         assert secret not in buyer
 
 
-def test_the_compact_prompt_matches_its_golden_files_and_states_the_facts():
+def test_the_compact_prompt_matches_its_golden_files_and_keeps_the_threads_without_talk():
     start, _, mid, _ = golden_states()
     _check_golden("seller_start_compact.txt", _text(render_seller_compact(observe(start, SELLER))))
     _check_golden("seller_mid_compact.txt", _text(render_seller_compact(observe(mid, SELLER))))
@@ -96,32 +96,35 @@ def test_the_compact_prompt_matches_its_golden_files_and_states_the_facts():
         "Turns left: 2 of 6. Values lie in $100-$1000.",
         "p1 cost $300, in stock",
         "p2 cost $500, in stock",
-        "b1: free; refused p2 $950; bids p2 $700",
-        "b2: owes a reply to your offer p1 $600",
+        "b1: free",
+        "  you: [OFFER] p2 $950",
+        "  b1: [BID] p2 $700",
+        "b2: owes you a reply",
+        "  you: [OFFER] p1 $600",
+        "  you: [OFFER] p1 $590 (refused)",
         "Your last message was refused: malformed: no 'Action:' line",
         "Free: b1",
     ]
-    # b2 now rejects: the refused offer is the $600 one it was sent, not the $590 the regulator stopped.
+    # b2 rejects, is offered p1 at cost and buys it: one more turn, p1 sold out, b2's thread gone, no notice.
     mid.buyer_reply("b2", Message("b2", SELLER, "No.", Action("reject")))
     mid.seller_send(Message(SELLER, "b2", "", Action("offer", "p1", 300)))
     mid.buyer_reply("b2", Message("b2", SELLER, "Yes.", Action("accept", "p1", 300)))
     lines = render_seller_compact(observe(mid, SELLER))[1]["content"].splitlines()
     assert lines == ["Turns left: 1 of 6. Values lie in $100-$1000.", "p1 cost $300, sold out", "p2 cost $500, in stock",
-                     "b1: free; refused p2 $950; bids p2 $700", "b2: bought", "Free: b1"]
+                     "b1: free", "  you: [OFFER] p2 $950", "  b1: [BID] p2 $700", "b2: bought", "Free: b1"]
     assert "I value it at 900" not in user and "$900" not in user and "Please" not in user  # no thoughts, no talk
 
 
-def test_the_compact_prompt_keeps_the_lowest_refusal_per_product_and_skips_what_the_regulator_stopped():
-    state = EpisodeState(golden_market())
-    for price in (900, 800):
-        state.seller_send(Message(SELLER, "b1", "", Action("offer", "p2", price)))
-        state.buyer_reply("b1", Message("b1", SELLER, "", Action("reject")))
-    state.seller_send(Message(SELLER, "b1", "", Action("offer", "p1", 250)))  # below cost: refused, never sent
-    state.seller_send(Message(SELLER, "b1", "", Action("offer", "p1", 700)))
-    state.buyer_reply("b1", Message("b1", SELLER, "", Action("bid", "p2", 640)))
+def test_the_compact_prompt_shows_the_latest_messages_of_a_long_thread():
+    m = golden_market()
+    state = EpisodeState(Market(m.spec, m.seed, m.products, m.buyers, 40, m.price_low, m.price_high))
+    for price in range(990, 890, -10):  # ten offers of p2, each refused by b1
+        state.seller_send(Message(SELLER, "b1", "talk", Action("offer", "p2", price)))
+        state.buyer_reply("b1", Message("b1", SELLER, "talk", Action("reject")))
     lines = render_seller_compact(observe(state, SELLER))[1]["content"].splitlines()
-    assert lines[3] == "b1: free; refused p1 $700, p2 $800; bids p2 $640"
-    assert not any(line.startswith("Your last message was refused") for line in lines)  # a later message went through
+    thread = lines[lines.index("b1: free") + 1:lines.index("b2: free")]
+    assert thread == ["  (12 earlier messages)", "  you: [OFFER] p2 $930", "  b1: [REJECT]", "  you: [OFFER] p2 $920", "  b1: [REJECT]",
+                      "  you: [OFFER] p2 $910", "  b1: [REJECT]", "  you: [OFFER] p2 $900", "  b1: [REJECT]"]
 
 
 @pytest.mark.parametrize("role", [SELLER, "buyer"])

@@ -123,7 +123,7 @@ def test_scripted_decisions_under_the_compact_prompt():
     assert ds[0].prompt == render_seller_compact(observe(EpisodeState(small_market()), SELLER))
     assert [d.completion for d in ds] == [d.completion for d in full]  # the same replies, under another prompt
     m = next(e for e in events if e["type"] == "message" and e["sender"] == SELLER)
-    assert f"{m['to']}: owes a reply to your offer {m['action']['product']} ${m['action']['price']}" in ds[1].prompt[1]["content"]
+    assert f"{m['to']}: owes you a reply\n  you: [OFFER] {m['action']['product']} ${m['action']['price']}\n" in ds[1].prompt[1]["content"]
     assert sum(len(c["content"]) for d in ds for c in d.prompt) < 0.5 * sum(len(c["content"]) for d in full for c in d.prompt)
 
 

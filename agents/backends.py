@@ -147,7 +147,7 @@ class OpenAIOptions:
     legal: bool = False
     """Decode the seller's tagged reply under a regex of the replies the rules allow (vLLM only)."""
     prompt: str = "full"
-    """The seller's prompt: ``full`` or ``compact`` (facts only, no talk; tagged replies)."""
+    """The seller's prompt: ``full`` or ``compact`` (each buyer's thread of actions, no talk; tagged replies)."""
 
     def to_params(self) -> dict:
         return asdict(self)

@@ -88,9 +88,9 @@ __all__ = [
 log = structlog.get_logger("negotiate.llm")
 
 FORMATS = ("json", "tagged")
+"""How a model writes its message: a JSON object under the four-part schema, or tagged text."""
 PROMPTS = ("full", "compact")
 """The seller's prompt (``negotiate.agents.llm.render_seller`` or ``render_seller_compact``)."""
-"""How a model writes its message: a JSON object under the four-part schema, or tagged text."""
 SERVERS = ("auto", "vllm", "openai", "llamacpp", "generic")
 """Server kinds, by how each takes a JSON schema for structured output."""
 CLIENTS = ("http", "aiohttp", "openai")

@@ -186,29 +186,44 @@ def _stock(units: int) -> str:
     return "sold out" if units <= 0 else "in stock" if units == 1 else f"{units} in stock"
 
 
-def render_seller(obs: SellerObservation, fmt: str = "json") -> list[dict]:
-    """The seller's chat messages (system, user), from its observation alone."""
-    catalog = "\n".join(f"- {p.id} {p.name}: cost ${p.cost}, {_stock(p.stock)}" for p in obs.products)
+def _seller_threads(obs: SellerObservation, *, talk: bool) -> tuple[dict[str, list[str]], list[str], str]:
+    """What the seller's history holds, per buyer: its thread of lines (with the talk or without), a message the
+    regulator refused marked where it happened; the other notices, as lines; and the text of the latest
+    violation notice since the seller's last message ("" when there is none)."""
     threads: dict[str, list[str]] = {b.id: [] for b in obs.buyers}
     notices: list[str] = []
+    latest = ""
     last_sent: list[str] | None = None
     """The thread holding the seller's latest message, while a violation notice may still follow it."""
     for item in obs.history:
         if isinstance(item, Notice):
+            if item.kind == "violation":
+                latest = item.text
             if item.kind == "violation" and last_sent and not item.text.startswith((MALFORMED, TIMEOUT)):
                 # The regulator notes a refused message right after it: say so in the thread, where it happened.
-                last_sent[-1] += f" (refused: {_one_line(item.text, 300)})"
+                last_sent[-1] += f" (refused: {_one_line(item.text, 300)})" if talk else " (refused)"
             else:
                 notices.append(f"- {_one_line(item.text, 300)}")
             last_sent = None
             continue
         last_sent = None
         if item.sender == SELLER:
+            latest = ""
             if item.to in threads:
                 last_sent = threads[item.to]
-                last_sent.append(_line(item, "you"))
+                last_sent.append(_line_of(item.action, item.talk if talk else "", "you"))
         elif item.sender in threads:
-            threads[item.sender].append(_line(item, item.sender))
+            threads[item.sender].append(_line_of(item.action, item.talk if talk else "", item.sender))
+    return threads, notices, latest
+
+
+def render_seller(obs: SellerObservation, fmt: str = "json", prompt: str = "full") -> list[dict]:
+    """The seller's chat messages (system, user), from its observation alone: the full prompt, or the compact one
+    (``prompt=compact``: :func:`render_seller_compact`)."""
+    if prompt == "compact":
+        return render_seller_compact(obs)
+    catalog = "\n".join(f"- {p.id} {p.name}: cost ${p.cost}, {_stock(p.stock)}" for p in obs.products)
+    threads, notices, _ = _seller_threads(obs, talk=True)
     blocks = []
     for b in obs.buyers:
         if b.status == SERVED:
@@ -239,26 +254,7 @@ def render_seller_compact(obs: SellerObservation) -> list[dict]:
     names, and every notice but the refusal of the seller's own last message. About half the full
     prompt's tokens, for small models trained on many decisions.
     """
-    threads: dict[str, list[str]] = {b.id: [] for b in obs.buyers}
-    last: list[str] | None = None
-    """The thread holding the seller's latest message, while a refusal notice may still follow it."""
-    notice = ""
-    for item in obs.history:
-        if isinstance(item, Notice):
-            if item.kind == "violation":
-                notice = item.text
-                if last and not item.text.startswith((MALFORMED, TIMEOUT)):
-                    last[-1] += " (refused)"
-            last = None
-            continue
-        last = None
-        if item.sender == SELLER:
-            notice = ""
-            if item.to in threads:
-                last = threads[item.to]
-                last.append(_line_of(item.action, "", "you"))
-        elif item.sender in threads:
-            threads[item.sender].append(_line_of(item.action, "", item.sender))
+    threads, _, notice = _seller_threads(obs, talk=False)
     lines = []
     for b in obs.buyers:
         if b.status == SERVED:
@@ -427,9 +423,7 @@ class LLMAgent:
         return out
 
     def render(self, obs) -> list[dict]:
-        if self.role != SELLER:
-            return render_buyer(obs, self.format)
-        return render_seller_compact(obs) if self.prompt == "compact" else render_seller(obs, self.format)
+        return render_seller(obs, self.format, self.prompt) if self.role == SELLER else render_buyer(obs, self.format)
 
     async def act(self, obs) -> Generated:
         messages = self.render(obs)

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from negotiate.agents.backends import PROMPTS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -65,7 +67,7 @@ def main() -> int:
     parser.add_argument("--decisions", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--prompt", choices=("full", "compact"), default="full", help="the seller's prompt the decisions are rendered with")
+    parser.add_argument("--prompt", choices=PROMPTS, default="full", help="the seller's prompt the decisions are rendered with")
     parser.add_argument("--generate", action="store_true", help="also time generation on a vLLM server")
     parser.add_argument("--batch", type=int, default=32, help="concurrent requests in the generation batch")
     args = parser.parse_args()

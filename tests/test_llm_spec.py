@@ -95,27 +95,22 @@ def test_module_all_names_exist(module):
     assert [name for name in mod.__all__ if not hasattr(mod, name)] == []
 
 
-def test_legal_constrains_a_sellers_tagged_replies_on_vllm_and_says_so_otherwise():
+def test_legal_and_the_compact_prompt_are_read_from_a_sellers_spec():
     options = OpenAIOptions(**parse_agent("openai:m@http://h/v1?format=tagged&legal=1", "seller").params)
     assert options.legal is True and OpenAIOptions(**parse_agent("openai:m@http://h/v1", "seller").params).legal is False
-    for text, role, match in [
-        ("openai:m@http://h/v1?format=tagged&legal=1", "buyer", "legal=1 constrains the seller's replies"),
-        ("openai:m@http://h/v1?legal=1", "seller", "legal=1 constrains the tagged form; add format=tagged"),
-        ("openai:m@http://h/v1?format=tagged&server=llamacpp&legal=1", "seller", "legal=1 needs a vLLM server.*server=llamacpp"),
-    ]:
-        with pytest.raises(UserError, match=match) as caught:
-            parse_agent(text, role)
-        assert repr(text) in str(caught.value)
-
-
-def test_the_compact_prompt_is_a_sellers_and_asks_for_tagged_replies():
     assert OpenAIOptions(**parse_agent("openai:m@http://h/v1?format=tagged&prompt=compact", "seller").params).prompt == "compact"
     assert OpenAIOptions(**parse_agent("openai:m@http://h/v1", "seller").params).prompt == "full"
-    for text, role, match in [
-        ("openai:m@http://h/v1?format=tagged&prompt=compact", "buyer", "prompt=compact is a seller's prompt"),
-        ("openai:m@http://h/v1?prompt=compact", "seller", "prompt=compact asks for tagged replies; add format=tagged"),
-        ("openai:m@http://h/v1?format=tagged&prompt=short", "seller", "prompt='short' is not one of full, compact"),
-    ]:
-        with pytest.raises(UserError, match=match) as caught:
-            parse_agent(text, role)
-        assert repr(text) in str(caught.value)
+
+
+@pytest.mark.parametrize("text, role, match", [
+    ("openai:m@http://h/v1?format=tagged&legal=1", "buyer", "legal=1 constrains the seller's replies"),
+    ("openai:m@http://h/v1?legal=1", "seller", "legal=1 constrains the tagged form; add format=tagged"),
+    ("openai:m@http://h/v1?format=tagged&server=llamacpp&legal=1", "seller", "legal=1 needs a vLLM server.*server=llamacpp"),
+    ("openai:m@http://h/v1?format=tagged&prompt=compact", "buyer", "prompt=compact is a seller's prompt"),
+    ("openai:m@http://h/v1?prompt=compact", "seller", "prompt=compact asks for tagged replies; add format=tagged"),
+    ("openai:m@http://h/v1?format=tagged&prompt=short", "seller", "prompt='short' is not one of full, compact"),
+])
+def test_seller_only_keys_are_refused_in_one_line_naming_the_spec(text, role, match):
+    with pytest.raises(UserError, match=match) as caught:
+        parse_agent(text, role)
+    assert repr(text) in str(caught.value)

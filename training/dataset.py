@@ -159,7 +159,7 @@ def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, gro
               prompt: str = "full") -> list[Decision]:
     """The seller decisions of one episode (timeouts skipped: the seller wrote nothing). A model's decisions keep
     the prompt it saw; a scripted seller's are rendered with the ``full`` or ``compact`` prompt."""
-    from negotiate.agents.llm import render_seller, render_seller_compact  # prompt files: loaded only when building data
+    from negotiate.agents.llm import render_seller  # prompt files: loaded only when building data
 
     episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
     out: list[Decision] = []
@@ -170,10 +170,7 @@ def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, gro
         if event.timed_out:
             continue
         extra = event.extra or {}
-        if logged:
-            messages = extra.get("prompt")
-        else:
-            messages = render_seller_compact(obs) if prompt == "compact" else render_seller(obs, fmt)
+        messages = extra.get("prompt") if logged else render_seller(obs, fmt, prompt)
         if not messages:
             continue
         tokens = {"prompt_ids": extra.get("prompt_token_ids"), "completion_ids": extra.get("token_ids"), "logprobs": extra.get("logprobs")}

@@ -272,10 +272,20 @@ class PlannerSeller(ScriptedAgent):
         best = best_assigned(value, cols, units, len(free))
         if best is None:
             return None if any(b.awaiting for b in buyers) else _end()
-        message = plan[best]
+        return self._record(plan[best])
+
+    def follow(self, obs: SellerObservation, message: Message | None) -> None:
+        """Learn from ``obs`` as :meth:`decide` would, then take ``message`` (None: nothing) as the message
+        sent, though another seller chose it: how a teacher walks a policy's episode to label its states."""
+        self._learn(obs)
+        if message is not None:
+            self._record(message)
+
+    def _record(self, message: Message) -> Message:
         if message.action.kind == "offer":
-            self.last[free[best[0]]] = (cols[best[1]], message.action.price)
-            self.sent[free[best[0]]] += 1
+            i = int(message.to[1:]) - 1
+            self.last[i] = (int(message.action.product[1:]) - 1, message.action.price)
+            self.sent[i] += 1
         return message
 
     def _on_bid(

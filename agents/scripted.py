@@ -116,6 +116,13 @@ class _Learner(ScriptedAgent):
                     low[j] = max(low[j], float(action.price))
                     high[j] = max(high[j], low[j])
 
+    def follow(self, obs: SellerObservation, message: Message | None) -> None:
+        """Learn from ``obs`` as :meth:`decide` would, then take ``message`` (None: nothing) as the message
+        sent, though another seller chose it: how a teacher walks a policy's episode to label its states."""
+        self._learn(obs)
+        if message is not None:
+            self._record(message)
+
     def _record(self, message: Message) -> Message:
         if message.action.kind == "offer":
             i, j = int(message.to[1:]) - 1, int(message.action.product[1:]) - 1

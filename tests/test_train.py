@@ -462,7 +462,7 @@ def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, mo
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--method", "ppo", "--traces", "x"], "--method: 'ppo': unknown method; choose from sft, rft, offline-grpo, online-grpo"),
+    (["--method", "ppo", "--traces", "x"], "--method: 'ppo': unknown method; choose from sft, rft, dagger, offline-grpo, online-grpo"),
     (["--method", "sft"], "--traces: sft learns from traces: give --traces DIR"),
     (["--traces", "x", "--prompt", "short"], "--prompt: 'short': unknown prompt; choose from full, compact"),
     (["--traces", "x", "--reward", "money"], "--reward: 'money': unknown reward"),

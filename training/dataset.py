@@ -34,7 +34,7 @@ from negotiate.trace import EpisodeRecord, EpisodeStart, Event, EventType, Messa
 
 from negotiate.training.rewards import DEFAULT_REWARD, reward_fn
 
-__all__ = ["Decision", "ScoredEpisode", "load_episodes", "decisions", "replay", "group_key", "advantages", "DataFilter"]
+__all__ = ["Decision", "ScoredEpisode", "load_episodes", "decisions", "teacher_decisions", "replay", "group_key", "advantages", "DataFilter"]
 
 
 @dataclass(frozen=True)
@@ -186,9 +186,49 @@ def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, gro
     return out
 
 
+def teacher_decisions(events: Sequence[Event | dict] | EpisodeRecord, teacher: str, reward: float, group: str, *,
+                      fmt: str = "tagged", prompt: str = "full") -> list[Decision]:
+    """The seller decisions of one episode, each answered by a scripted ``teacher`` (a seller spec such as
+    ``greedy``) instead of by the seller that played it: on-policy states, the teacher's labels (DAgger).
+
+    The teacher walks the episode: before each seller message it is asked what it would send (a copy of
+    it decides, so its own choice leaves no trace), then it learns from that message as if it had sent it.
+    The prompt is the one the seller saw where the trace logged it, else rendered (``render_seller``);
+    the completion is the teacher's message as tagged text. States where the teacher would wait (it
+    returns nothing) give no decision. ``valid`` is True: a scripted seller keeps the rules."""
+    import copy
+
+    from negotiate.agents.llm import render_seller
+    from negotiate.agents.registry import parse_agent
+    from negotiate.run import seller_seed
+
+    episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
+    start = episode.start
+    spec = parse_agent(teacher, "seller", field_name="--teacher")
+    if spec.backend != "scripted":
+        raise UserError("a teacher is a scripted seller", field="--teacher", value=teacher)
+    market = Market.from_dict(MarketSpec.model_validate(start.spec), start.market)
+    agent = spec.build(market, seller_seed(market.seed))
+    if not hasattr(agent, "follow"):
+        raise UserError("this seller cannot follow another seller's episode; choose greedy, planner, posted or concession",
+                        field="--teacher", value=teacher)
+    out: list[Decision] = []
+    for obs, event in replay(episode)[0]:
+        label = copy.deepcopy(agent).decide(obs)
+        agent.follow(obs, _message(event) if event.valid and event.action is not None and not event.timed_out else None)
+        if label is None or event.timed_out:
+            continue
+        extra = event.extra or {}
+        messages = list(extra["prompt"][:2]) if extra.get("prompt") else render_seller(obs, fmt, prompt)
+        out.append(Decision(episode=episode.id, group=group, turn=int(event.turn or 0), prompt=messages,
+                            completion=render_tagged(label), reward=reward, valid=True))
+    return out
+
+
 def load_episodes(paths: Iterable[str | Path], *, reward: str = DEFAULT_REWARD, where: DataFilter = DataFilter(),
-                  fmt: str = "tagged", prompt: str = "full") -> list[ScoredEpisode]:
-    """Every complete, scorable episode under ``paths`` (files or folders) that passes ``where``, with its decisions."""
+                  fmt: str = "tagged", prompt: str = "full", teacher: str | None = None) -> list[ScoredEpisode]:
+    """Every complete, scorable episode under ``paths`` (files or folders) that passes ``where``, with its decisions
+    (with a ``teacher``, the teacher's answers in the episode's states: :func:`teacher_decisions`)."""
     score = reward_fn(reward)
     episodes: list[ScoredEpisode] = []
     seen: set[tuple[str, str]] = set()
@@ -206,7 +246,9 @@ def load_episodes(paths: Iterable[str | Path], *, reward: str = DEFAULT_REWARD, 
                                 field="episode", value=record.id)
             seen.add(key)
             group = group_key(start)
-            episodes.append(ScoredEpisode.scored(record, group, value, decisions(record, value, group, fmt=fmt, prompt=prompt)))
+            made = (decisions(record, value, group, fmt=fmt, prompt=prompt) if teacher is None
+                    else teacher_decisions(record, teacher, value, group, fmt=fmt, prompt=prompt))
+            episodes.append(ScoredEpisode.scored(record, group, value, made))
     sizes = defaultdict(int)
     for ep in episodes:
         sizes[ep.group] += 1

@@ -10,7 +10,7 @@ One folder per run (``--out``)::
     round-00/checkpoint/      merged weights + adapter/ (train --method sft)
     round-00/eval/BUYERS/     held-out episodes of the round's policy (eval)
     round-KK/rollouts/        G x M episodes of the previous round's policy (collect)
-    round-KK/checkpoint/      rft (or offline GRPO) on them, continuing the previous adapter
+    round-KK/checkpoint/      rft, dagger or offline GRPO on them, continuing the previous adapter
     round-KK/eval/BUYERS/
     server/                   the vLLM server's log and pid
     curve.png, results.md     per-round curve; every row paired on the same held-out markets
@@ -61,7 +61,7 @@ __all__ = ["LoopConfig", "LoopError", "run_loop", "loop_fields", "summarize_fold
 log = structlog.get_logger("negotiate.loop")
 
 SERVE_MODES = ("auto", "merged", "adapter")
-ROUND_METHODS = ("rft", "offline-grpo")
+ROUND_METHODS = ("rft", "dagger", "offline-grpo")
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256)
 """The ranks vLLM's ``--max-lora-rank`` takes."""
 
@@ -86,7 +86,8 @@ class LoopConfig:
     sft_lr: float = _help("SFT learning rate", default=4e-4)
     rounds: int = _help("rounds after SFT (round 0 is SFT)", default=2)
     round_method: str = _help(f"how a round learns from its rollouts: {', '.join(ROUND_METHODS)} (rft: imitate each group's best "
-                              "episode; offline-grpo: the clipped group-relative policy gradient)", default="rft")
+                              "episode; dagger: imitate the teacher's reply in every state the policy reached; offline-grpo: "
+                              "the clipped group-relative policy gradient)", default="rft")
     markets: int = _help("markets collected per round", default=16)
     group: int = _help("episodes per market per round (the group its episodes are compared in)", default=4)
     temperature: float = _help("sampling temperature of the rollouts", default=1.0)
@@ -147,7 +148,9 @@ class LoopConfig:
                 raise UserError("must be at least 1", field=_flag(name), value=getattr(self, name))
         if self.rounds < 0:
             raise UserError("must be 0 or more", field="--rounds", value=self.rounds)
-        if self.group < 2:
+        if self.group < 1:
+            raise UserError("must be at least 1", field="--group", value=self.group)
+        if self.group < 2 and self.round_method != "dagger":
             raise UserError("a round compares episodes of one market: at least 2", field="--group", value=self.group)
         if self.grpo_steps is not None and self.grpo_steps < 1:
             raise UserError("must be at least 1", field="--grpo-steps", value=self.grpo_steps)
@@ -639,6 +642,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
                     return
                 steps = ["--max-steps", str(config.grpo_steps)] if config.grpo_steps else ["--epochs", str(config.round_epochs)]
                 kl = ["--kl-beta", str(config.kl_beta)] if config.round_method == "offline-grpo" else []
+                kl += ["--teacher", config.teacher, "--min-group", "1"] if config.round_method == "dagger" else []
                 run_stage(f"round {k} {config.round_method}", tolerate_failed_episodes=False, args=[
                     "train", "--method", config.round_method, "--traces", str(folder / "rollouts"), "--model", str(base),
                     "--adapter", str(out / f"round-{k - 1:02d}" / "checkpoint" / "adapter"), "--out", str(folder / "checkpoint"),
@@ -658,11 +662,12 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
 
 def learning_signal(rollouts: Path, method: str = "offline-grpo") -> bool:
     """Whether the collected episodes give the round's method anything to learn: for offline-grpo a
-    group whose rewards differ (a nonzero advantage), for rft a group with a best episode to imitate."""
+    group whose rewards differ (a nonzero advantage), for rft a group with a best episode to imitate, for
+    dagger any seller message (a state for the teacher to label)."""
     from negotiate.training.dataset import DataFilter, load_episodes
     from negotiate.training.trainer import TrainConfig, select
 
-    episodes = load_episodes([rollouts], where=DataFilter(min_group=2))
+    episodes = load_episodes([rollouts], where=DataFilter(min_group=1 if method == "dagger" else 2))
     return bool(select(TrainConfig(method=method, traces=(str(rollouts),)), episodes))  # what the round's training would learn from
 
 

@@ -14,6 +14,9 @@
    - ``rft`` (rejection-sampling fine-tuning, or expert iteration): the same loss as ``sft``, on the
      valid messages of each collected group's best episode (its reward above the group's lowest and
      above 0). Only better-than-its-siblings behaviour is pushed up; nothing is pushed down;
+   - ``dagger``: the same loss on every state of the collected episodes, each labelled with what a
+     scripted ``teacher`` would have sent there (``dataset.teacher_decisions``): imitation on the
+     policy's own states, where its mistakes lead (DAgger, Ross et al. 2011);
    - ``offline-grpo``: the clipped policy-gradient surrogate of GRPO on collected groups. Each
      completion token ``t`` of a decision in episode ``e`` has ratio ``r = exp(logp_new - logp_old)``
      against the logged log-prob (or, where none was logged, the policy's own before its first
@@ -53,7 +56,7 @@ __all__ = ["TrainConfig", "METHODS", "train", "load_policy", "build_examples", "
 
 log = structlog.get_logger("negotiate.training")
 
-METHODS = ("sft", "rft", "offline-grpo", "online-grpo")
+METHODS = ("sft", "rft", "dagger", "offline-grpo", "online-grpo")
 
 
 def _help(text: str, **kw):
@@ -73,6 +76,7 @@ class TrainConfig:
     seller: str | None = _help("use only episodes of this seller spec (as the trace names it)", default=None)
     min_group: int = _help("drop groups with fewer episodes (rft and offline-grpo need 2 or more)", default=2)
     top: float = _help("sft: the share of episodes kept, best rewards first", default=1.0)
+    teacher: str = _help("dagger: the scripted seller whose replies label the episodes' states", default="greedy")
     lora: bool = _help("train a LoRA adapter (peft) instead of every weight", default=True)
     lora_r: int = _help("LoRA rank", default=16)
     lora_alpha: int = _help("LoRA alpha", default=32)
@@ -243,14 +247,16 @@ def encode_completion(tokenizer, messages: list[dict], completion: str, stops: s
 
 def select(config: TrainConfig, episodes: list[Episode]) -> list[tuple[Decision, float]]:
     """(decision, weight) pairs for the method: sft keeps the valid messages of the best ``top`` share of
-    episodes (weight 1); rft the valid messages of each group's best episodes (:func:`group_best`);
-    offline-grpo keeps every decision whose episode has a nonzero advantage."""
+    episodes (weight 1); rft the valid messages of each group's best episodes (:func:`group_best`); dagger
+    every decision (the teacher's labels); offline-grpo keeps every decision whose episode has a nonzero advantage."""
     if config.method == "sft":
         ranked = sorted(episodes, key=lambda ep: ep.reward, reverse=True)
         kept = ranked[: max(1, math.ceil(len(ranked) * config.top))] if ranked else []
         return [(d, 1.0) for ep in kept for d in ep.decisions if d.valid]
     if config.method == "rft":
         return [(d, 1.0) for ep in group_best(episodes) for d in ep.decisions if d.valid]
+    if config.method == "dagger":
+        return [(d, 1.0) for ep in episodes for d in ep.decisions]  # the teacher's labels (load_episodes(teacher=...))
     adv = advantages(episodes, scale=config.scale_advantages)
     return [(d, adv[ep.id]) for ep in episodes for d in ep.decisions if adv[ep.id] != 0.0]
 
@@ -371,7 +377,7 @@ def example_loss(config: TrainConfig, model, example: Example, stats: dict, logp
 
     if logp is None:
         logp = completion_logprobs(model, example)
-    if config.method in ("sft", "rft"):
+    if config.method in ("sft", "rft", "dagger"):
         return -logp.sum()
     if example.old_logprobs is None:  # nothing logged: the policy before its first update samples the reference point
         example.old_logprobs = logp.detach().tolist()
@@ -543,7 +549,8 @@ def train(config: TrainConfig, *, progress=None) -> dict:
         raise UserError("already holds a trained checkpoint; choose another --out", source=str(out))
     grouped = config.method in ("rft", "offline-grpo")
     where = DataFilter(split=config.split, seller=config.seller, min_group=config.min_group if grouped else 1)
-    episodes = load_episodes(config.traces, reward=config.reward, where=where, prompt=config.prompt)
+    episodes = load_episodes(config.traces, reward=config.reward, where=where, prompt=config.prompt,
+                             teacher=config.teacher if config.method == "dagger" else None)
     if not episodes:
         raise UserError("no usable episodes (check --split, --seller and --min-group against the traces)", source=", ".join(config.traces))
     began = time.perf_counter()

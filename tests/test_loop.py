@@ -133,6 +133,17 @@ def test_offline_grpo_rounds_pass_their_kl_and_steps(world):
     assert args[args.index("--max-steps") + 1] == "3" and "--epochs" not in args
 
 
+def test_dagger_rounds_label_the_policys_states_with_the_teacher_and_need_no_group(world):
+    config, calls, crash, out = world
+    run_loop(config(round_method="dagger", teacher="planner", group=1, markets=3, grpo_steps=2), echo=lambda line: None)
+    assert "round 1 dagger" in calls
+    args = crash["train_args"][-1]
+    assert args[args.index("--method") + 1] == "dagger" and args[args.index("--teacher") + 1] == "planner"
+    assert args[args.index("--min-group") + 1] == "1" and "--kl-beta" not in args
+    assert args[args.index("--traces") + 1].endswith("round-01/rollouts")
+    assert json.loads((out / "loop.json").read_text())["done"][-2:] == ["round 1 train", "round 1 eval"]
+
+
 def test_a_run_from_before_round_method_resumes_with_offline_grpo(world):
     config, calls, crash, out = world
     state = cut(world, "round 1 rft")
@@ -245,6 +256,8 @@ def test_the_real_stage_runner_reports_the_commands_last_line(tmp_path):
     ({"split": "specs/nope.toml"}, "--split"),
     ({"round_method": "ppo"}, "--round-method"),
     ({"round_epochs": 0}, "--round-epochs"),
+    ({"round_method": "dagger", "group": 0}, "--group"),
+    ({"round_method": "dagger", "teacher": "oracle"}, "--teacher: 'oracle': this seller cannot follow"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(change, flag, tmp_path):
     with pytest.raises(UserError, match=flag):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 
 import anyio
 import orjson
@@ -23,9 +24,11 @@ from negotiate.agents.llm import render_seller, render_seller_compact
 from negotiate.agents.registry import parse_agent
 from negotiate.cli import main
 from negotiate.episode import run_episode
+from negotiate.errors import UserError
+from negotiate.market import SPLITS, Buyer, Market, Product
 from negotiate.protocol import SELLER, render_tagged
 from negotiate.trace import read_episodes
-from negotiate.training.dataset import DataFilter, Episode, advantages, decisions, group_key, load_episodes, replay
+from negotiate.training.dataset import DataFilter, Episode, advantages, decisions, group_key, load_episodes, replay, teacher_decisions
 from negotiate.training.rewards import REWARDS, profit_penalized, profit_share, reward_fn
 
 from tiny_model import build_tiny_llama, small_market
@@ -125,6 +128,65 @@ def test_scripted_decisions_under_the_compact_prompt():
     m = next(e for e in events if e["type"] == "message" and e["sender"] == SELLER)
     assert f"{m['to']}: owes you a reply\n  you: [OFFER] {m['action']['product']} ${m['action']['price']}\n" in ds[1].prompt[1]["content"]
     assert sum(len(c["content"]) for d in ds for c in d.prompt) < 0.5 * sum(len(c["content"]) for d in full for c in d.prompt)
+
+
+@pytest.mark.parametrize("teacher", ["greedy", "planner", "posted", "concession", "dutch"])
+@pytest.mark.parametrize("buyers", ["threshold", "concession"])
+def test_a_teacher_labelling_its_own_episodes_gives_back_its_own_messages(teacher, buyers):
+    # Following its own messages, the teacher is in the state it was in when it played: every label is what it sent.
+    from negotiate.market import SPLITS, generate
+
+    for seed in (1, 2, 3):
+        events = play(teacher, buyers, market=generate(SPLITS["train"], seed), seed=seed)
+        labelled = teacher_decisions(events, teacher, reward=0.5, group="g", prompt="compact")
+        own = decisions(events, reward=0.5, group="g", prompt="compact")
+        assert [(d.turn, d.prompt, d.completion) for d in labelled] == [(d.turn, d.prompt, d.completion) for d in own]
+        assert len(own) >= 2
+
+
+def test_the_teacher_labels_another_sellers_states_with_what_it_learned_from_them():
+    # One buyer (value 500), one product (cost 200), 3 turns, values in 100-1000. The dutch clock offers $1000, $600
+    # and $200 (sold). Greedy with k turns left offers cost + (high - cost) k / (k + 1): $800 at the start; $733 once
+    # $1000 was refused (high 999, k=2: 200 + 799 x 2/3); $400 once $600 was too (high 599, k=1). A teacher that had
+    # not followed dutch's offers would still say $600 at the last turn.
+    market = Market(spec=SPLITS["train"], seed=0, products=(Product("p1", "Air tent", 200, 1),),
+                    buyers=(Buyer("b1", (500,), "neutral"),), budget=3, price_low=100, price_high=1000)
+    events = play("dutch", market=market)
+    sent = [e["action"]["price"] for e in events if e["type"] == "message" and e["sender"] == SELLER]
+    assert sent == [1000, 600, 200]
+    labelled = teacher_decisions(events, "greedy", reward=0.3, group="g")
+    assert [d.completion.rsplit("\n", 1)[1] for d in labelled] == ["Action: [OFFER] p1 $800", "Action: [OFFER] p1 $733",
+                                                                   "Action: [OFFER] p1 $400"]
+    assert [d.turn for d in labelled] == [1, 2, 3] and all(d.valid and d.reward == 0.3 for d in labelled)
+    # Each prompt is the state dutch was in: its own refused $1000 is in the thread the label answers.
+    assert [d.prompt for d in labelled] == [d.prompt for d in decisions(events, reward=0.3, group="g")]
+    assert "you: [OFFER] p1 $1000" in labelled[1].prompt[1]["content"]
+
+
+def test_a_teacher_waits_where_it_would_not_speak_and_a_logged_prompt_is_kept():
+    # The planner sends one offer at a time to buyers who only accept or reject: while one is unanswered it waits,
+    # so a state where greedy writes to the second buyer gets no label from it.
+    events = play("greedy", seed=0)
+    sent = [e for e in events if e["type"] == "message" and e["sender"] == SELLER]
+    greedy_turns = [e["turn"] for e in sent]
+    planner = teacher_decisions(events, "planner", reward=0.0, group="g")
+    assert 0 < len(planner) < len(greedy_turns) and {d.turn for d in planner} < set(greedy_turns)
+    logged = [dict(e, extra={"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": f"U{e['turn']}"},
+                                        {"role": "user", "content": "a re-ask"}]}) if e["type"] == "message" and e["sender"] == SELLER
+              else e for e in events]
+    assert [d.prompt for d in teacher_decisions(logged, "greedy", reward=0.0, group="g")] == [
+        [{"role": "system", "content": "S"}, {"role": "user", "content": f"U{t}"}] for t in greedy_turns]
+
+
+@pytest.mark.parametrize("teacher, message", [
+    ("oracle", "--teacher: 'oracle': this seller cannot follow another seller's episode; choose from planner, greedy, concession, posted, dutch"),
+    ("random", "choose from planner"),
+    ("hf:smollm2", "--teacher: 'hf:smollm2': a teacher is a scripted seller"),
+    ("nope", "--teacher"),
+])
+def test_a_teacher_that_cannot_label_is_refused_in_one_line(teacher, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        teacher_decisions(play(), teacher, reward=0.0, group="g")
 
 
 def test_logged_llm_decisions_keep_the_prompt_tokens_and_logprobs_as_logged():
@@ -417,6 +479,40 @@ def test_rft_trains_on_the_best_random_episode_of_each_group_and_raises_its_like
     assert (tmp_path / "rft" / "adapter" / "adapter_config.json").is_file()
 
 
+@needs_train
+def test_dagger_learns_the_teachers_labels_on_the_random_sellers_states(tiny, traces, tmp_path):
+    import torch
+
+    from negotiate.training.trainer import build_examples, completion_logprobs, encode_completion, load_policy, train
+
+    cfg = config(tiny, tmp_path / "dagger", method="dagger", teacher="greedy", traces=(str(traces / "run"),), seller="random",
+                 min_group=1, lr=3e-3, epochs=2)
+    episodes = load_episodes(cfg.traces, where=DataFilter(seller="random"), teacher="greedy")
+    labels = [d for ep in episodes for d in ep.decisions]
+    sent = sum(1 for ep in episodes for e in ep.record.messages() if e.sender == SELLER)
+    assert 0 < len(labels) <= sent  # every state of the random seller's, but those where greedy would wait
+    own = {(d.episode, d.turn): d.completion for ep in load_episodes(cfg.traces, where=DataFilter(seller="random")) for d in ep.decisions}
+    assert sum(own[d.episode, d.turn] == d.completion for d in labels) < len(labels) / 4  # greedy's replies, not random's
+    model, tokenizer = load_policy(cfg)
+    examples, counts = build_examples(cfg, episodes, model, tokenizer)
+    assert counts["examples"] == len(examples) == len(labels)
+    from negotiate.agents.local import stop_tokens
+
+    stops = stop_tokens(model, tokenizer)
+    assert [ex.completion_ids for ex in examples] == [encode_completion(tokenizer, d.prompt, d.completion, stops) for d in labels]
+
+    def nll(m) -> float:
+        with torch.no_grad():
+            return sum(-float(completion_logprobs(m, ex).sum()) for ex in examples)
+
+    before = nll(model)
+    summary = train(cfg)
+    from transformers import AutoModelForCausalLM
+
+    assert nll(AutoModelForCausalLM.from_pretrained(tmp_path / "dagger")) < before
+    assert summary["steps"] == math.ceil(len(examples) * 2 / 4)
+
+
 @pytest.mark.skipif(not HAVE_TRL, reason="needs trl and datasets: pip install 'negotiate[train]'")
 def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, monkeypatch):
     from negotiate.training import online
@@ -469,6 +565,7 @@ def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, mo
     (["--traces", "x", "--top", "0"], "--top: 0.0: must be in (0, 1]"),
     (["--traces", "x", "--batch-size", "0"], "--batch-size: 0: must be at least 1"),
     (["--traces", "x", "--method", "offline-grpo", "--kl-beta", "0.1", "--no-lora"], "--kl-beta: 0.1: a KL to the reference needs LoRA"),
+    (["--traces", "x", "--method", "dagger", "--teacher", "oracle"], "--teacher: 'oracle': this seller cannot follow another seller's"),
 ])
 def test_train_flags_are_checked_before_anything_loads(argv, message, capsys, tmp_path):
     assert main(["train", "--out", str(tmp_path / "o"), *argv]) == 2

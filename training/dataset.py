@@ -34,7 +34,7 @@ from negotiate.trace import EpisodeRecord, EpisodeStart, Event, EventType, Messa
 
 from negotiate.training.rewards import DEFAULT_REWARD, reward_fn
 
-__all__ = ["Decision", "ScoredEpisode", "load_episodes", "decisions", "teacher_decisions", "replay", "group_key", "advantages", "DataFilter"]
+__all__ = ["Decision", "ScoredEpisode", "load_episodes", "decisions", "teacher_decisions", "check_teacher", "replay", "group_key", "advantages", "DataFilter"]
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,21 @@ def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, gro
     return out
 
 
+def check_teacher(teacher: str):
+    """The parsed spec of a scripted seller that can label another seller's states (it has ``follow``);
+    a one-line :class:`UserError` naming ``--teacher`` otherwise."""
+    from negotiate.agents.registry import parse_agent
+    from negotiate.agents.scripted import SELLERS
+
+    spec = parse_agent(teacher, "seller", field_name="--teacher")
+    if spec.backend != "scripted":
+        raise UserError("a teacher is a scripted seller", field="--teacher", value=teacher)
+    if not hasattr(SELLERS[spec.name], "follow"):
+        able = ", ".join(name for name, cls in SELLERS.items() if hasattr(cls, "follow"))
+        raise UserError(f"this seller cannot follow another seller's episode; choose from {able}", field="--teacher", value=teacher)
+    return spec
+
+
 def teacher_decisions(events: Sequence[Event | dict] | EpisodeRecord, teacher: str, reward: float, group: str, *,
                       fmt: str = "tagged", prompt: str = "full") -> list[Decision]:
     """The seller decisions of one episode, each answered by a scripted ``teacher`` (a seller spec such as
@@ -199,19 +214,12 @@ def teacher_decisions(events: Sequence[Event | dict] | EpisodeRecord, teacher: s
     import copy
 
     from negotiate.agents.llm import render_seller
-    from negotiate.agents.registry import parse_agent
     from negotiate.run import seller_seed
 
     episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
     start = episode.start
-    spec = parse_agent(teacher, "seller", field_name="--teacher")
-    if spec.backend != "scripted":
-        raise UserError("a teacher is a scripted seller", field="--teacher", value=teacher)
     market = Market.from_dict(MarketSpec.model_validate(start.spec), start.market)
-    agent = spec.build(market, seller_seed(market.seed))
-    if not hasattr(agent, "follow"):
-        raise UserError("this seller cannot follow another seller's episode; choose greedy, planner, posted or concession",
-                        field="--teacher", value=teacher)
+    agent = check_teacher(teacher).build(market, seller_seed(market.seed))
     out: list[Decision] = []
     for obs, event in replay(episode)[0]:
         label = copy.deepcopy(agent).decide(obs)

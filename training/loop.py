@@ -148,6 +148,10 @@ class LoopConfig:
                 raise UserError("must be at least 1", field=_flag(name), value=getattr(self, name))
         if self.rounds < 0:
             raise UserError("must be 0 or more", field="--rounds", value=self.rounds)
+        if self.round_method == "dagger":
+            from negotiate.training.dataset import check_teacher
+
+            check_teacher(self.teacher)
         if self.group < 1:
             raise UserError("must be at least 1", field="--group", value=self.group)
         if self.group < 2 and self.round_method != "dagger":

@@ -49,7 +49,7 @@ import structlog
 from negotiate.agents.backends import PROMPTS
 from negotiate.errors import UserError
 
-from negotiate.training.dataset import DataFilter, Decision, Episode, advantages, by_group, load_episodes
+from negotiate.training.dataset import DataFilter, Decision, Episode, advantages, by_group, check_teacher, load_episodes
 from negotiate.training.rewards import DEFAULT_REWARD, REWARDS
 
 __all__ = ["TrainConfig", "METHODS", "train", "load_policy", "build_examples", "Example", "save_policy", "evaluate_policy", "play_episodes"]
@@ -122,6 +122,8 @@ class TrainConfig:
                             "drop --no-lora or set --kl-beta 0", field="--kl-beta", value=self.kl_beta)
         if self.prompt not in PROMPTS:
             raise UserError(f"unknown prompt; choose from {', '.join(PROMPTS)}", field="--prompt", value=self.prompt)
+        if self.method == "dagger":
+            check_teacher(self.teacher)
         if self.adapter is not None and not self.lora:
             raise UserError("an adapter to continue needs LoRA; drop --no-lora", field="--adapter", value=self.adapter)
         if self.adapter is not None and not (Path(self.adapter) / "adapter_config.json").is_file():

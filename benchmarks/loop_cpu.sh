@@ -9,6 +9,7 @@
 #   SFT_FROM=runs/loop-cpu TEMPERATURE=0.7 bash benchmarks/loop_cpu.sh runs/t07   # rollouts at 0.7
 #   SFT_FROM=runs/loop-cpu LEGAL=1 bash benchmarks/loop_cpu.sh runs/legal   # decode under the rules' regex (--legal)
 #   COMPACT=1 bash benchmarks/loop_cpu.sh runs/compact   # the compact prompt, --legal, SFT on 2,560 decisions, rounds of 64 x 4
+#   SFT_FROM=runs/compact COMPACT=1 DAGGER=1 ROUNDS=2 bash benchmarks/loop_cpu.sh runs/dagger   # dagger rounds: 128 x 2, 64 steps
 #
 # SmolLM2-135M-Instruct imitates the greedy seller on compact markets (300 teacher episodes,
 # 80 SFT steps of 16 decisions: 1,280 decisions), then rounds of rft: the policy, served by vLLM,
@@ -25,16 +26,22 @@ OUT=${1:-runs/loop-cpu}
 ROUNDS=${ROUNDS:-1}
 METHOD=(--round-method rft --round-epochs 2)
 if [ "${GRPO:-0}" = 1 ]; then METHOD=(--round-method offline-grpo); fi
+if [ "${DAGGER:-0}" = 1 ]; then METHOD=(--round-method dagger --grpo-steps 64); fi
 if [ -n "${SFT_FROM:-}" ]; then METHOD+=(--sft-from "$SFT_FROM"); fi
 if [ "${LEGAL:-0}" = 1 ]; then METHOD+=(--legal); fi
 SIZE=(--teacher-episodes 300 --sft-steps 80 --markets 32)
+GROUP=(--group 4)
 if [ "${COMPACT:-0}" = 1 ]; then
     # README "The compact prompt": 2.3x fewer prompt tokens pay for twice the teacher's decisions and rounds of 64 markets.
     METHOD+=(--prompt compact --legal --no-untrained); SIZE=(--teacher-episodes 600 --sft-steps 160 --markets 64)
 fi
+if [ "${DAGGER:-0}" = 1 ]; then
+    # README "Dagger rounds": the teacher labels every state of 128 markets x 2 of the policy's; 64 steps of 16 labels.
+    SIZE[-1]=128; GROUP=(--group 2)
+fi
 cd "$(dirname "$0")/.."
 negotiate loop --out "$OUT" --model smollm2 --teacher greedy --split specs/compact.toml \
     "${SIZE[@]}" --sft-batch 16 --sft-lr 4e-4 \
-    --rounds "$ROUNDS" "${METHOD[@]}" --group 4 --temperature "${TEMPERATURE:-1.0}" --grpo-batch 16 --grpo-lr 2e-4 \
+    --rounds "$ROUNDS" "${METHOD[@]}" "${GROUP[@]}" --temperature "${TEMPERATURE:-1.0}" --grpo-batch 16 --grpo-lr 2e-4 \
     --eval-splits specs/compact.toml,specs/compact-correlated.toml,specs/compact-shapes.toml --eval-episodes 64 \
     --ladder greedy,planner,posted,concession,dutch,oracle --max-tokens 48 --concurrency 64 --threads 2

@@ -192,9 +192,9 @@ def check_teacher(teacher: str):
     from negotiate.agents.registry import parse_agent
     from negotiate.agents.scripted import SELLERS
 
-    spec = parse_agent(teacher, "seller", field_name="--teacher")
-    if spec.backend != "scripted":
+    if ":" in teacher.split("?")[0]:  # a model backend (hf:, vllm:, openai:): refused before its extras are looked for
         raise UserError("a teacher is a scripted seller", field="--teacher", value=teacher)
+    spec = parse_agent(teacher, "seller", field_name="--teacher")
     if not hasattr(SELLERS[spec.name], "follow"):
         able = ", ".join(name for name, cls in SELLERS.items() if hasattr(cls, "follow"))
         raise UserError(f"this seller cannot follow another seller's episode; choose from {able}", field="--teacher", value=teacher)

@@ -46,8 +46,7 @@ from negotiate.market import MarketSpec
 from negotiate.protocol import Message
 from negotiate.regulator import ACTIVE, SellerObservation
 
-from negotiate.agents.base import ScriptedAgent
-from negotiate.agents.scripted import _accept_bid, _end, _offer, best_assigned
+from negotiate.agents.scripted import _accept_bid, _end, _Follower, _offer, best_assigned
 
 __all__ = ["PlannerSeller"]
 
@@ -66,7 +65,7 @@ PRICE_TRIES = 0.7
 against pricing by the valuing ladder; 0.75-0.9: +0.001 to +0.003, or less)."""
 
 
-class PlannerSeller(ScriptedAgent):
+class PlannerSeller(_Follower):
     """Plans offers on a belief over each buyer's values; see the module docstring."""
 
     name = "planner"
@@ -273,13 +272,6 @@ class PlannerSeller(ScriptedAgent):
         if best is None:
             return None if any(b.awaiting for b in buyers) else _end()
         return self._record(plan[best])
-
-    def follow(self, obs: SellerObservation, message: Message | None) -> None:
-        """Learn from ``obs`` as :meth:`decide` would, then take ``message`` (None: nothing) as the message
-        sent, though another seller chose it: how a teacher walks a policy's episode to label its states."""
-        self._learn(obs)
-        if message is not None:
-            self._record(message)
 
     def _record(self, message: Message) -> Message:
         if message.action.kind == "offer":

@@ -84,7 +84,19 @@ def _tries_value(low: float, high: float, cost: float, tries: int) -> tuple[floa
     return frac / 2 * (high - cost) ** 2 / (high - low), int(round(price))
 
 
-class _Learner(ScriptedAgent):
+class _Follower(ScriptedAgent):
+    """A seller that learns from what it observes (``_learn``) and from what it sent (``_record``), and so
+    can follow another seller's episode."""
+
+    def follow(self, obs: SellerObservation, message: Message | None) -> None:
+        """Learn from ``obs`` as :meth:`decide` would, then take ``message`` (None: nothing) as the message
+        sent, though another seller chose it: how a teacher walks a policy's episode to label its states."""
+        self._learn(obs)
+        if message is not None:
+            self._record(message)
+
+
+class _Learner(_Follower):
     """A seller that keeps, for every buyer-product pair, bounds on the buyer's value."""
 
     def _setup(self, obs: SellerObservation) -> None:
@@ -115,13 +127,6 @@ class _Learner(ScriptedAgent):
                 if 0 <= j < len(low):
                     low[j] = max(low[j], float(action.price))
                     high[j] = max(high[j], low[j])
-
-    def follow(self, obs: SellerObservation, message: Message | None) -> None:
-        """Learn from ``obs`` as :meth:`decide` would, then take ``message`` (None: nothing) as the message
-        sent, though another seller chose it: how a teacher walks a policy's episode to label its states."""
-        self._learn(obs)
-        if message is not None:
-            self._record(message)
 
     def _record(self, message: Message) -> Message:
         if message.action.kind == "offer":

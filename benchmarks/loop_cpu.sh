@@ -10,6 +10,7 @@
 #   SFT_FROM=runs/loop-cpu LEGAL=1 bash benchmarks/loop_cpu.sh runs/legal   # decode under the rules' regex (--legal)
 #   COMPACT=1 bash benchmarks/loop_cpu.sh runs/compact   # the compact prompt, --legal, SFT on 2,560 decisions, rounds of 64 x 4
 #   SFT_FROM=runs/compact COMPACT=1 DAGGER=1 ROUNDS=2 bash benchmarks/loop_cpu.sh runs/dagger   # dagger rounds: 128 x 2, 64 steps
+#   COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=2 bash benchmarks/loop_cpu.sh runs/dagger-agg   # each round learns from every label so far
 #
 # SmolLM2-135M-Instruct imitates the greedy seller on compact markets (300 teacher episodes,
 # 80 SFT steps of 16 decisions: 1,280 decisions), then rounds of rft: the policy, served by vLLM,
@@ -27,6 +28,7 @@ ROUNDS=${ROUNDS:-1}
 METHOD=(--round-method rft --round-epochs 2)
 if [ "${GRPO:-0}" = 1 ]; then METHOD=(--round-method offline-grpo); fi
 if [ "${DAGGER:-0}" = 1 ]; then METHOD=(--round-method dagger --grpo-steps 64); fi
+if [ "${AGGREGATE:-0}" = 1 ]; then METHOD+=(--aggregate); fi
 if [ -n "${SFT_FROM:-}" ]; then METHOD+=(--sft-from "$SFT_FROM"); fi
 if [ "${LEGAL:-0}" = 1 ]; then METHOD+=(--legal); fi
 SIZE=(--teacher-episodes 300 --sft-steps 80 --markets 32)

@@ -144,6 +144,23 @@ def test_dagger_rounds_label_the_policys_states_with_the_teacher_and_need_no_gro
     assert json.loads((out / "loop.json").read_text())["done"][-2:] == ["round 1 train", "round 1 eval"]
 
 
+def test_aggregated_dagger_rounds_learn_from_the_teachers_episodes_and_every_rounds_rollouts(world):
+    config, calls, crash, out = world
+    run_loop(config(round_method="dagger", group=1, markets=3, grpo_steps=2, rounds=2, aggregate=True), echo=lambda line: None)
+    assert [c for c in calls if c.endswith("dagger")] == ["round 1 dagger", "round 2 dagger"]
+    first, second = crash["train_args"][-2:]
+
+    def traces(args):
+        tail = args[args.index("--traces") + 1:]
+        return [Path(t).relative_to(out).as_posix() for t in tail[:tail.index("--model")]]
+
+    assert traces(first) == ["round-00/teacher", "round-01/rollouts"]
+    assert traces(second) == ["round-00/teacher", "round-01/rollouts", "round-02/rollouts"]
+    for name in traces(second):
+        assert any((out / name).rglob("*.jsonl")), name  # each is a folder of finished episodes
+    assert second[second.index("--adapter") + 1].endswith("round-01/checkpoint/adapter")
+
+
 def test_a_run_from_before_round_method_resumes_with_offline_grpo(world):
     config, calls, crash, out = world
     state = cut(world, "round 1 rft")
@@ -258,6 +275,7 @@ def test_the_real_stage_runner_reports_the_commands_last_line(tmp_path):
     ({"round_epochs": 0}, "--round-epochs"),
     ({"round_method": "dagger", "group": 0}, "--group"),
     ({"round_method": "dagger", "teacher": "oracle"}, "--teacher: 'oracle': this seller cannot follow"),
+    ({"aggregate": True}, "--aggregate: True: aggregates the teacher's labels: use it with --round-method dagger"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(change, flag, tmp_path):
     with pytest.raises(UserError, match=flag):

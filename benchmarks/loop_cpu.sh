@@ -10,7 +10,8 @@
 #   SFT_FROM=runs/loop-cpu LEGAL=1 bash benchmarks/loop_cpu.sh runs/legal   # decode under the rules' regex (--legal)
 #   COMPACT=1 bash benchmarks/loop_cpu.sh runs/compact   # the compact prompt, --legal, SFT on 2,560 decisions, rounds of 64 x 4
 #   SFT_FROM=runs/compact COMPACT=1 DAGGER=1 ROUNDS=2 bash benchmarks/loop_cpu.sh runs/dagger   # dagger rounds: 128 x 2, 64 steps
-#   COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=2 bash benchmarks/loop_cpu.sh runs/dagger-agg   # each round learns from every label so far
+#   COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=2 EVAL_BUYERS=threshold,concession bash benchmarks/loop_cpu.sh runs/dagger-agg
+#                                                   # each round learns from every label so far; a conceding-buyer column too
 #
 # SmolLM2-135M-Instruct imitates the greedy seller on compact markets (300 teacher episodes,
 # 80 SFT steps of 16 decisions: 1,280 decisions), then rounds of rft: the policy, served by vLLM,
@@ -46,4 +47,4 @@ negotiate loop --out "$OUT" --model smollm2 --teacher greedy --split specs/compa
     "${SIZE[@]}" --sft-batch 16 --sft-lr 4e-4 \
     --rounds "$ROUNDS" "${METHOD[@]}" "${GROUP[@]}" --temperature "${TEMPERATURE:-1.0}" --grpo-batch 16 --grpo-lr 2e-4 \
     --eval-splits specs/compact.toml,specs/compact-correlated.toml,specs/compact-shapes.toml --eval-episodes 64 \
-    --ladder greedy,planner,posted,concession,dutch,oracle --max-tokens 48 --concurrency 64 --threads 2
+    --eval-buyers "${EVAL_BUYERS:-threshold}" --ladder greedy,planner,posted,concession,dutch,oracle --max-tokens 48 --concurrency 64 --threads 2

@@ -107,6 +107,23 @@ def test_a_loop_killed_mid_training_resumes_at_that_stage_and_keeps_every_finish
     assert calls == ["round 2 collect", "round 2 rft", "round 2 eval (threshold)"]
 
 
+def test_each_eval_buyer_type_is_a_column_of_its_own_paired_on_its_own_markets(world):
+    config, calls, crash, out = world
+    run_loop(config(eval_buyers="threshold,concession"), echo=lambda line: None)
+    assert [c for c in calls if "eval" in c] == ["round 0 eval (threshold)", "round 0 eval (concession)", "round 1 eval (threshold)",
+                                                  "round 1 eval (concession)"]
+    results = (out / "results.md").read_text()
+    threshold, concession = results.split("### buyers: concession")
+    assert threshold.startswith("### buyers: threshold")
+    for section in (threshold, concession):
+        for row in ("| SFT (round 0) |", "| round 1 |", "| greedy |", "| round 1 − SFT (round 0) (paired) |"):
+            assert row in section, section
+    data = json.loads((out / "loop.json").read_text())
+    assert set(data["rounds"]["1"]) == {"threshold", "concession"}
+    # The columns differ because the buyers do: the same greedy seller on the same markets.
+    assert threshold.split("| greedy |")[1].split("\n")[0] != concession.split("| greedy |")[1].split("\n")[0]
+
+
 def test_a_round_whose_groups_all_scored_alike_keeps_the_previous_policy(world):
     config, calls, crash, out = world
     crash["policy"] = "concession"  # deterministic: every repeat of a market plays the same episode

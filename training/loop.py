@@ -175,7 +175,8 @@ class LoopConfig:
 
 BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False, "prompt": "full",
                 "aggregate": False}
-"""What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained, the full prompt."""
+"""What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained, the full prompt, each round
+on its own rollouts only."""
 RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 """Flags a rerun may change; any other change to a run's config is refused."""
 

@@ -12,6 +12,8 @@
 #   SFT_FROM=runs/compact COMPACT=1 DAGGER=1 ROUNDS=2 bash benchmarks/loop_cpu.sh runs/dagger   # dagger rounds: 128 x 2, 64 steps
 #   COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=2 EVAL_BUYERS=threshold,concession bash benchmarks/loop_cpu.sh runs/dagger-agg
 #                                                   # each round learns from every label so far; a conceding-buyer column too
+#   COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=2 TEACHER=planner BUYERS=concession EVAL_BUYERS=concession,threshold \
+#       bash benchmarks/loop_cpu.sh runs/planner-concession   # the planner teaches, against conceding buyers
 #
 # SmolLM2-135M-Instruct imitates the greedy seller on compact markets (300 teacher episodes,
 # 80 SFT steps of 16 decisions: 1,280 decisions), then rounds of rft: the policy, served by vLLM,
@@ -43,7 +45,7 @@ if [ "${DAGGER:-0}" = 1 ]; then
     SIZE[-1]=128; GROUP=(--group 2)
 fi
 cd "$(dirname "$0")/.."
-negotiate loop --out "$OUT" --model smollm2 --teacher greedy --split specs/compact.toml \
+negotiate loop --out "$OUT" --model smollm2 --teacher "${TEACHER:-greedy}" --buyers "${BUYERS:-threshold}" --split specs/compact.toml \
     "${SIZE[@]}" --sft-batch 16 --sft-lr 4e-4 \
     --rounds "$ROUNDS" "${METHOD[@]}" "${GROUP[@]}" --temperature "${TEMPERATURE:-1.0}" --grpo-batch 16 --grpo-lr 2e-4 \
     --eval-splits specs/compact.toml,specs/compact-correlated.toml,specs/compact-shapes.toml --eval-episodes 64 \

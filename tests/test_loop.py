@@ -321,3 +321,19 @@ def test_the_results_table_pairs_rows_on_the_markets_both_played():
     # The pooled column pools the splits shown, not every market the rows hold.
     lines = results_table([("a", a2 | {("u", 0): {"profit_ratio": 0.0, "valid_rate": 1.0}}), ("b", b2)], ["s", "t"]).splitlines()
     assert lines[2].endswith("| 0.600 ± 0.253 (valid 0.62, n=4) |")
+
+
+def test_buyers_sets_who_the_teacher_and_the_rollouts_play_against_and_eval_buyers_are_the_columns(world):
+    config, calls, crash, out = world
+    run_loop(config(round_method="dagger", teacher="planner", buyers="concession", group=1, markets=3, grpo_steps=2,
+                    eval_buyers="threshold"), echo=lambda line: None)
+    from negotiate.trace import read_records, trace_files
+
+    def buyers(folder):
+        return {record.start.buyers for path in trace_files([folder]) for record in read_records(path)}
+
+    assert buyers(out / "round-00" / "teacher") == {"concession"}  # SFT's data: the planner against conceding buyers
+    assert buyers(out / "round-01" / "rollouts") == {"concession"}  # the round's states too
+    assert buyers(out / "round-01" / "eval" / "threshold") == {"threshold"}  # held out: the columns asked for
+    teacher = crash["args"]["teacher episodes"]
+    assert teacher[teacher.index("--seller") + 1] == "planner"

@@ -12,7 +12,7 @@
 #   SFT_FROM=runs/compact COMPACT=1 DAGGER=1 ROUNDS=2 bash benchmarks/loop_cpu.sh runs/dagger   # dagger rounds: 128 x 2, 64 steps
 #   COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=2 EVAL_BUYERS=threshold,concession bash benchmarks/loop_cpu.sh runs/dagger-agg
 #                                                   # each round learns from every label so far; a conceding-buyer column too
-#   COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=2 TEACHER=planner BUYERS=concession EVAL_BUYERS=concession,threshold \
+#   COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=1 TEACHER=planner BUYERS=concession EVAL_BUYERS=concession,threshold \
 #       bash benchmarks/loop_cpu.sh runs/planner-concession   # the planner teaches, against conceding buyers
 #
 # SmolLM2-135M-Instruct imitates the greedy seller on compact markets (300 teacher episodes,

@@ -15,6 +15,7 @@ import pytest
 
 from negotiate.cli import main
 from negotiate.errors import UserError
+from negotiate.trace import read_records, trace_files
 from negotiate.training import loop
 from negotiate.training.loop import LoopConfig, LoopError, results_table, run_loop
 
@@ -293,6 +294,9 @@ def test_the_real_stage_runner_reports_the_commands_last_line(tmp_path):
     ({"round_method": "dagger", "group": 0}, "--group"),
     ({"round_method": "dagger", "teacher": "oracle"}, "--teacher: 'oracle': this seller cannot follow"),
     ({"aggregate": True}, "--aggregate: True: aggregates the teacher's labels: use it with --round-method dagger"),
+    ({"buyers": "nosuch"}, "--buyers: 'nosuch': unknown buyer agent"),
+    ({"eval_buyers": "threshold,nosuch"}, "--eval-buyers: 'nosuch': unknown buyer agent"),
+    ({"teacher": "nosuch"}, "--teacher: 'nosuch'"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(change, flag, tmp_path):
     with pytest.raises(UserError, match=flag):
@@ -327,8 +331,6 @@ def test_buyers_sets_who_the_teacher_and_the_rollouts_play_against_and_eval_buye
     config, calls, crash, out = world
     run_loop(config(round_method="dagger", teacher="planner", buyers="concession", group=1, markets=3, grpo_steps=2,
                     eval_buyers="threshold"), echo=lambda line: None)
-    from negotiate.trace import read_records, trace_files
-
     def buyers(folder):
         return {record.start.buyers for path in trace_files([folder]) for record in read_records(path)}
 

@@ -150,6 +150,11 @@ class LoopConfig:
                 raise UserError("must be at least 1", field=_flag(name), value=getattr(self, name))
         if self.rounds < 0:
             raise UserError("must be 0 or more", field="--rounds", value=self.rounds)
+        from negotiate.agents.registry import parse_agent
+
+        parse_agent(self.teacher, "seller", field_name="--teacher")
+        for buyers, flag in [(self.buyers, "--buyers"), *((b, "--eval-buyers") for b in _list(self.eval_buyers))]:
+            parse_agent(buyers, "buyer", field_name=flag)
         if self.round_method == "dagger":
             from negotiate.training.dataset import check_teacher
 

@@ -333,14 +333,11 @@ def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_epi
 
 
 def _episodes(folder: Path) -> list:
-    from negotiate.trace import read_records
+    from negotiate.trace import read_records, trace_files
 
-    found = []
-    for path in sorted(folder.rglob("*.jsonl")):
-        if path.name.endswith(".log.jsonl"):
-            continue
-        found.extend(read_records(path, allow_partial=True))
-    return found
+    if not folder.is_dir():  # a stage not run yet: nothing to read
+        return []
+    return [record for path in trace_files([folder]) for record in read_records(path, allow_partial=True)]
 
 
 def per_market(folder: Path) -> dict[str, dict[tuple, dict]]:

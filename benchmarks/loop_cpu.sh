@@ -14,6 +14,7 @@
 #                                                   # each round learns from every label so far; a conceding-buyer column too
 #   COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=1 TEACHER=planner BUYERS=concession EVAL_BUYERS=concession,threshold \
 #       bash benchmarks/loop_cpu.sh runs/planner-concession   # the planner teaches, against conceding buyers
+#   ... ACTION_WEIGHTS=accept=4 ...                 # each accept weighs 4 in the SFT's and the rounds' loss
 #
 # SmolLM2-135M-Instruct imitates the greedy seller on compact markets (300 teacher episodes,
 # 80 SFT steps of 16 decisions: 1,280 decisions), then rounds of rft: the policy, served by vLLM,
@@ -34,6 +35,7 @@ if [ "${DAGGER:-0}" = 1 ]; then METHOD=(--round-method dagger --grpo-steps 64); 
 if [ "${AGGREGATE:-0}" = 1 ]; then METHOD+=(--aggregate); fi
 if [ -n "${SFT_FROM:-}" ]; then METHOD+=(--sft-from "$SFT_FROM"); fi
 if [ "${LEGAL:-0}" = 1 ]; then METHOD+=(--legal); fi
+if [ -n "${ACTION_WEIGHTS:-}" ]; then METHOD+=(--action-weights "$ACTION_WEIGHTS"); fi
 SIZE=(--teacher-episodes 300 --sft-steps 80 --markets 32)
 GROUP=(--group 4)
 if [ "${COMPACT:-0}" = 1 ]; then

@@ -179,6 +179,20 @@ def test_aggregated_dagger_rounds_learn_from_the_teachers_episodes_and_every_rou
     assert second[second.index("--adapter") + 1].endswith("round-01/checkpoint/adapter")
 
 
+def test_action_weights_reach_the_sft_and_the_imitation_rounds_and_round_0_depends_on_them(world):
+    config, calls, crash, out = world
+    run_loop(config(round_method="dagger", group=1, markets=3, grpo_steps=2, action_weights="accept=4"), echo=lambda line: None)
+    sft, dagger = crash["args"]["round 0 sft"], crash["args"]["round 1 dagger"]
+    assert sft[sft.index("--action-weights") + 1] == dagger[dagger.index("--action-weights") + 1] == "accept=4"
+    with pytest.raises(UserError, match=r"--action-weights.*round 0 depends on it"):  # another SFT: not taken from this run
+        run_loop(config(out=str(out.parent / "b"), sft_from=str(out)), echo=lambda line: None)
+    run_loop(config(out=str(out.parent / "c"), sft_from=str(out), action_weights="accept=4", round_method="offline-grpo"),
+             echo=lambda line: None)
+    assert "--action-weights" not in crash["args"]["round 1 offline-grpo"]  # a policy gradient weighs by advantage only
+    run_loop(config(out=str(out.parent / "d"), rounds=0), echo=lambda line: None)
+    assert "--action-weights" not in crash["args"]["round 0 sft"]
+
+
 def test_a_run_from_before_round_method_resumes_with_offline_grpo(world):
     config, calls, crash, out = world
     state = cut(world, "round 1 rft")
@@ -297,6 +311,7 @@ def test_the_real_stage_runner_reports_the_commands_last_line(tmp_path):
     ({"buyers": "nosuch"}, "--buyers: 'nosuch': unknown buyer agent"),
     ({"eval_buyers": "threshold,nosuch"}, "--eval-buyers: 'nosuch': unknown buyer agent"),
     ({"teacher": "nosuch"}, "--teacher: 'nosuch'"),
+    ({"action_weights": "bid=2"}, "--action-weights: 'bid=2': 'bid' is not a seller action"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(change, flag, tmp_path):
     with pytest.raises(UserError, match=flag):

@@ -25,7 +25,7 @@ from negotiate.agents.registry import parse_agent
 from negotiate.cli import main
 from negotiate.episode import run_episode
 from negotiate.errors import UserError
-from negotiate.market import SPLITS, Buyer, Market, Product
+from negotiate.market import SPLITS, Buyer, Market, Product, generate
 from negotiate.protocol import SELLER, render_tagged
 from negotiate.trace import read_episodes
 from negotiate.training.dataset import DataFilter, Episode, advantages, decisions, group_key, load_episodes, replay, teacher_decisions
@@ -67,8 +67,6 @@ def test_rewards_by_hand_on_a_played_episode():
 @given(seed=st.integers(0, 2**32), seller=st.sampled_from(["random", "greedy", "concession", "dutch"]),
        buyers=st.sampled_from(["random", "threshold", "stubborn"]), split=st.sampled_from(["train", "shapes", "correlated"]))
 def test_rewards_stay_in_their_ranges(seed, seller, buyers, split):
-    from negotiate.market import SPLITS, generate
-
     events = play(seller, buyers, market=generate(SPLITS[split], seed), seed=seed)
     assert 0.0 <= profit_share(events) <= 1.0
     assert -1.0 <= profit_penalized(events) <= 1.0
@@ -134,8 +132,6 @@ def test_scripted_decisions_under_the_compact_prompt():
 @pytest.mark.parametrize("buyers", ["threshold", "concession"])
 def test_a_teacher_labelling_its_own_episodes_gives_back_its_own_messages(teacher, buyers):
     # Following its own messages, the teacher is in the state it was in when it played: every label is what it sent.
-    from negotiate.market import SPLITS, generate
-
     for seed in (1, 2, 3):
         events = play(teacher, buyers, market=generate(SPLITS["train"], seed), seed=seed)
         labelled = teacher_decisions(events, teacher, reward=0.5, group="g", prompt="compact")
@@ -248,6 +244,39 @@ def test_rft_keeps_the_valid_decisions_of_each_groups_best_episode():
     assert [e.id for e in group_best(eps)] == ["b", "h", "i"]
     picked = select(TrainConfig(method="rft", traces=("x",)), eps)
     assert [(d.completion, w) for d, w in picked] == [("b0", 1.0), ("b2", 1.0), ("h0", 1.0), ("i0", 1.0)]  # b's invalid b1 is left out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_each_decision_knows_its_action_kind_as_its_completion_writes_it(seed):
+    # The planner against conceding buyers offers and accepts a bid now and then (seeds 0, 1, 3-5); dutch's states labelled by greedy.
+    events = play("planner", "concession", market=generate(SPLITS["train"], seed), seed=seed)
+    for made in (decisions(events, reward=0.0, group="g"), teacher_decisions(play("dutch", market=generate(SPLITS["train"], seed),
+                                                                                   seed=seed), "greedy", reward=0.0, group="g")):
+        assert made and [d.action for d in made] == [re.search(r"Action: \[(\w+)\]", d.completion)[1].lower() for d in made]
+    sent = [e for e in events if e["type"] == "message" and e["sender"] == SELLER]
+    for e in sent:  # as a model's trace logs them (no replay needed)
+        e["raw"], e["extra"] = render_tagged_from(e), {"prompt": [{"role": "user", "content": "U"}]}
+    sent[0]["action"], sent[0]["valid"], sent[0]["raw"] = None, False, "Action: [HAGGLE]"  # a reply that did not parse has no action
+    assert [d.action for d in decisions(events, reward=0.0, group="g")] == [None, *(e["action"]["kind"] for e in sent[1:])]
+
+
+def test_action_weights_weigh_each_imitated_decision_by_its_action_kind():
+    from negotiate.training.dataset import Decision
+    from negotiate.training.trainer import TrainConfig, select
+
+    def ep(name, group, reward, actions):
+        made = [Decision(episode=name, group=group, turn=k, prompt=[], completion=f"{name}{k}", reward=reward, valid=a is not None,
+                         action=a) for k, a in enumerate(actions)]
+        return Episode(name, group, "s", "train", reward, {}, made)
+
+    eps = [ep("a", "g1", 0.6, ["offer", "accept", None]), ep("b", "g1", 0.2, ["offer", "end"])]
+    weights = "accept=4, end=0.5"
+    assert [(d.completion, w) for d, w in select(TrainConfig(method="sft", traces=("x",), action_weights=weights), eps)] == [
+        ("a0", 1.0), ("a1", 4.0), ("b0", 1.0), ("b1", 0.5)]  # the invalid a2 is left out, as before
+    assert [(d.completion, w) for d, w in select(TrainConfig(method="rft", traces=("x",), action_weights=weights), eps)] == [
+        ("a0", 1.0), ("a1", 4.0)]  # only g1's best episode
+    assert [w for _, w in select(TrainConfig(method="dagger", traces=("x",), action_weights=weights), eps)] == [1.0, 4.0, 1.0, 1.0, 0.5]
+    assert [w for _, w in select(TrainConfig(method="sft", traces=("x",)), eps)] == [1.0] * 4  # no weights: each weighs 1
 
 
 def test_collect_plays_each_market_group_times_and_the_loader_groups_them(tmp_path):
@@ -404,6 +433,19 @@ def test_one_offline_grpo_step_moves_logprobs_in_the_sign_of_the_advantage(tiny,
     with torch.no_grad():
         after = [float(completion_logprobs(model, ex).sum()) for ex in (good, bad)]
     assert after[0] > before[0] and after[1] < before[1]
+
+
+@needs_train
+def test_an_imitated_decisions_loss_is_its_weight_times_its_negative_log_likelihood():
+    import torch
+
+    from negotiate.training.trainer import Example, TrainConfig, example_loss
+
+    logp = torch.tensor([-1.0, -2.0])  # two completion tokens: NLL 3
+    for method in ("sft", "rft", "dagger"):
+        cfg = TrainConfig(method=method, traces=("x",))
+        losses = [float(example_loss(cfg, None, Example([1], [2, 3], w, None, 0.0, True), {}, logp=logp)) for w in (1.0, 4.0, 0.5)]
+        assert losses == [3.0, 12.0, 1.5], method
 
 
 @needs_train
@@ -566,6 +608,13 @@ def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, mo
     (["--traces", "x", "--batch-size", "0"], "--batch-size: 0: must be at least 1"),
     (["--traces", "x", "--method", "offline-grpo", "--kl-beta", "0.1", "--no-lora"], "--kl-beta: 0.1: a KL to the reference needs LoRA"),
     (["--traces", "x", "--method", "dagger", "--teacher", "oracle"], "--teacher: 'oracle': this seller cannot follow another seller's"),
+    (["--traces", "x", "--action-weights", "bid=2"], "--action-weights: 'bid=2': 'bid' is not a seller action; choose from offer, accept"),
+    (["--traces", "x", "--action-weights", "accept"], "--action-weights: 'accept': 'accept' is not kind=weight (e.g. accept=4)"),
+    (["--traces", "x", "--action-weights", "accept=0"], "the weight of 'accept' must be a number above 0, not '0'"),
+    (["--traces", "x", "--action-weights", "accept=many"], "the weight of 'accept' must be a number above 0, not 'many'"),
+    (["--traces", "x", "--action-weights", "accept=2,accept=3"], "'accept' is given twice"),
+    (["--traces", "x", "--method", "offline-grpo", "--action-weights", "accept=2"],
+     "--action-weights: 'accept=2': weighs imitated decisions: use it with --method sft, rft, dagger"),
 ])
 def test_train_flags_are_checked_before_anything_loads(argv, message, capsys, tmp_path):
     assert main(["train", "--out", str(tmp_path / "o"), *argv]) == 2

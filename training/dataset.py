@@ -28,13 +28,13 @@ import orjson
 
 from negotiate.errors import UserError
 from negotiate.market import Market, MarketSpec
-from negotiate.protocol import SELLER, Action, Message, ParseFailure, render_tagged
+from negotiate.protocol import SELLER, SELLER_ACTIONS, Action, Message, ParseFailure, render_tagged
 from negotiate.regulator import EpisodeState, SellerObservation
 from negotiate.trace import EpisodeRecord, EpisodeStart, Event, EventType, MessageEvent, parse_event, read_records, trace_files
 
 from negotiate.training.rewards import DEFAULT_REWARD, reward_fn
 
-__all__ = ["Decision", "ScoredEpisode", "load_episodes", "decisions", "teacher_decisions", "check_teacher", "replay", "group_key", "advantages", "DataFilter"]
+__all__ = ["Decision", "ScoredEpisode", "load_episodes", "decisions", "teacher_decisions", "check_teacher", "parse_action_weights", "replay", "group_key", "advantages", "DataFilter"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class Decision:
     """Token ids of the completion, stop token included."""
     logprobs: list[float] | None = None
     """Log-prob of each completion token under the policy that sampled it."""
+    action: str | None = None
+    """The kind of the message's action (offer, accept, reject, end); None where it did not parse."""
 
 
 @dataclass
@@ -181,9 +183,38 @@ def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, gro
             tokens = {}
         out.append(Decision(
             episode=episode.id, group=group, turn=int(event.turn or 0), prompt=list(messages),
-            completion=_completion(event), reward=reward, valid=bool(event.valid), **tokens,
+            completion=_completion(event), reward=reward, valid=bool(event.valid),
+            action=event.kind if event.action is not None else None, **tokens,
         ))
     return out
+
+
+def parse_action_weights(text: str, *, flag: str = "--action-weights") -> dict[str, float]:
+    """``accept=4,end=2`` as ``{kind: weight}``: the loss weight of an imitated seller decision by the kind of
+    its action (a kind not named weighs 1). A one-line :class:`UserError` naming ``flag`` for anything else.
+
+    >>> parse_action_weights("accept=4, end=0.5")
+    {'accept': 4.0, 'end': 0.5}
+    >>> parse_action_weights("")
+    {}
+    """
+    weights: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, sep, value = (x.strip() for x in part.partition("="))
+        if not sep:
+            raise UserError(f"{part!r} is not kind=weight (e.g. accept=4)", field=flag, value=text)
+        if kind not in SELLER_ACTIONS:
+            raise UserError(f"{kind!r} is not a seller action; choose from {', '.join(SELLER_ACTIONS)}", field=flag, value=text)
+        if kind in weights:
+            raise UserError(f"{kind!r} is given twice", field=flag, value=text)
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = math.nan
+        if not (0 < weight < math.inf):
+            raise UserError(f"the weight of {kind!r} must be a number above 0, not {value!r}", field=flag, value=text)
+        weights[kind] = weight
+    return weights
 
 
 def check_teacher(teacher: str):
@@ -229,7 +260,7 @@ def teacher_decisions(events: Sequence[Event | dict] | EpisodeRecord, teacher: s
         extra = event.extra or {}
         messages = list(extra["prompt"][:2]) if extra.get("prompt") else render_seller(obs, fmt, prompt)
         out.append(Decision(episode=episode.id, group=group, turn=int(event.turn or 0), prompt=messages,
-                            completion=render_tagged(label), reward=reward, valid=True))
+                            completion=render_tagged(label), reward=reward, valid=True, action=label.action.kind))
     return out
 
 

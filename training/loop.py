@@ -77,6 +77,8 @@ class LoopConfig:
     out: str = _help("run folder (rerun the same command to resume it)", default="runs/loop")
     model: str = _help("the starting model: a transformers folder, a .gguf file, or smollm2", default="smollm2")
     teacher: str = _help("the scripted seller SFT imitates", default="greedy")
+    action_weights: str = _help("SFT and rft/dagger rounds: weigh each imitated decision's loss by the kind of its action, e.g. "
+                                "accept=4 (kinds not named weigh 1)", default="")
     split: str = _help("training split or TOML spec (teacher episodes and rollouts)", default="specs/compact.toml")
     buyers: str = _help("buyer spec in teacher episodes and rollouts", default="threshold")
     seed: int = _help("run seed of the teacher's markets; round K collects on seed + K", default=0)
@@ -155,9 +157,10 @@ class LoopConfig:
         parse_agent(self.teacher, "seller", field_name="--teacher")
         for buyers, flag in [(self.buyers, "--buyers"), *((b, "--eval-buyers") for b in _list(self.eval_buyers))]:
             parse_agent(buyers, "buyer", field_name=flag)
-        if self.round_method == "dagger":
-            from negotiate.training.dataset import check_teacher
+        from negotiate.training.dataset import check_teacher, parse_action_weights
 
+        parse_action_weights(self.action_weights)
+        if self.round_method == "dagger":
             check_teacher(self.teacher)
         if self.aggregate and self.round_method != "dagger":
             raise UserError("aggregates the teacher's labels: use it with --round-method dagger", field="--aggregate", value=True)
@@ -179,14 +182,14 @@ class LoopConfig:
 
 
 BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False, "prompt": "full",
-                "aggregate": False}
+                "aggregate": False, "action_weights": ""}
 """What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained, the full prompt, each round
-on its own rollouts only."""
+on its own rollouts only, every imitated decision weighing 1."""
 RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 """Flags a rerun may change; any other change to a run's config is refused."""
 
 SFT_FIELDS = ("model", "teacher", "split", "buyers", "seed", "teacher_episodes", "sft_steps", "sft_batch", "sft_lr", "lora_r", "bf16",
-              "micro_batch", "max_tokens", "serve", "server_url", "prompt")
+              "micro_batch", "max_tokens", "serve", "server_url", "prompt", "action_weights")
 """Flags that round 0's model depends on: ``--sft-from`` takes an earlier run's SFT only where they all match."""
 EVAL_FIELDS = ("eval_splits", "eval_buyers", "eval_episodes", "eval_seed", "eval_temperature", "ladder", "untrained", "legal")
 """Flags that round 0's evaluations depend on: where one differs, ``--sft-from`` takes the SFT and evaluates it again."""
@@ -571,6 +574,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
     buyers_list = _list(config.eval_buyers)
     train_flags = ["--threads", str(config.threads)] if config.threads else []
     train_flags += ["--micro-batch", str(config.micro_batch), "--bf16" if config.bf16 else "--no-bf16", "--prompt", config.prompt]
+    weights = ["--action-weights", config.action_weights] if config.action_weights else []
 
     def stage(name: str, work) -> None:
         if state.done(name):
@@ -624,7 +628,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
             run_stage("round 0 sft", tolerate_failed_episodes=False, args=["train", "--method", "sft", "--traces", str(r0 / "teacher"), "--model", str(base),
                                       "--out", str(r0 / "checkpoint"), "--max-steps", str(config.sft_steps), "--batch-size",
                                       str(config.sft_batch), "--lr", str(config.sft_lr), "--lora-r", str(config.lora_r),
-                                      "--seed", str(config.seed), "--quiet", *train_flags], out_file=out / "loop.out")
+                                      "--seed", str(config.seed), "--quiet", *weights, *train_flags], out_file=out / "loop.out")
 
         stage("round 0 train", sft)
         stage("serving", serving.decide)
@@ -655,6 +659,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
                 steps = ["--max-steps", str(config.grpo_steps)] if config.grpo_steps else ["--epochs", str(config.round_epochs)]
                 kl = ["--kl-beta", str(config.kl_beta)] if config.round_method == "offline-grpo" else []
                 kl += ["--teacher", config.teacher, "--min-group", "1"] if config.round_method == "dagger" else []
+                kl += weights if config.round_method != "offline-grpo" else []
                 traces = [folder / "rollouts"]
                 if config.aggregate:  # DAgger: every state labelled so far, the teacher's own first
                     traces = [r0 / "teacher", *(out / f"round-{j:02d}" / "rollouts" for j in range(1, k + 1))]

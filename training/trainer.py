@@ -6,7 +6,8 @@
    (peft) unless ``lora`` is off.
 3. :func:`build_examples` turns episodes into token sequences: the prompt's ids (logged ones
    when the trace has them, else the chat template's), the completion's ids and, where logged,
-   the log-probs of the policy that sampled them; plus a weight (the advantage).
+   the log-probs of the policy that sampled them; plus a weight (the advantage, or for imitation the
+   decision's ``action_weights``: 1 unless its action's kind is named there).
 4. The loss, per method:
 
    - ``sft``: mean negative log-likelihood of the completion tokens of the best episodes'
@@ -17,6 +18,8 @@
    - ``dagger``: the same loss on every state of the collected episodes, each labelled with what a
      scripted ``teacher`` would have sent there (``dataset.teacher_decisions``): imitation on the
      policy's own states, where its mistakes lead (DAgger, Ross et al. 2011);
+   - in these three, each decision's token losses are multiplied by its weight (``--action-weights
+     accept=4``: a rare kind of decision counts more, as a class weight does in classification);
    - ``offline-grpo``: the clipped policy-gradient surrogate of GRPO on collected groups. Each
      completion token ``t`` of a decision in episode ``e`` has ratio ``r = exp(logp_new - logp_old)``
      against the logged log-prob (or, where none was logged, the policy's own before its first
@@ -49,7 +52,8 @@ import structlog
 from negotiate.agents.backends import PROMPTS
 from negotiate.errors import UserError
 
-from negotiate.training.dataset import DataFilter, Decision, Episode, advantages, by_group, check_teacher, load_episodes
+from negotiate.training.dataset import (DataFilter, Decision, Episode, advantages, by_group, check_teacher, load_episodes,
+                                       parse_action_weights)
 from negotiate.training.rewards import DEFAULT_REWARD, REWARDS
 
 __all__ = ["TrainConfig", "METHODS", "train", "load_policy", "build_examples", "Example", "save_policy", "evaluate_policy", "play_episodes"]
@@ -57,6 +61,8 @@ __all__ = ["TrainConfig", "METHODS", "train", "load_policy", "build_examples", "
 log = structlog.get_logger("negotiate.training")
 
 METHODS = ("sft", "rft", "dagger", "offline-grpo", "online-grpo")
+IMITATION = ("sft", "rft", "dagger")
+"""The methods whose loss is the negative log-likelihood of the kept decisions (each times its weight)."""
 
 
 def _help(text: str, **kw):
@@ -77,6 +83,8 @@ class TrainConfig:
     min_group: int = _help("drop groups with fewer episodes (rft and offline-grpo need 2 or more)", default=2)
     top: float = _help("sft: the share of episodes kept, best rewards first", default=1.0)
     teacher: str = _help("dagger: the scripted seller whose replies label the episodes' states", default="greedy")
+    action_weights: str = _help("sft, rft, dagger: weigh each imitated decision's loss by the kind of its action, e.g. accept=4 "
+                                "(kinds not named weigh 1): a rare decision, such as the planner's accept, counts more", default="")
     lora: bool = _help("train a LoRA adapter (peft) instead of every weight", default=True)
     lora_r: int = _help("LoRA rank", default=16)
     lora_alpha: int = _help("LoRA alpha", default=32)
@@ -124,6 +132,9 @@ class TrainConfig:
             raise UserError(f"unknown prompt; choose from {', '.join(PROMPTS)}", field="--prompt", value=self.prompt)
         if self.method == "dagger":
             check_teacher(self.teacher)
+        if parse_action_weights(self.action_weights) and self.method not in IMITATION:
+            raise UserError(f"weighs imitated decisions: use it with --method {', '.join(IMITATION)}", field="--action-weights",
+                            value=self.action_weights)
         if self.adapter is not None and not self.lora:
             raise UserError("an adapter to continue needs LoRA; drop --no-lora", field="--adapter", value=self.adapter)
         if self.adapter is not None and not (Path(self.adapter) / "adapter_config.json").is_file():
@@ -249,16 +260,20 @@ def encode_completion(tokenizer, messages: list[dict], completion: str, stops: s
 
 def select(config: TrainConfig, episodes: list[Episode]) -> list[tuple[Decision, float]]:
     """(decision, weight) pairs for the method: sft keeps the valid messages of the best ``top`` share of
-    episodes (weight 1); rft the valid messages of each group's best episodes (:func:`group_best`); dagger
-    every decision (the teacher's labels); offline-grpo keeps every decision whose episode has a nonzero advantage."""
+    episodes; rft the valid messages of each group's best episodes (:func:`group_best`); dagger every decision
+    (the teacher's labels); each weighs 1, or its action's ``--action-weights``. offline-grpo keeps every
+    decision whose episode has a nonzero advantage, weighted by it."""
+    weights = parse_action_weights(config.action_weights)
     if config.method == "sft":
         ranked = sorted(episodes, key=lambda ep: ep.reward, reverse=True)
         kept = ranked[: max(1, math.ceil(len(ranked) * config.top))] if ranked else []
-        return [(d, 1.0) for ep in kept for d in ep.decisions if d.valid]
-    if config.method == "rft":
-        return [(d, 1.0) for ep in group_best(episodes) for d in ep.decisions if d.valid]
-    if config.method == "dagger":
-        return [(d, 1.0) for ep in episodes for d in ep.decisions]  # the teacher's labels (load_episodes(teacher=...))
+        chosen = [d for ep in kept for d in ep.decisions if d.valid]
+    elif config.method == "rft":
+        chosen = [d for ep in group_best(episodes) for d in ep.decisions if d.valid]
+    elif config.method == "dagger":
+        chosen = [d for ep in episodes for d in ep.decisions]  # the teacher's labels (load_episodes(teacher=...))
+    if config.method in IMITATION:
+        return [(d, weights.get(d.action, 1.0)) for d in chosen]
     adv = advantages(episodes, scale=config.scale_advantages)
     return [(d, adv[ep.id]) for ep in episodes for d in ep.decisions if adv[ep.id] != 0.0]
 
@@ -379,8 +394,8 @@ def example_loss(config: TrainConfig, model, example: Example, stats: dict, logp
 
     if logp is None:
         logp = completion_logprobs(model, example)
-    if config.method in ("sft", "rft", "dagger"):
-        return -logp.sum()
+    if config.method in IMITATION:
+        return -example.weight * logp.sum()
     if example.old_logprobs is None:  # nothing logged: the policy before its first update samples the reference point
         example.old_logprobs = logp.detach().tolist()
     old = torch.tensor(example.old_logprobs, device=logp.device)

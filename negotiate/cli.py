@@ -36,7 +36,7 @@ from negotiate.logs import REQUEST_LOG, configure
 from negotiate.market import SPLITS, MarketSpec
 from negotiate.plots import write_plots
 from negotiate.report import (
-    GROUP_KEYS, overlapping_runs, paired_csv, paired_differences, paired_markdown, paired_table, rows_from_traces, run_order,
+    GROUP_KEYS, agreement_csv, agreement_markdown, agreement_tables, overlapping_runs, paired_csv, paired_differences, paired_markdown, paired_table, rows_from_traces, run_order,
     summarize, summary_csv, summary_markdown, summary_table,
 )
 from negotiate.agents.pools import Pools
@@ -235,6 +235,8 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--allow-partial", action="store_true",
                         help="skip a half-written trailing episode instead of failing (a note says how many were skipped)")
     report.add_argument("--baseline", help="also print paired differences of every seller against this one (same markets)")
+    report.add_argument("--teacher", help="also replay a scripted seller (greedy, planner...) through every seller state and "
+                                          "count where the seller's message differs from what it would have sent")
     report.set_defaults(run=_report)
 
     evaluate = sub.add_parser("eval", help="compare sellers side by side on the generalization splits (tables, CSV, plots)",
@@ -596,6 +598,12 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
 
 def _report(args: argparse.Namespace, console: Console) -> int:
     by = _by(args.by)
+    if args.teacher:
+        from negotiate.training.dataset import check_teacher
+
+        check_teacher(args.teacher)
+        if args.baseline and args.format == "csv":
+            raise UserError("one CSV table at a time: drop --baseline or --teacher", field="--teacher", value=args.teacher)
     summarize([], by)
     skipped: list[str] = []
     rows = rows_from_traces(args.traces, allow_partial=args.allow_partial, on_skip=skipped.append)
@@ -617,16 +625,28 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         order["run"] = separate
     summaries = summarize(rows, by, order)
     paired = paired_differences(rows, args.baseline, order) if args.baseline else None
+    agreed = None
+    if args.teacher:
+        from negotiate.training.dataset import teacher_agreement
+
+        agreed = teacher_agreement(args.traces, args.teacher, allow_partial=args.allow_partial)
     if args.format == "markdown":
         sys.stdout.write(summary_markdown(summaries, by))
         if paired is not None:
             sys.stdout.write(f"\nPaired differences against {args.baseline} (same markets):\n\n" + paired_markdown(paired))
+        if agreed is not None:
+            sys.stdout.write(f"\nEach seller message against what {args.teacher} would have sent in that state:\n\n"
+                             + agreement_markdown(agreed, args.teacher))
     elif args.format == "csv":
-        sys.stdout.write(summary_csv(summaries, by) if paired is None else paired_csv(paired, args.baseline))
+        sys.stdout.write(agreement_csv(agreed, args.teacher) if agreed is not None
+                         else summary_csv(summaries, by) if paired is None else paired_csv(paired, args.baseline))
     else:
         console.print(summary_table(summaries, by))
         if paired is not None:
             console.print(paired_table(paired, args.baseline))
+        if agreed is not None:
+            for table in agreement_tables(agreed, args.teacher):
+                console.print(table)
     return EXIT_OK
 
 

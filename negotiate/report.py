@@ -21,6 +21,7 @@ from negotiate.trace import read_records, trace_files
 __all__ = [
     "rows_from_traces", "overlapping_runs", "run_order", "summary_table", "summary_markdown", "summary_csv", "GROUP_KEYS",
     "paired_differences", "paired_table", "paired_markdown", "paired_csv", "PAIRED_METRICS", "Paired",
+    "agreement_rows", "agreement_tables", "agreement_markdown", "agreement_csv",
 ]
 
 GROUP_KEYS = ("seller", "buyers", "split", "shape", "tier", "run")
@@ -277,4 +278,71 @@ def paired_csv(paired: list[Paired], baseline: str) -> str:
     writer.writerow(["seller", "baseline", "split", "pairs", *(f"{n}{s}" for n, _ in PAIRED_METRICS for s in ("_diff", "_ci95", "_n"))])
     for p in paired:
         writer.writerow([p.seller, baseline, p.split, p.pairs, *(f"{v:.6g}" for n, _ in PAIRED_METRICS for v in p.diffs[n])])
+    return buffer.getvalue()
+
+
+# -- against a teacher (negotiate report --teacher) ---------------------------------------------------
+
+_TEACHER_ROWS = ("offer", "accept", "reject", "end", "wait")
+_SELLER_COLUMNS = ("offer", "accept", "reject", "end", "invalid", "timeout")
+
+
+def agreement_rows(agreements: dict, teacher: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the teacher table: for each seller, one row per reply the teacher would have sent
+    (``wait``: none) with what the seller sent in those states, the share where it chose the same kind, and on
+    the ``offer`` row, of the states where both offered (that row's ``offer`` cell), the share to the same buyer
+    and product and the mean |price gap| there; then the seller's ``all`` row. ``agreements``: :func:`negotiate.training.dataset.teacher_agreement`."""
+    used = [c for c in _SELLER_COLUMNS if c in ("offer", "accept") or any(n for a in agreements.values()
+                                                                              for (_, mine), n in a.kinds.items() if mine == c)]
+    header = ["seller", f"{teacher} would", "states", *used, "same kind", "same buyer & product", "mean price gap"]
+    rows = []
+    for seller, a in agreements.items():
+        for theirs in (*(t for t in _TEACHER_ROWS if any(k[0] == t for k in a.kinds)), "all"):
+            counts = {c: sum(n for (t, m), n in a.kinds.items() if m == c and theirs in (t, "all")) for c in used}
+            states = sum(n for (t, _), n in a.kinds.items() if theirs in (t, "all"))
+            same = a.same_kind if theirs == "all" else a.kinds[(theirs, theirs)]
+            offers = theirs == "offer" and a.both_offered
+            rows.append([seller, theirs, str(states), *(str(counts[c]) for c in used),
+                         "-" if theirs == "wait" or not states else f"{same / states:.0%}",
+                         f"{a.same_offer / a.both_offered:.0%}" if offers else "",
+                         f"${a.price_gap / a.same_offer:.0f}" if offers and a.same_offer else ""])
+    return header, rows
+
+
+def agreement_tables(agreements: dict, teacher: str) -> list[Table]:
+    """The teacher table for the terminal: one table per seller (its label in the title)."""
+    header, rows = agreement_rows(agreements, teacher)
+    short = {"same kind": "same\nkind", "same buyer & product": "same buyer\n& product", "mean price gap": "price\ngap",
+             f"{teacher} would": f"{teacher}\nwould"}
+    tables = []
+    for seller in agreements:
+        table = Table(title=f"{short_label(seller)} against what {teacher} would have sent",
+                      title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        for k, name in enumerate(header[1:]):
+            table.add_column(short.get(name, name), no_wrap=True, justify="left" if k == 0 else "right")
+        for row in rows:
+            if row[0] == seller:
+                table.add_row(*row[1:], end_section=row[1] == "all")
+        tables.append(table)
+    return tables
+
+
+def agreement_markdown(agreements: dict, teacher: str) -> str:
+    header, rows = agreement_rows(agreements, teacher)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def agreement_csv(agreements: dict, teacher: str) -> str:
+    """The teacher table as numbers: one line per seller and teacher reply (and ``all``), the seller's replies by kind."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["seller", "teacher", "teacher_would", "states", *_SELLER_COLUMNS, "same_kind", "both_offered", "same_offer",
+                     "price_gap_sum"])
+    for seller, a in agreements.items():
+        for theirs in (*(t for t in _TEACHER_ROWS if any(k[0] == t for k in a.kinds)), "all"):
+            mine = {c: sum(n for (t, m), n in a.kinds.items() if m == c and theirs in (t, "all")) for c in _SELLER_COLUMNS}
+            same = a.same_kind if theirs == "all" else a.kinds[(theirs, theirs)]
+            offers = [a.both_offered, a.same_offer, a.price_gap] if theirs in ("offer", "all") else ["", "", ""]
+            writer.writerow([seller, teacher, theirs, sum(mine.values()), *mine.values(), same, *offers])
     return buffer.getvalue()

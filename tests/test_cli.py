@@ -156,6 +156,29 @@ def test_report_as_markdown_and_csv(finished_run, capsys):
     assert rows[0].startswith("seller,episodes,failed,") and rows[1].startswith("greedy,4,0,")
 
 
+def test_report_against_a_teacher_replays_it_through_every_sellers_states(finished_run, capsys):
+    import csv
+
+    from negotiate.trace import read_records
+
+    capsys.readouterr()
+    assert main(["report", str(finished_run), "--teacher", "greedy", "--format", "csv"]) == 0
+    rows = {(r["seller"], r["teacher_would"]): r for r in csv.DictReader(capsys.readouterr().out.splitlines())}
+    sent = {name: sum(1 for ep in read_records(finished_run / f"{name}.jsonl") for e in ep.messages() if e.sender == "seller")
+            for name in ("greedy", "random")}
+    assert {seller: int(rows[(seller, "all")]["states"]) for seller in sent} == sent
+    greedy = rows[("greedy", "all")]  # greedy against itself: the same reply in every state
+    assert greedy["same_kind"] == greedy["states"] == greedy["same_offer"] and greedy["price_gap_sum"] == "0"
+    assert int(rows[("random", "all")]["same_kind"]) < sent["random"]
+    assert main(["report", str(finished_run), "--teacher", "greedy"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy against what greedy would have sent" in out and "random against what greedy would have sent" in out
+    assert main(["report", str(finished_run), "--teacher", "oracle"]) == 2
+    assert "--teacher: 'oracle': this seller cannot follow another seller's episode" in error_line(capsys)
+    assert main(["report", str(finished_run), "--teacher", "greedy", "--baseline", "greedy", "--format", "csv"]) == 2
+    assert "one CSV table at a time" in error_line(capsys)
+
+
 def test_resume_of_a_completed_run_runs_nothing_more(finished_run, capsys):
     before = {name: (finished_run / name).read_bytes() for name in ("greedy.jsonl", "random.jsonl")}
     assert main(["serve", "--resume", str(finished_run), "--quiet"]) == 0

@@ -28,7 +28,7 @@ from negotiate.errors import UserError
 from negotiate.market import SPLITS, Buyer, Market, Product, generate
 from negotiate.protocol import SELLER, render_tagged
 from negotiate.trace import read_episodes
-from negotiate.training.dataset import DataFilter, Episode, advantages, decisions, group_key, load_episodes, replay, teacher_decisions
+from negotiate.training.dataset import DataFilter, Episode, advantages, decisions, group_key, load_episodes, replay, teacher_agreement, teacher_decisions
 from negotiate.training.rewards import REWARDS, profit_penalized, profit_share, reward_fn
 
 from tiny_model import build_tiny_llama, small_market
@@ -172,6 +172,28 @@ def test_a_teacher_waits_where_it_would_not_speak_and_a_logged_prompt_is_kept():
               else e for e in events]
     assert [d.prompt for d in teacher_decisions(logged, "greedy", reward=0.0, group="g")] == [
         [{"role": "system", "content": "S"}, {"role": "user", "content": f"U{t}"}] for t in greedy_turns]
+
+
+def test_agreement_counts_each_seller_message_against_the_teachers_reply_worked_out_by_hand(tmp_path):
+    # The dutch episode above: dutch offers $1000, $600, $200 to b1; greedy would have offered $800, $733, $400 to b1, p1.
+    market = Market(spec=SPLITS["train"], seed=0, products=(Product("p1", "Air tent", 200, 1),),
+                    buyers=(Buyer("b1", (500,), "neutral"),), budget=3, price_low=100, price_high=1000)
+    events = play("dutch", market=market)
+    trace = tmp_path / "t" / "dutch.jsonl"
+    trace.parent.mkdir()
+    trace.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+    (a,) = teacher_agreement([tmp_path / "t"], "greedy").values()
+    assert dict(a.kinds) == {("offer", "offer"): 3} and (a.states, a.same_kind) == (3, 3)
+    assert (a.both_offered, a.same_offer, a.price_gap) == (3, 3, 200 + 133 + 200)
+    (own,) = teacher_agreement([tmp_path / "t"], "dutch").values()  # a teacher against its own episode: no gap
+    assert (own.same_kind, own.same_offer, own.price_gap) == (3, 3, 0)
+    last = max(k for k, e in enumerate(events) if e["type"] == "message" and e["sender"] == SELLER)
+    for name, value in dict(action=None, to=None, valid=False, raw="Action: [HAGGLE]", error="no action", error_kind="malformed").items():
+        setattr(events[last], name, value)
+    del events[last + 1]  # b1's accept: an invalid message reaches no one
+    trace.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+    (a,) = teacher_agreement([tmp_path / "t"], "greedy").values()  # the last reply did not parse: an invalid message
+    assert dict(a.kinds) == {("offer", "offer"): 2, ("offer", "invalid"): 1} and a.price_gap == 200 + 133
 
 
 @pytest.mark.parametrize("teacher, message", [

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +34,7 @@ from negotiate.trace import EpisodeRecord, EpisodeStart, Event, EventType, Messa
 
 from negotiate.training.rewards import DEFAULT_REWARD, reward_fn
 
-__all__ = ["Decision", "ScoredEpisode", "load_episodes", "decisions", "teacher_decisions", "check_teacher", "parse_action_weights", "replay", "group_key", "advantages", "DataFilter"]
+__all__ = ["Decision", "ScoredEpisode", "load_episodes", "decisions", "teacher_decisions", "teacher_agreement", "Agreement", "check_teacher", "parse_action_weights", "replay", "group_key", "advantages", "DataFilter"]
 
 
 @dataclass(frozen=True)
@@ -232,35 +232,93 @@ def check_teacher(teacher: str):
     return spec
 
 
+def _teacher_walk(episode: EpisodeRecord, teacher: str):
+    """(observation, the seller's message event, the teacher's reply there or None where it would wait) for each
+    seller message of ``episode``. The teacher walks the episode: before each seller message a copy of it decides
+    (so its own choice leaves no trace), then it learns from that message as if it had sent it."""
+    import copy
+
+    from negotiate.run import seller_seed
+
+    start = episode.start
+    market = Market.from_dict(MarketSpec.model_validate(start.spec), start.market)
+    agent = check_teacher(teacher).build(market, seller_seed(market.seed))
+    for obs, event in replay(episode)[0]:
+        label = copy.deepcopy(agent).decide(obs)
+        agent.follow(obs, _message(event) if event.valid and event.action is not None and not event.timed_out else None)
+        yield obs, event, label
+
+
 def teacher_decisions(events: Sequence[Event | dict] | EpisodeRecord, teacher: str, reward: float, group: str, *,
                       fmt: str = "tagged", prompt: str = "full") -> list[Decision]:
     """The seller decisions of one episode, each answered by a scripted ``teacher`` (a seller spec such as
     ``greedy``) instead of by the seller that played it: on-policy states, the teacher's labels (DAgger).
 
-    The teacher walks the episode: before each seller message it is asked what it would send (a copy of
-    it decides, so its own choice leaves no trace), then it learns from that message as if it had sent it.
-    The prompt is the one the seller saw where the trace logged it, else rendered (``render_seller``);
-    the completion is the teacher's message as tagged text. States where the teacher would wait (it
-    returns nothing) give no decision. ``valid`` is True: a scripted seller keeps the rules."""
-    import copy
-
+    The teacher walks the episode (:func:`_teacher_walk`). The prompt is the one the seller saw where the
+    trace logged it, else rendered (``render_seller``); the completion is the teacher's message as tagged
+    text. States where the teacher would wait (it returns nothing) give no decision. ``valid`` is True: a
+    scripted seller keeps the rules."""
     from negotiate.agents.llm import render_seller
-    from negotiate.run import seller_seed
 
     episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
-    start = episode.start
-    market = Market.from_dict(MarketSpec.model_validate(start.spec), start.market)
-    agent = check_teacher(teacher).build(market, seller_seed(market.seed))
     out: list[Decision] = []
-    for obs, event in replay(episode)[0]:
-        label = copy.deepcopy(agent).decide(obs)
-        agent.follow(obs, _message(event) if event.valid and event.action is not None and not event.timed_out else None)
+    for obs, event, label in _teacher_walk(episode, teacher):
         if label is None or event.timed_out:
             continue
         extra = event.extra or {}
         messages = list(extra["prompt"][:2]) if extra.get("prompt") else render_seller(obs, fmt, prompt)
         out.append(Decision(episode=episode.id, group=group, turn=int(event.turn or 0), prompt=messages,
                             completion=render_tagged(label), reward=reward, valid=True, action=label.action.kind))
+    return out
+
+
+WAIT = "wait"
+"""The teacher's row where it would have sent nothing."""
+
+
+@dataclass
+class Agreement:
+    """A seller's messages against what a scripted teacher would have sent in the same states (:func:`teacher_agreement`)."""
+
+    kinds: Counter = field(default_factory=Counter)
+    """(the teacher's action kind or ``wait``, the seller's action kind, ``invalid`` or ``timeout``): states."""
+    both_offered: int = 0
+    """States where both offered."""
+    same_offer: int = 0
+    """Of those, the states where both offered the same product to the same buyer."""
+    price_gap: int = 0
+    """Sum of |seller's price - teacher's price| over those."""
+
+    @property
+    def states(self) -> int:
+        return sum(self.kinds.values())
+
+    @property
+    def same_kind(self) -> int:
+        return sum(n for (teacher, seller), n in self.kinds.items() if teacher == seller)
+
+
+def teacher_agreement(paths: Iterable[str | Path], teacher: str, *, allow_partial: bool = False) -> dict[str, Agreement]:
+    """Each seller's messages in the complete episodes under ``paths`` (by the seller label the trace gives), against
+    the reply a scripted ``teacher`` would have sent in each of those states (:func:`_teacher_walk`): which action
+    kind it would have chosen, and where both offered, whether to the same buyer and product and at what price gap.
+    This is the measure of imitation on the policy's own states: where a trained seller departs from its teacher."""
+    check_teacher(teacher)
+    out: dict[str, Agreement] = {}
+    for path in trace_files(paths):
+        for record in read_records(path, allow_partial=allow_partial):
+            if not record.complete:
+                continue
+            tally = out.setdefault(record.start.seller or "", Agreement())
+            for _, event, label in _teacher_walk(record, teacher):
+                mine = "timeout" if event.timed_out else "invalid" if not event.valid or event.action is None else str(event.kind)
+                theirs = WAIT if label is None else label.action.kind
+                tally.kinds[(theirs, mine)] += 1
+                if theirs == mine == "offer":
+                    tally.both_offered += 1
+                    if label.to == event.to and label.action.product == event.product:
+                        tally.same_offer += 1
+                        tally.price_gap += abs(int(event.price) - int(label.action.price))
     return out
 
 

@@ -193,6 +193,21 @@ def test_action_weights_reach_the_sft_and_the_imitation_rounds_and_round_0_depen
     assert "--action-weights" not in crash["args"]["round 0 sft"]
 
 
+def test_results_say_where_each_policy_departs_from_its_teacher_on_the_held_out_states(world):
+    config, calls, crash, out = world
+    run_loop(config(eval_buyers="threshold,concession", buyers="concession"), echo=lambda line: None)
+    results = (out / "results.md").read_text()
+    section = results[results.index("### against the teacher (greedy), on the held-out states (buyers: concession)"):]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith(("| SFT", "| round"))]
+    assert [row[0] for row in rows] == ["| SFT (round 0)", "| round 1"]
+    for row, k in zip(rows, (0, 1)):  # the states are the policy's messages in that round's held-out episodes of the --buyers column
+        folder = out / f"round-{k:02d}" / "eval" / "concession"
+        assert int(row[1]) == sum(1 for path in trace_files([folder]) for ep in read_records(path) for e in ep.messages()
+                                  if e.sender == "seller")
+    run_loop(config(out=str(out.parent / "oracle"), teacher="oracle", rounds=0), echo=lambda line: None)
+    assert "against the teacher" not in (out.parent / "oracle" / "results.md").read_text()  # the oracle cannot follow an episode
+
+
 def test_a_run_from_before_round_method_resumes_with_offline_grpo(world):
     config, calls, crash, out = world
     state = cut(world, "round 1 rft")

@@ -719,10 +719,46 @@ def write_report(out: Path, config: LoopConfig, state: State) -> None:
             pairs += [(trained[-1], "SFT (round 0)"), (trained[-1], config.teacher)]
         table = results_table(rows, splits, pairs)
         sections.append(f"### buyers: {buyers}\n\nprofit/OPT mean ± 95% CI (valid-message rate, markets)\n\n{table}\n")
+    against = teacher_section(out, config)
+    if against:
+        sections.append(against)
     for k, note in sorted((state.data.get("notes") or {}).items(), key=lambda item: int(item[0])):  # round 10 after 2
         sections.append(f"Round {k}: {note}.\n")
     (out / "results.md").write_text("\n".join(sections))
     write_loop_curve(out, config, state)
+
+
+def teacher_section(out: Path, config: LoopConfig) -> str | None:
+    """Each evaluated policy's held-out states (the ``--buyers`` column, else the first) answered by the teacher
+    (``negotiate report --teacher``): how often the policy chose the teacher's kind of reply, its accepts against
+    the teacher's, and where both offered, the same buyer and product and the price gap. None for a teacher that
+    cannot follow another seller's episode."""
+    from negotiate.training.dataset import check_teacher, teacher_agreement
+
+    try:
+        check_teacher(config.teacher)
+    except UserError:
+        return None
+    columns = _list(config.eval_buyers)
+    buyers = config.buyers if config.buyers in columns else columns[0]
+    lines = []
+    for k in range(config.rounds + 1):
+        folder = out / f"round-{k:02d}" / "eval" / _slug(buyers)
+        if not folder.exists():
+            continue
+        for a in teacher_agreement([folder], config.teacher, allow_partial=True).values():
+            accepts = sum(n for (theirs, _), n in a.kinds.items() if theirs == "accept")
+            wrong = sum(n for (theirs, mine), n in a.kinds.items() if mine == "accept" and theirs != "accept")
+            same = f"{a.same_offer / a.both_offered:.0%}" if a.both_offered else "-"
+            gap = f"${a.price_gap / a.same_offer:.0f}" if a.same_offer else "-"
+            lines.append(f"| {'SFT (round 0)' if k == 0 else f'round {k}'} | {a.states} | {a.same_kind / max(1, a.states):.0%} | "
+                         f"{a.kinds[('accept', 'accept')]} of {accepts} | {wrong} | {same} | {gap} |")
+    if not lines:
+        return None
+    return (f"### against the teacher ({config.teacher}), on the held-out states (buyers: {buyers})\n\n"
+            f"Each policy message against what {config.teacher} would have sent in that state (`negotiate report --teacher`).\n\n"
+            "| policy | states | same kind | accepts where the teacher would | accepts where it would not | "
+            "both offer: same buyer & product | price gap there |\n|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
 
 
 def write_loop_curve(out: Path, config: LoopConfig, state: State) -> Path:

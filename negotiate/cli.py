@@ -236,7 +236,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="skip a half-written trailing episode instead of failing (a note says how many were skipped)")
     report.add_argument("--baseline", help="also print paired differences of every seller against this one (same markets)")
     report.add_argument("--teacher", help="also replay a scripted seller (greedy, planner...) through every seller state and "
-                                          "count where the seller's message differs from what it would have sent")
+                                          "count where the seller's message differs from what it would have sent, by seller "
+                                          "(with --format csv, only this table)")
     report.set_defaults(run=_report)
 
     evaluate = sub.add_parser("eval", help="compare sellers side by side on the generalization splits (tables, CSV, plots)",
@@ -614,6 +615,9 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     order: dict[str, list[str]] = run_order(args.traces)
     separate = overlapping_runs(rows)
     if separate:
+        if args.teacher:
+            raise UserError(f"the traces hold {len(separate)} separate runs of the same markets ({', '.join(separate)}); "
+                            "pass one run's traces with --teacher", field="--teacher", value=args.teacher)
         if args.baseline:
             raise UserError(f"the traces hold {len(separate)} separate runs of the same markets ({', '.join(separate)}); "
                             "pass one run's traces with --baseline", field="--baseline", value=args.baseline)

@@ -289,7 +289,8 @@ _SELLER_COLUMNS = ("offer", "accept", "reject", "end", "invalid", "timeout")
 
 def agreement_rows(agreements: dict, teacher: str) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the teacher table: for each seller, one row per reply the teacher would have sent
-    (``wait``: none) with what the seller sent in those states, the share where it chose the same kind, and on
+    (``wait``: none) with what the seller sent in those states, the share where it chose the same kind (on the
+    ``all`` row, of the states where the teacher would have spoken), and on
     the ``offer`` row, of the states where both offered (that row's ``offer`` cell), the share to the same buyer
     and product and the mean |price gap| there; then the seller's ``all`` row. ``agreements``: :func:`negotiate.training.dataset.teacher_agreement`."""
     used = [c for c in _SELLER_COLUMNS if c in ("offer", "accept") or any(n for a in agreements.values()
@@ -301,9 +302,10 @@ def agreement_rows(agreements: dict, teacher: str) -> tuple[list[str], list[list
             counts = {c: sum(n for (t, m), n in a.kinds.items() if m == c and theirs in (t, "all")) for c in used}
             states = sum(n for (t, _), n in a.kinds.items() if theirs in (t, "all"))
             same = a.same_kind if theirs == "all" else a.kinds[(theirs, theirs)]
+            spoken = a.spoken if theirs == "all" else states  # where the teacher would wait, no reply is "the same"
             offers = theirs == "offer" and a.both_offered
             rows.append([seller, theirs, str(states), *(str(counts[c]) for c in used),
-                         "-" if theirs == "wait" or not states else f"{same / states:.0%}",
+                         "-" if theirs == "wait" or not spoken else f"{same / spoken:.0%}",
                          f"{a.same_offer / a.both_offered:.0%}" if offers else "",
                          f"${a.price_gap / a.same_offer:.0f}" if offers and a.same_offer else ""])
     return header, rows
@@ -312,14 +314,15 @@ def agreement_rows(agreements: dict, teacher: str) -> tuple[list[str], list[list
 def agreement_tables(agreements: dict, teacher: str) -> list[Table]:
     """The teacher table for the terminal: one table per seller (its label in the title)."""
     header, rows = agreement_rows(agreements, teacher)
-    short = {"same kind": "same\nkind", "same buyer & product": "same buyer\n& product", "mean price gap": "price\ngap",
-             f"{teacher} would": f"{teacher}\nwould"}
+    short = {"same kind": "same\nkind", "same buyer & product": "same\nbuyer &\nproduct", "mean price gap": "price\ngap",
+             f"{teacher} would": "teacher\nwould"}
     tables = []
     for seller in agreements:
         table = Table(title=f"{short_label(seller)} against what {teacher} would have sent",
-                      title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-        for k, name in enumerate(header[1:]):
-            table.add_column(short.get(name, name), no_wrap=True, justify="left" if k == 0 else "right")
+                      title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
+        for k, name in enumerate(header[1:]):  # headers break between words only; numbers fold, never cut
+            title = short.get(name, name)
+            table.add_column(title, overflow="fold", min_width=max(map(len, title.split("\n"))), justify="left" if k == 0 else "right")
         for row in rows:
             if row[0] == seller:
                 table.add_row(*row[1:], end_section=row[1] == "all")

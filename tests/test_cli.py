@@ -156,7 +156,7 @@ def test_report_as_markdown_and_csv(finished_run, capsys):
     assert rows[0].startswith("seller,episodes,failed,") and rows[1].startswith("greedy,4,0,")
 
 
-def test_report_against_a_teacher_replays_it_through_every_sellers_states(finished_run, capsys):
+def test_report_against_a_teacher_replays_it_through_every_sellers_states(finished_run, tmp_path, capsys):
     import csv
 
     from negotiate.trace import read_records
@@ -177,6 +177,22 @@ def test_report_against_a_teacher_replays_it_through_every_sellers_states(finish
     assert "--teacher: 'oracle': this seller cannot follow another seller's episode" in error_line(capsys)
     assert main(["report", str(finished_run), "--teacher", "greedy", "--baseline", "greedy", "--format", "csv"]) == 2
     assert "one CSV table at a time" in error_line(capsys)
+    assert serve(tmp_path / "again") == 0  # another run of the same markets: its states are not pooled with the first's
+    assert main(["report", str(finished_run), str(tmp_path / "again"), "--teacher", "greedy"]) == 2
+    assert "--teacher: 'greedy': the traces hold 2 separate runs of the same markets" in error_line(capsys)
+
+
+def test_the_teacher_tables_same_kind_is_of_the_states_where_the_teacher_would_speak():
+    from collections import Counter
+
+    from negotiate.report import agreement_rows
+    from negotiate.training.dataset import Agreement
+
+    a = Agreement(Counter({("offer", "offer"): 2, ("accept", "offer"): 2, ("wait", "offer"): 3}), both_offered=2, same_offer=1, price_gap=30)
+    header, rows = agreement_rows({"s": a}, "planner")
+    assert header == ["seller", "planner would", "states", "offer", "accept", "same kind", "same buyer & product", "mean price gap"]
+    assert rows == [["s", "offer", "2", "2", "0", "100%", "50%", "$30"], ["s", "accept", "2", "2", "0", "0%", "", ""],
+                    ["s", "wait", "3", "3", "0", "-", "", ""], ["s", "all", "7", "7", "0", "50%", "", ""]]  # 2 of the 4 spoken
 
 
 def test_resume_of_a_completed_run_runs_nothing_more(finished_run, capsys):

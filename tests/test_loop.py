@@ -191,6 +191,10 @@ def test_action_weights_reach_the_sft_and_the_imitation_rounds_and_round_0_depen
     assert "--action-weights" not in crash["args"]["round 1 offline-grpo"]  # a policy gradient weighs by advantage only
     run_loop(config(out=str(out.parent / "d"), rounds=0), echo=lambda line: None)
     assert "--action-weights" not in crash["args"]["round 0 sft"]
+    # One setting, one spelling: accept=4.0 with offer=1 is accept=4, so the first run resumes with it (nothing left to do).
+    calls.clear()
+    run_loop(config(round_method="dagger", group=1, markets=3, grpo_steps=2, action_weights="offer=1, accept=4.0"), echo=lambda line: None)
+    assert calls == [] and json.loads((out / "loop.json").read_text())["config"]["action_weights"] == "accept=4"
 
 
 def test_results_say_where_each_policy_departs_from_its_teacher_on_the_held_out_states(world):
@@ -327,6 +331,7 @@ def test_the_real_stage_runner_reports_the_commands_last_line(tmp_path):
     ({"eval_buyers": "threshold,nosuch"}, "--eval-buyers: 'nosuch': unknown buyer agent"),
     ({"teacher": "nosuch"}, "--teacher: 'nosuch'"),
     ({"action_weights": "bid=2"}, "--action-weights: 'bid=2': 'bid' is not a seller action"),
+    ({"eval_buyers": " "}, "--eval-buyers: ' ': give at least one buyer spec"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(change, flag, tmp_path):
     with pytest.raises(UserError, match=flag):

@@ -194,6 +194,11 @@ def test_agreement_counts_each_seller_message_against_the_teachers_reply_worked_
     trace.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
     (a,) = teacher_agreement([tmp_path / "t"], "greedy").values()  # the last reply did not parse: an invalid message
     assert dict(a.kinds) == {("offer", "offer"): 2, ("offer", "invalid"): 1} and a.price_gap == 200 + 133
+    assert events[last - 2]["sender"] == SELLER and events[last - 1]["sender"] == "b1"
+    del events[last - 2]  # the seller's second offer gone, b1's answer to it kept: the regulator cannot replay that
+    trace.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+    with pytest.raises(UserError, match=r"dutch.jsonl: episode .* cannot be replayed"):
+        teacher_agreement([tmp_path / "t"], "greedy")
 
 
 @pytest.mark.parametrize("teacher, message", [

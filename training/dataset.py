@@ -34,7 +34,7 @@ from negotiate.trace import EpisodeRecord, EpisodeStart, Event, EventType, Messa
 
 from negotiate.training.rewards import DEFAULT_REWARD, reward_fn
 
-__all__ = ["Decision", "ScoredEpisode", "load_episodes", "decisions", "teacher_decisions", "teacher_agreement", "Agreement", "check_teacher", "parse_action_weights", "replay", "group_key", "advantages", "DataFilter"]
+__all__ = ["Decision", "ScoredEpisode", "load_episodes", "decisions", "teacher_decisions", "teacher_agreement", "Agreement", "check_teacher", "parse_action_weights", "format_action_weights", "replay", "group_key", "advantages", "DataFilter"]
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,16 @@ def parse_action_weights(text: str, *, flag: str = "--action-weights") -> dict[s
     return weights
 
 
+def format_action_weights(weights: dict[str, float]) -> str:
+    """The one spelling of ``weights``: kinds in the protocol's order, weights of 1 left out (so ``accept=4.0``,
+    ``accept=4,offer=1`` and ``accept=4`` are one setting).
+
+    >>> format_action_weights(parse_action_weights("end=2, offer=1, accept=4.0"))
+    'accept=4,end=2'
+    """
+    return ",".join(f"{kind}={weights[kind]:g}" for kind in SELLER_ACTIONS if weights.get(kind, 1.0) != 1.0)
+
+
 def check_teacher(teacher: str):
     """The parsed spec of a scripted seller that can label another seller's states (it has ``follow``);
     a one-line :class:`UserError` naming ``--teacher`` otherwise."""
@@ -297,20 +307,31 @@ class Agreement:
     def same_kind(self) -> int:
         return sum(n for (teacher, seller), n in self.kinds.items() if teacher == seller)
 
+    @property
+    def spoken(self) -> int:
+        """The states where the teacher would have sent a message (not ``wait``): the share of the same kind is of these."""
+        return sum(n for (teacher, _), n in self.kinds.items() if teacher != WAIT)
+
 
 def teacher_agreement(paths: Iterable[str | Path], teacher: str, *, allow_partial: bool = False) -> dict[str, Agreement]:
     """Each seller's messages in the complete episodes under ``paths`` (by the seller label the trace gives), against
     the reply a scripted ``teacher`` would have sent in each of those states (:func:`_teacher_walk`): which action
     kind it would have chosen, and where both offered, whether to the same buyer and product and at what price gap.
-    This is the measure of imitation on the policy's own states: where a trained seller departs from its teacher."""
+    This is the measure of imitation on the policy's own states: where a trained seller departs from its teacher.
+    Failed episodes are left out, as the metrics tables leave them; an episode the regulator cannot replay is
+    a one-line :class:`UserError` naming the file."""
     check_teacher(teacher)
     out: dict[str, Agreement] = {}
     for path in trace_files(paths):
         for record in read_records(path, allow_partial=allow_partial):
-            if not record.complete:
+            if not record.complete or record.failed:  # as the metrics tables: a failed episode is not scored
                 continue
             tally = out.setdefault(record.start.seller or "", Agreement())
-            for _, event, label in _teacher_walk(record, teacher):
+            try:
+                walked = list(_teacher_walk(record, teacher))
+            except (RuntimeError, ValueError, KeyError, TypeError) as error:  # the regulator cannot replay what the trace says
+                raise UserError(f"episode {record.id} cannot be replayed ({error})", source=str(path)) from None
+            for _, event, label in walked:
                 mine = "timeout" if event.timed_out else "invalid" if not event.valid or event.action is None else str(event.kind)
                 theirs = WAIT if label is None else label.action.kind
                 tally.kinds[(theirs, mine)] += 1

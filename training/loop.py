@@ -155,11 +155,14 @@ class LoopConfig:
         from negotiate.agents.registry import parse_agent
 
         parse_agent(self.teacher, "seller", field_name="--teacher")
+        if not _list(self.eval_buyers):
+            raise UserError("give at least one buyer spec (each is a column of held-out evaluations)", field="--eval-buyers",
+                            value=self.eval_buyers)
         for buyers, flag in [(self.buyers, "--buyers"), *((b, "--eval-buyers") for b in _list(self.eval_buyers))]:
             parse_agent(buyers, "buyer", field_name=flag)
-        from negotiate.training.dataset import check_teacher, parse_action_weights
+        from negotiate.training.dataset import check_teacher, format_action_weights, parse_action_weights
 
-        parse_action_weights(self.action_weights)
+        self.action_weights = format_action_weights(parse_action_weights(self.action_weights))  # one spelling, compared on resume
         if self.round_method == "dagger":
             check_teacher(self.teacher)
         if self.aggregate and self.round_method != "dagger":
@@ -740,18 +743,26 @@ def teacher_section(out: Path, config: LoopConfig) -> str | None:
     except UserError:
         return None
     columns = _list(config.eval_buyers)
+    if not columns:
+        return None
     buyers = config.buyers if config.buyers in columns else columns[0]
     lines = []
     for k in range(config.rounds + 1):
         folder = out / f"round-{k:02d}" / "eval" / _slug(buyers)
         if not folder.exists():
             continue
-        for a in teacher_agreement([folder], config.teacher, allow_partial=True).values():
+        try:
+            agreements = teacher_agreement([folder], config.teacher, allow_partial=True)
+        except UserError as error:  # a table for the reader: it never stops the loop
+            log.warning("teacher table skipped", round=k, error=str(error))
+            lines.append(f"| {'SFT (round 0)' if k == 0 else f'round {k}'} | not replayable: {error} | | | | | |")
+            continue
+        for a in agreements.values():
             accepts = sum(n for (theirs, _), n in a.kinds.items() if theirs == "accept")
             wrong = sum(n for (theirs, mine), n in a.kinds.items() if mine == "accept" and theirs != "accept")
             same = f"{a.same_offer / a.both_offered:.0%}" if a.both_offered else "-"
             gap = f"${a.price_gap / a.same_offer:.0f}" if a.same_offer else "-"
-            lines.append(f"| {'SFT (round 0)' if k == 0 else f'round {k}'} | {a.states} | {a.same_kind / max(1, a.states):.0%} | "
+            lines.append(f"| {'SFT (round 0)' if k == 0 else f'round {k}'} | {a.states} | {a.same_kind / max(1, a.spoken):.0%} | "
                          f"{a.kinds[('accept', 'accept')]} of {accepts} | {wrong} | {same} | {gap} |")
     if not lines:
         return None

@@ -45,7 +45,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _with_default(help_text: str, default) -> str:
     """The help of a flag with its default, unless the help already says it (``(default: torch's choice)``)."""
-    return help_text if "(default:" in help_text else f"{help_text} (default: {default})"
+    return help_text if "(default:" in help_text or default == "" else f"{help_text} (default: {default})"
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

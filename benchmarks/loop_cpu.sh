@@ -14,7 +14,8 @@
 #                                                   # each round learns from every label so far; a conceding-buyer column too
 #   COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=1 TEACHER=planner BUYERS=concession EVAL_BUYERS=concession,threshold \
 #       bash benchmarks/loop_cpu.sh runs/planner-concession   # the planner teaches, against conceding buyers
-#   ... ACTION_WEIGHTS=accept=4 ...                 # each accept weighs 4 in the SFT's and the rounds' loss
+#   COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=1 TEACHER=planner BUYERS=concession EVAL_BUYERS=concession ACTION_WEIGHTS=accept=4 \
+#       bash benchmarks/loop_cpu.sh runs/planner-accept4      # each accept weighs 4 in the SFT's and the rounds' loss
 #
 # SmolLM2-135M-Instruct imitates the greedy seller on compact markets (300 teacher episodes,
 # 80 SFT steps of 16 decisions: 1,280 decisions), then rounds of rft: the policy, served by vLLM,

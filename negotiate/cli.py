@@ -615,12 +615,10 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     order: dict[str, list[str]] = run_order(args.traces)
     separate = overlapping_runs(rows)
     if separate:
-        if args.teacher:
-            raise UserError(f"the traces hold {len(separate)} separate runs of the same markets ({', '.join(separate)}); "
-                            "pass one run's traces with --teacher", field="--teacher", value=args.teacher)
-        if args.baseline:
-            raise UserError(f"the traces hold {len(separate)} separate runs of the same markets ({', '.join(separate)}); "
-                            "pass one run's traces with --baseline", field="--baseline", value=args.baseline)
+        for flag, value in (("--teacher", args.teacher), ("--baseline", args.baseline)):
+            if value:
+                raise UserError(f"the traces hold {len(separate)} separate runs of the same markets ({', '.join(separate)}); "
+                                f"pass one run's traces with {flag}", field=flag, value=value)
         if "run" not in by:
             by = ["run", *by]
             print(f"negotiate report: {len(separate)} separate runs played the same episodes (same seller, split, seed and "

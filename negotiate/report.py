@@ -287,6 +287,16 @@ _TEACHER_ROWS = ("offer", "accept", "reject", "end", "wait")
 _SELLER_COLUMNS = ("offer", "accept", "reject", "end", "invalid", "timeout")
 
 
+def _agreement_lines(a, columns: Sequence[str]):
+    """(teacher's reply or ``all``, states, the seller's replies by kind in ``columns``, same kind, the states
+    the same-kind share is of) for one seller's :class:`negotiate.training.dataset.Agreement`."""
+    for theirs in (*(t for t in _TEACHER_ROWS if any(k[0] == t for k in a.kinds)), "all"):
+        mine = {c: sum(n for (t, m), n in a.kinds.items() if m == c and theirs in (t, "all")) for c in columns}
+        states = sum(n for (t, _), n in a.kinds.items() if theirs in (t, "all"))
+        same = a.same_kind if theirs == "all" else a.kinds[(theirs, theirs)]
+        yield theirs, states, mine, same, a.spoken if theirs == "all" else states  # where the teacher would wait, nothing is "the same"
+
+
 def agreement_rows(agreements: dict, teacher: str) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the teacher table: for each seller, one row per reply the teacher would have sent
     (``wait``: none) with what the seller sent in those states, the share where it chose the same kind (on the
@@ -298,11 +308,7 @@ def agreement_rows(agreements: dict, teacher: str) -> tuple[list[str], list[list
     header = ["seller", f"{teacher} would", "states", *used, "same kind", "same buyer & product", "mean price gap"]
     rows = []
     for seller, a in agreements.items():
-        for theirs in (*(t for t in _TEACHER_ROWS if any(k[0] == t for k in a.kinds)), "all"):
-            counts = {c: sum(n for (t, m), n in a.kinds.items() if m == c and theirs in (t, "all")) for c in used}
-            states = sum(n for (t, _), n in a.kinds.items() if theirs in (t, "all"))
-            same = a.same_kind if theirs == "all" else a.kinds[(theirs, theirs)]
-            spoken = a.spoken if theirs == "all" else states  # where the teacher would wait, no reply is "the same"
+        for theirs, states, counts, same, spoken in _agreement_lines(a, used):
             offers = theirs == "offer" and a.both_offered
             rows.append([seller, theirs, str(states), *(str(counts[c]) for c in used),
                          "-" if theirs == "wait" or not spoken else f"{same / spoken:.0%}",
@@ -343,9 +349,7 @@ def agreement_csv(agreements: dict, teacher: str) -> str:
     writer.writerow(["seller", "teacher", "teacher_would", "states", *_SELLER_COLUMNS, "same_kind", "both_offered", "same_offer",
                      "price_gap_sum"])
     for seller, a in agreements.items():
-        for theirs in (*(t for t in _TEACHER_ROWS if any(k[0] == t for k in a.kinds)), "all"):
-            mine = {c: sum(n for (t, m), n in a.kinds.items() if m == c and theirs in (t, "all")) for c in _SELLER_COLUMNS}
-            same = a.same_kind if theirs == "all" else a.kinds[(theirs, theirs)]
+        for theirs, states, mine, same, _ in _agreement_lines(a, _SELLER_COLUMNS):
             offers = [a.both_offered, a.same_offer, a.price_gap] if theirs in ("offer", "all") else ["", "", ""]
-            writer.writerow([seller, teacher, theirs, sum(mine.values()), *mine.values(), same, *offers])
+            writer.writerow([seller, teacher, theirs, states, *mine.values(), same, *offers])
     return buffer.getvalue()

@@ -751,18 +751,19 @@ def teacher_section(out: Path, config: LoopConfig) -> str | None:
         folder = out / f"round-{k:02d}" / "eval" / _slug(buyers)
         if not folder.exists():
             continue
+        policy = "SFT (round 0)" if k == 0 else f"round {k}"
         try:
             agreements = teacher_agreement([folder], config.teacher, allow_partial=True)
         except UserError as error:  # a table for the reader: it never stops the loop
             log.warning("teacher table skipped", round=k, error=str(error))
-            lines.append(f"| {'SFT (round 0)' if k == 0 else f'round {k}'} | not replayable: {error} | | | | | |")
+            lines.append(f"| {policy} | not replayable: {error} | | | | | |")
             continue
         for a in agreements.values():
             accepts = sum(n for (theirs, _), n in a.kinds.items() if theirs == "accept")
             wrong = sum(n for (theirs, mine), n in a.kinds.items() if mine == "accept" and theirs != "accept")
             same = f"{a.same_offer / a.both_offered:.0%}" if a.both_offered else "-"
             gap = f"${a.price_gap / a.same_offer:.0f}" if a.same_offer else "-"
-            lines.append(f"| {'SFT (round 0)' if k == 0 else f'round {k}'} | {a.states} | {a.same_kind / max(1, a.spoken):.0%} | "
+            lines.append(f"| {policy} | {a.states} | {a.same_kind / max(1, a.spoken):.0%} | "
                          f"{a.kinds[('accept', 'accept')]} of {accepts} | {wrong} | {same} | {gap} |")
     if not lines:
         return None

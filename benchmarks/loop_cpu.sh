@@ -16,6 +16,9 @@
 #       bash benchmarks/loop_cpu.sh runs/planner-concession   # the planner teaches, against conceding buyers
 #   COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=1 TEACHER=planner BUYERS=concession EVAL_BUYERS=concession ACTION_WEIGHTS=accept=4 \
 #       bash benchmarks/loop_cpu.sh runs/planner-accept4      # each accept weighs 4 in the SFT's and the rounds' loss
+#   SFT_FROM=runs/planner-accept4 COMPACT=1 DAGGER=1 AGGREGATE=1 ROUNDS=1 TEACHER=planner BUYERS=concession \
+#       EVAL_BUYERS=concession ACTION_WEIGHTS=accept=4 ROUND_ACTION_WEIGHTS=none bash benchmarks/loop_cpu.sh runs/accept4-rounds
+#                                                   # that weighted SFT, then rounds that weigh every decision 1
 #
 # SmolLM2-135M-Instruct imitates the greedy seller on compact markets (300 teacher episodes,
 # 80 SFT steps of 16 decisions: 1,280 decisions), then rounds of rft: the policy, served by vLLM,
@@ -37,6 +40,7 @@ if [ "${AGGREGATE:-0}" = 1 ]; then METHOD+=(--aggregate); fi
 if [ -n "${SFT_FROM:-}" ]; then METHOD+=(--sft-from "$SFT_FROM"); fi
 if [ "${LEGAL:-0}" = 1 ]; then METHOD+=(--legal); fi
 if [ -n "${ACTION_WEIGHTS:-}" ]; then METHOD+=(--action-weights "$ACTION_WEIGHTS"); fi
+if [ -n "${ROUND_ACTION_WEIGHTS:-}" ]; then METHOD+=(--round-action-weights "$ROUND_ACTION_WEIGHTS"); fi
 SIZE=(--teacher-episodes 300 --sft-steps 80 --markets 32)
 GROUP=(--group 4)
 if [ "${COMPACT:-0}" = 1 ]; then

@@ -197,6 +197,23 @@ def test_action_weights_reach_the_sft_and_the_imitation_rounds_and_round_0_depen
     assert calls == [] and json.loads((out / "loop.json").read_text())["config"]["action_weights"] == "accept=4"
 
 
+def test_round_action_weights_replace_the_sfts_in_the_rounds_so_a_weighted_sft_can_have_unweighted_rounds(world):
+    config, calls, crash, out = world
+    run_loop(config(round_method="dagger", group=1, markets=3, grpo_steps=2, action_weights="accept=4", round_action_weights="end=2"),
+             echo=lambda line: None)
+    sft, dagger = crash["args"]["round 0 sft"], crash["args"]["round 1 dagger"]
+    assert sft[sft.index("--action-weights") + 1] == "accept=4" and dagger[dagger.index("--action-weights") + 1] == "end=2"
+    # The SFT does not depend on the rounds' weights: --sft-from takes it, and "none" makes the rounds weigh every decision 1.
+    crash["args"].clear()
+    run_loop(config(out=str(out.parent / "b"), sft_from=str(out), round_method="dagger", group=1, markets=3, grpo_steps=2,
+                    action_weights="accept=4", round_action_weights="none"), echo=lambda line: None)
+    assert "round 0 sft" not in crash["args"] and "--action-weights" not in crash["args"]["round 1 dagger"]
+    assert json.loads((out.parent / "b" / "loop.json").read_text())["config"]["round_action_weights"] == ""
+    # A run's rounds keep their weights: resuming with others is refused.
+    with pytest.raises(UserError, match="round_action_weights|round-action-weights"):
+        run_loop(config(round_method="dagger", group=1, markets=3, grpo_steps=2, action_weights="accept=4"), echo=lambda line: None)
+
+
 def test_results_say_where_each_policy_departs_from_its_teacher_on_the_held_out_states(world):
     config, calls, crash, out = world
     run_loop(config(eval_buyers="threshold,concession", buyers="concession"), echo=lambda line: None)
@@ -331,6 +348,8 @@ def test_the_real_stage_runner_reports_the_commands_last_line(tmp_path):
     ({"eval_buyers": "threshold,nosuch"}, "--eval-buyers: 'nosuch': unknown buyer agent"),
     ({"teacher": "nosuch"}, "--teacher: 'nosuch'"),
     ({"action_weights": "bid=2"}, "--action-weights: 'bid=2': 'bid' is not a seller action"),
+    ({"round_action_weights": "bid=2"}, "--round-action-weights: 'bid=2': 'bid' is not a seller action"),
+    ({"round_method": "offline-grpo", "round_action_weights": "accept=2"}, "--round-action-weights: 'accept=2': offline-grpo rounds"),
     ({"eval_buyers": " "}, "--eval-buyers: ' ': give at least one buyer spec"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(change, flag, tmp_path):

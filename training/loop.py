@@ -79,6 +79,8 @@ class LoopConfig:
     teacher: str = _help("the scripted seller SFT imitates", default="greedy")
     action_weights: str = _help("SFT and rft/dagger rounds: weigh each imitated decision's loss by the kind of its action, e.g. "
                                 "accept=4 (kinds not named weigh 1)", default="")
+    round_action_weights: str | None = _help("rft/dagger rounds: their action weights in place of --action-weights', "
+                                             "e.g. none (every decision weighs 1) (default: --action-weights')", default=None)
     split: str = _help("training split or TOML spec (teacher episodes and rollouts)", default="specs/compact.toml")
     buyers: str = _help("buyer spec in teacher episodes and rollouts", default="threshold")
     seed: int = _help("run seed of the teacher's markets; round K collects on seed + K", default=0)
@@ -163,6 +165,13 @@ class LoopConfig:
         from negotiate.training.dataset import check_teacher, format_action_weights, parse_action_weights
 
         self.action_weights = format_action_weights(parse_action_weights(self.action_weights))  # one spelling, compared on resume
+        if self.round_action_weights is not None:
+            given = self.round_action_weights
+            self.round_action_weights = "" if given.strip().lower() == "none" else format_action_weights(
+                parse_action_weights(given, flag="--round-action-weights"))
+            if self.round_action_weights and self.round_method == "offline-grpo":
+                raise UserError("offline-grpo rounds weigh each decision by its advantage only; use rft or dagger rounds",
+                                field="--round-action-weights", value=given)
         if self.round_method == "dagger":
             check_teacher(self.teacher)
         if self.aggregate and self.round_method != "dagger":
@@ -180,14 +189,19 @@ class LoopConfig:
             if split.endswith(".toml") and not Path(split).is_file():
                 raise UserError("no such spec file", field="--split" if split == self.split else "--eval-splits", value=split)
 
+    @property
+    def round_weights(self) -> str:
+        """The action weights of the rft/dagger rounds: ``--round-action-weights`` where given, else ``--action-weights``."""
+        return self.action_weights if self.round_action_weights is None else self.round_action_weights
+
     def to_json(self) -> dict:
         return asdict(self)
 
 
 BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False, "prompt": "full",
-                "aggregate": False, "action_weights": ""}
+                "aggregate": False, "action_weights": "", "round_action_weights": None}
 """What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained, the full prompt, each round
-on its own rollouts only, every imitated decision weighing 1."""
+on its own rollouts only, every imitated decision weighing 1, the rounds weighing as the SFT."""
 RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 """Flags a rerun may change; any other change to a run's config is refused."""
 
@@ -578,6 +592,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
     train_flags = ["--threads", str(config.threads)] if config.threads else []
     train_flags += ["--micro-batch", str(config.micro_batch), "--bf16" if config.bf16 else "--no-bf16", "--prompt", config.prompt]
     weights = ["--action-weights", config.action_weights] if config.action_weights else []
+    round_weights = ["--action-weights", config.round_weights] if config.round_weights else []
 
     def stage(name: str, work) -> None:
         if state.done(name):
@@ -662,7 +677,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
                 steps = ["--max-steps", str(config.grpo_steps)] if config.grpo_steps else ["--epochs", str(config.round_epochs)]
                 kl = ["--kl-beta", str(config.kl_beta)] if config.round_method == "offline-grpo" else []
                 kl += ["--teacher", config.teacher, "--min-group", "1"] if config.round_method == "dagger" else []
-                kl += weights if config.round_method != "offline-grpo" else []
+                kl += round_weights if config.round_method != "offline-grpo" else []
                 traces = [folder / "rollouts"]
                 if config.aggregate:  # DAgger: every state labelled so far, the teacher's own first
                     traces = [r0 / "teacher", *(out / f"round-{j:02d}" / "rollouts" for j in range(1, k + 1))]

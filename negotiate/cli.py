@@ -36,7 +36,7 @@ from negotiate.logs import REQUEST_LOG, configure
 from negotiate.market import SPLITS, MarketSpec
 from negotiate.plots import write_plots
 from negotiate.report import (
-    GROUP_KEYS, agreement_csv, agreement_markdown, agreement_tables, overlapping_runs, paired_csv, paired_differences, paired_markdown, paired_table, rows_from_traces, run_order,
+    GROUP_KEYS, agreement_csv, baseline_of, agreement_markdown, agreement_tables, overlapping_runs, paired_csv, paired_differences, paired_markdown, paired_table, rows_from_traces, run_order,
     summarize, summary_csv, summary_markdown, summary_table,
 )
 from negotiate.agents.pools import Pools
@@ -234,7 +234,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="table: for the terminal (the headline intervals); markdown and csv: every interval (default: table)")
     report.add_argument("--allow-partial", action="store_true",
                         help="skip a half-written trailing episode instead of failing (a note says how many were skipped)")
-    report.add_argument("--baseline", help="also print paired differences of every seller against this one (same markets)")
+    report.add_argument("--baseline", help="also print paired differences of every seller against this one (same markets, "
+                                           "in one run or across runs)")
+    report.add_argument("--baseline-run", metavar="RUN", help="the run whose --baseline the others are compared with, where "
+                                                              "separate runs of the same markets both have it (a run id, as "
+                                                              "the report's run column shows it)")
     report.add_argument("--teacher", help="also replay a scripted seller (greedy, planner...) through every seller state and "
                                           "count where the seller's message differs from what it would have sent, by seller "
                                           "(with --format csv, only this table)")
@@ -614,11 +618,17 @@ def _report(args: argparse.Namespace, console: Console) -> int:
               f"{skipped[0]}{more}", file=sys.stderr)
     order: dict[str, list[str]] = run_order(args.traces)
     separate = overlapping_runs(rows)
+    if args.baseline_run and not args.baseline:
+        raise UserError("names the run of --baseline: give --baseline too", field="--baseline-run", value=args.baseline_run)
+    if separate and args.teacher:
+        raise UserError(f"the traces hold {len(separate)} separate runs of the same markets ({', '.join(separate)}); "
+                        "pass one run's traces with --teacher", field="--teacher", value=args.teacher)
+    by_run = bool(separate) or args.baseline_run is not None
+    baseline = args.baseline
+    if args.baseline:  # checked before anything is printed
+        run, _ = baseline_of(rows, args.baseline, args.baseline_run, by_run=by_run)
+        baseline = args.baseline if run is None else f"{args.baseline} of run {run}"
     if separate:
-        for flag, value in (("--teacher", args.teacher), ("--baseline", args.baseline)):
-            if value:
-                raise UserError(f"the traces hold {len(separate)} separate runs of the same markets ({', '.join(separate)}); "
-                                f"pass one run's traces with {flag}", field=flag, value=value)
         if "run" not in by:
             by = ["run", *by]
             print(f"negotiate report: {len(separate)} separate runs played the same episodes (same seller, split, seed and "
@@ -626,7 +636,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
                   file=sys.stderr)
         order["run"] = separate
     summaries = summarize(rows, by, order)
-    paired = paired_differences(rows, args.baseline, order) if args.baseline else None
+    paired = paired_differences(rows, args.baseline, order, baseline_run=args.baseline_run, by_run=by_run) if args.baseline else None
     agreed = None
     if args.teacher:
         from negotiate.training.dataset import teacher_agreement
@@ -635,17 +645,17 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     if args.format == "markdown":
         sys.stdout.write(summary_markdown(summaries, by))
         if paired is not None:
-            sys.stdout.write(f"\nPaired differences against {args.baseline} (same markets):\n\n" + paired_markdown(paired))
+            sys.stdout.write(f"\nPaired differences against {baseline} (same markets):\n\n" + paired_markdown(paired))
         if agreed is not None:
             sys.stdout.write(f"\nEach seller message against what {args.teacher} would have sent in that state:\n\n"
                              + agreement_markdown(agreed, args.teacher))
     elif args.format == "csv":
         sys.stdout.write(agreement_csv(agreed, args.teacher) if agreed is not None
-                         else summary_csv(summaries, by) if paired is None else paired_csv(paired, args.baseline))
+                         else summary_csv(summaries, by) if paired is None else paired_csv(paired, baseline))
     else:
         console.print(summary_table(summaries, by))
         if paired is not None:
-            console.print(paired_table(paired, args.baseline))
+            console.print(paired_table(paired, baseline))
         if agreed is not None:
             for table in agreement_tables(agreed, args.teacher):
                 console.print(table)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import math
 from collections import defaultdict
@@ -20,7 +21,7 @@ from negotiate.trace import read_records, trace_files
 
 __all__ = [
     "rows_from_traces", "overlapping_runs", "run_order", "summary_table", "summary_markdown", "summary_csv", "GROUP_KEYS",
-    "paired_differences", "paired_table", "paired_markdown", "paired_csv", "PAIRED_METRICS", "Paired",
+    "paired_differences", "baseline_of", "market_key", "paired_table", "paired_markdown", "paired_csv", "PAIRED_METRICS", "Paired",
     "agreement_rows", "agreement_tables", "agreement_markdown", "agreement_csv",
 ]
 
@@ -49,13 +50,28 @@ def rows_from_traces(paths: Iterable[str | Path], *, allow_partial: bool = False
                     source=str(path), field="episode", value=start.episode,
                 )
             seen[key] = path
-            rows.append({k: getattr(start, k) for k in GROUP_KEYS + ("index", "episode", "seed", "run_seed")} | {
+            rows.append({k: getattr(start, k) for k in GROUP_KEYS + ("index", "episode", "seed", "run_seed", "repeat")} | {
                 "run": run,
+                "market": market_key(start.market),
                 "outcome": end.outcome,
                 "reason": end.reason,
                 "metrics": None if episode.failed else metrics_from_events(episode.events),
             })
     return rows
+
+
+def market_key(market: dict | None) -> str | None:
+    """A fingerprint of a market's full private information (budget, prices, products, every buyer's values):
+    two episodes, of one run or of two, played the same market when theirs match. None without one (old traces).
+
+    >>> market_key({"budget": 12, "buyers": [1, 2]}) == market_key({"buyers": [1, 2], "budget": 12})
+    True
+    >>> market_key({"budget": 12}) == market_key({"budget": 13}), market_key(None)
+    (False, None)
+    """
+    if not market:
+        return None
+    return hashlib.blake2b(orjson.dumps(market, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
 
 
 def overlapping_runs(rows: list[dict]) -> list[str]:
@@ -138,6 +154,28 @@ def short_label(value: str) -> str:
     return head if at else value
 
 
+def short_labels(values: Iterable[str]) -> dict[str, str]:
+    """Each value's :func:`short_label`, unless it would read like another value's: those keep the server's
+    host and port (two servers of ``openai:round-0`` on other ports are two sellers), or stay whole.
+
+    >>> short_labels(["greedy", "openai:a@http://h:1/v1", "openai:b@http://h:1/v1"])
+    {'greedy': 'greedy', 'openai:a@http://h:1/v1': 'openai:a', 'openai:b@http://h:1/v1': 'openai:b'}
+    >>> list(short_labels(["openai:a@http://h:1/v1?t=1", "openai:a@http://h:2/v1?t=1"]).values())
+    ['openai:a@h:1', 'openai:a@h:2']
+    >>> list(short_labels(["openai:a@http://h:1/v1?t=1", "openai:a@http://h:1/v1?t=2"]).values())
+    ['openai:a@http://h:1/v1?t=1', 'openai:a@http://h:1/v1?t=2']
+    """
+    from urllib.parse import urlsplit
+
+    values = list(dict.fromkeys(values))
+    out = {}
+    for shorten in (short_label, lambda v: f"{short_label(v)}@{urlsplit(v.partition('@')[2]).netloc}", str):
+        names = {v: shorten(v) for v in values if v not in out}
+        taken = list(names.values())
+        out |= {v: name for v, name in names.items() if taken.count(name) == 1 or shorten is str}
+    return {v: out[v] for v in values}
+
+
 def summary_table(summaries: list[Summary], by: Sequence[str], title: str = "negotiate: metrics, mean (± 95% CI)") -> Table:
     """A compact terminal table: every metric's mean, the headline ratios with their CI."""
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
@@ -148,9 +186,10 @@ def summary_table(summaries: list[Summary], by: Sequence[str], title: str = "neg
         header = _SHORT_TITLES.get(name, title_text)
         table.add_column(header, justify="right", no_wrap=True, min_width=_longest_word(header))
     overruns = 0
+    labels = [short_labels(str(s.key[i]) for s in summaries) for i in range(len(by))]
     for s in summaries:
         failed = f"/{s.failed}✗" if s.failed else ""
-        table.add_row(*map(short_label, s.key), f"{s.episodes}{failed}",
+        table.add_row(*(labels[i][str(value)] for i, value in enumerate(s.key)), f"{s.episodes}{failed}",
                       *(_short(*s.stats[name][:2], name, name in _HEADLINE) for name, _ in RATIO_METRICS))
         overruns += s.budget_overruns
     table.caption = f"budget overruns: {overruns}" + ("  ·  n/k✗: k episodes failed" if any(s.failed for s in summaries) else "")
@@ -209,10 +248,43 @@ class Paired:
     """Markets both sellers completed."""
     diffs: dict[str, tuple[float, float, int]]
     """metric -> (mean of seller - baseline, 95% CI half-width, pairs with the metric defined for both)."""
+    run: str | None = None
+    """The seller's run, where separate runs of the same markets are told apart (None otherwise)."""
 
 
-def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequence[str]] | None = None) -> list[Paired]:
-    """Per split, every other seller minus ``baseline`` on the same markets (same run, split and market seed).
+def baseline_of(rows: list[dict], baseline: str, run: str | None = None, *, by_run: bool = False) -> tuple[str | None, str]:
+    """The (run, seller) rows are compared with: ``baseline``'s, in ``run`` where given. Where runs are told
+    apart (``by_run``, or ``run`` given), the seller must be in one run only, or ``run`` must say which; the run
+    is None otherwise. A one-line :class:`UserError` naming ``--baseline`` or ``--baseline-run`` when it is not there."""
+    sellers = sorted({r["seller"] for r in rows})
+    if baseline not in sellers:
+        raise UserError(f"no episodes of this seller in the traces; sellers there: {', '.join(sellers)}", field="--baseline", value=baseline)
+    if not by_run and run is None:
+        return None, baseline
+    runs = list(dict.fromkeys(r.get("run") for r in rows if r["seller"] == baseline))
+    if run is not None:
+        if run not in runs:
+            raise UserError(f"{baseline} did not play in this run; runs it played in: {', '.join(map(str, runs))}",
+                            field="--baseline-run", value=run)
+        return run, baseline
+    if len(runs) > 1:
+        raise UserError(f"played in {len(runs)} separate runs of the same markets ({', '.join(map(str, runs))}); "
+                        "name one with --baseline-run", field="--baseline", value=baseline)
+    return runs[0], baseline
+
+
+def _same_market(row: dict) -> tuple:
+    """What pairs two episodes: the buyers, the split, the market itself (by :func:`market_key`; the run and
+    market seed in traces without one) and the place in a group of repeats."""
+    market = row.get("market") or (row.get("run"), row["seed"])
+    return row.get("buyers"), row["split"], market, row.get("repeat")
+
+
+def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequence[str]] | None = None, *,
+                       baseline_run: str | None = None, by_run: bool = False) -> list[Paired]:
+    """Per split, every other seller minus ``baseline`` on the same markets: same buyers, split and market
+    (:func:`market_key`), in one run or across runs. With ``by_run`` (separate runs of the same markets) a seller
+    of each run is its own row, and the baseline is the one of :func:`baseline_of`.
 
     >>> rows = [{"seller": s, "split": "train", "seed": k, "metrics": {"profit_ratio": p}}
     ...         for s, k, p in [("a", 1, 0.5), ("a", 2, 0.7), ("b", 1, 0.6), ("b", 2, 0.9)]]
@@ -220,26 +292,30 @@ def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequenc
     >>> d.seller, d.pairs, round(d.diffs["profit_ratio"][0], 3)
     ('b', 2, 0.15)
     """
-    sellers = sorted({r["seller"] for r in rows})
-    if baseline not in sellers:
-        raise UserError(f"no episodes of this seller in the traces; sellers there: {', '.join(sellers)}", field="--baseline", value=baseline)
-    base = {(r.get("run"), r["split"], r["seed"]): r["metrics"] for r in rows if r["seller"] == baseline and r.get("metrics")}
-    groups: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
+    by_run = by_run or baseline_run is not None
+    base_id = baseline_of(rows, baseline, baseline_run, by_run=by_run)
+
+    def identity(row: dict) -> tuple[str | None, str]:
+        return (row.get("run") if by_run else None), row["seller"]
+
+    base = {_same_market(r): r["metrics"] for r in rows if identity(r) == base_id and r.get("metrics")}
+    groups: dict[tuple, list[tuple[dict, dict]]] = {}
     for r in rows:
-        if r["seller"] == baseline or not r.get("metrics"):
+        if identity(r) == base_id or not r.get("metrics"):
             continue
-        other = base.get((r.get("run"), r["split"], r["seed"]))
+        other = base.get(_same_market(r))
         if other is not None:
-            groups.setdefault((r["seller"], r["split"]), []).append((r["metrics"], other))
+            groups.setdefault((*identity(r), r["split"]), []).append((r["metrics"], other))
     out = []
     order = DEFAULT_ORDER | (order or {})
-    for (seller, split), pairs in sorted(groups.items(), key=lambda item: sort_key(item[0], ("seller", "split"), order)):
+    for (run, seller, split), pairs in sorted(groups.items(), key=lambda item: sort_key(
+            (str(item[0][0]), *item[0][1:]), ("run", "seller", "split"), order)):
         diffs = {}
         for name, _ in PAIRED_METRICS:
             values = [a[name] - b[name] for a, b in pairs if a.get(name) is not None and b.get(name) is not None]
             mean, half = mean_ci(values)
             diffs[name] = (mean, half, len(values))
-        out.append(Paired(seller, split, len(pairs), diffs))
+        out.append(Paired(seller, split, len(pairs), diffs, run))
     return out
 
 
@@ -250,34 +326,45 @@ def _signed(mean: float, half: float, name: str) -> str:
     return f"{mean:+.{digits}f} ± {half:.{digits}f}"
 
 
+def _by_run(paired: list[Paired]) -> list[str]:
+    return ["run"] if any(p.run is not None for p in paired) else []
+
+
 def paired_table(paired: list[Paired], baseline: str) -> Table:
     table = Table(title=f"paired differences against {baseline} (same markets; mean ± 95% CI)", title_justify="left",
                   box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
-    for name in ("seller", "split"):
+    runs = _by_run(paired)
+    for name in (*runs, "seller", "split"):
         table.add_column(name, overflow="fold", min_width=len(name))
     table.add_column("pairs", justify="right", no_wrap=True)
     for _name, title in PAIRED_METRICS[:3] + PAIRED_METRICS[5:6]:
         table.add_column(title, justify="right", no_wrap=True, min_width=_longest_word(title))
+    labels = short_labels(p.seller for p in paired)
     for p in paired:
-        table.add_row(short_label(p.seller), p.split, str(p.pairs),
+        table.add_row(*(str(p.run) for _ in runs), labels[p.seller], p.split, str(p.pairs),
                       *(_signed(*p.diffs[name][:2], name).replace(" ± ", "\n±") for name, _ in PAIRED_METRICS[:3] + PAIRED_METRICS[5:6]))
     return table
 
 
 def paired_markdown(paired: list[Paired]) -> str:
-    header = ["seller", "split", "pairs", *(title for _, title in PAIRED_METRICS)]
+    runs = _by_run(paired)
+    header = [*runs, "seller", "split", "pairs", *(title for _, title in PAIRED_METRICS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for p in paired:
-        lines.append("| " + " | ".join([p.seller, p.split, str(p.pairs), *(_signed(*p.diffs[n][:2], n) for n, _ in PAIRED_METRICS)]) + " |")
+        lines.append("| " + " | ".join([*(str(p.run) for _ in runs), p.seller, p.split, str(p.pairs),
+                                        *(_signed(*p.diffs[n][:2], n) for n, _ in PAIRED_METRICS)]) + " |")
     return "\n".join(lines) + "\n"
 
 
 def paired_csv(paired: list[Paired], baseline: str) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["seller", "baseline", "split", "pairs", *(f"{n}{s}" for n, _ in PAIRED_METRICS for s in ("_diff", "_ci95", "_n"))])
+    runs = _by_run(paired)
+    writer.writerow([*runs, "seller", "baseline", "split", "pairs",
+                     *(f"{n}{s}" for n, _ in PAIRED_METRICS for s in ("_diff", "_ci95", "_n"))])
     for p in paired:
-        writer.writerow([p.seller, baseline, p.split, p.pairs, *(f"{v:.6g}" for n, _ in PAIRED_METRICS for v in p.diffs[n])])
+        writer.writerow([*(p.run for _ in runs), p.seller, baseline, p.split, p.pairs,
+                         *(f"{v:.6g}" for n, _ in PAIRED_METRICS for v in p.diffs[n])])
     return buffer.getvalue()
 
 

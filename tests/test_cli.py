@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 
 import orjson
@@ -415,8 +417,46 @@ def test_report_keeps_a_serve_and_an_eval_of_one_seed_apart(tmp_path, capsys):
     # one run alone: no run column
     assert main(["report", str(tmp_path / "eval"), "--format", "csv"]) == 0
     assert capsys.readouterr().out.startswith("seller,split,episodes")
+    # --baseline across them: greedy is in both runs, so --baseline-run says which
     assert main(["report", str(tmp_path), "--baseline", "greedy"]) == 2
-    assert "separate runs of the same markets" in error_line(capsys)
+    assert "--baseline: 'greedy': played in 2 separate runs of the same markets" in error_line(capsys)
+    eval_run = orjson.loads((tmp_path / "eval" / "train" / "run.json").read_bytes())["run_id"]
+    serve_run = (runs - {eval_run}).pop()
+    assert main(["report", str(tmp_path), "--baseline", "greedy", "--baseline-run", eval_run, "--format", "csv"]) == 0
+    paired = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    got = {(row["run"], row["seller"]): row for row in paired}
+    assert set(got) == {(serve_run, "greedy"), (serve_run, "posted"), (eval_run, "posted")}
+    assert {row["baseline"] for row in paired} == {f"greedy of run {eval_run}"}
+    assert all(row["pairs"] == "3" for row in paired)
+    # greedy is deterministic: the serve run's greedy is the eval run's on the same markets, to the cent
+    assert float(got[serve_run, "greedy"]["profit_ratio_diff"]) == 0.0
+    assert got[serve_run, "posted"]["profit_ratio_diff"] == got[eval_run, "posted"]["profit_ratio_diff"]
+    assert main(["report", str(tmp_path), "--baseline", "greedy", "--baseline-run", "nosuch"]) == 2
+    assert "--baseline-run: 'nosuch': greedy did not play in this run; runs it played in: " in error_line(capsys)
+    assert main(["report", str(tmp_path), "--baseline-run", eval_run]) == 2
+    assert "give --baseline too" in error_line(capsys)
+
+
+def test_report_pairs_sellers_of_separate_runs_on_the_markets_they_share(tmp_path, capsys):
+    def evaluate(name, seller, *more):
+        assert main(["eval", "--seller", seller, "--split", "train", "--episodes", "4", "--out", str(tmp_path / name), "--quiet",
+                     *more]) == 0
+
+    evaluate("both", "greedy,posted")
+    evaluate("greedy", "greedy")
+    evaluate("posted", "posted")
+    evaluate("posted-later", "posted", "--seed", "7")  # other markets: nothing to pair with
+    evaluate("posted-stubborn", "posted", "--buyers", "stubborn")  # the same markets, other buyers: not paired either
+    capsys.readouterr()
+
+    def diffs(*folders):
+        assert main(["report", *(str(tmp_path / f) for f in folders), "--baseline", "greedy", "--format", "csv"]) == 0
+        return {(row["seller"], row["split"]): (row["pairs"], row["profit_ratio_diff"], row["profit_ratio_ci95"])
+                for row in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+
+    one_run = diffs("both")
+    assert one_run[("posted", "train")][0] == "4"
+    assert diffs("greedy", "posted", "posted-later", "posted-stubborn") == one_run  # the same pairs, across runs
 
 
 def test_traces_without_a_run_id_still_report(finished_run, tmp_path, capsys):

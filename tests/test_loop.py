@@ -393,3 +393,59 @@ def test_buyers_sets_who_the_teacher_and_the_rollouts_play_against_and_eval_buye
     assert buyers(out / "round-01" / "eval" / "threshold") == {"threshold"}  # held out: the columns asked for
     teacher = crash["args"]["teacher episodes"]
     assert teacher[teacher.index("--seller") + 1] == "planner"
+
+
+# -- negotiate loop --config FILE ----------------------------------------------------------------------
+
+def _config_from(argv):
+    from negotiate.cli import _parser
+
+    return loop.loop_config_from_args(_parser().parse_args(["loop", *argv]))
+
+
+def test_a_config_file_sets_the_loop_flags_and_the_command_line_overrides_it(tmp_path):
+    file = tmp_path / "run.toml"
+    file.write_text('teacher = "planner"\nteacher-episodes = 600\nlegal = true\nsft_lr = 1\nrounds = 3\nsplit = "train"\n'
+                    'eval_splits = "train"\n')
+    config = _config_from(["--config", str(file), "--out", str(tmp_path / "x")])
+    assert (config.teacher, config.teacher_episodes, config.legal, config.sft_lr, config.rounds) == ("planner", 600, True, 1.0, 3)
+    assert config.sft_steps == LoopConfig().sft_steps  # not in the file: the default
+    # a flag given on the command line wins, even where it says what the default says (--no-legal, --rounds 2)
+    config = _config_from(["--config", str(file), "--no-legal", "--rounds", "2", "--teacher-episodes", "5"])
+    assert (config.legal, config.rounds, config.teacher_episodes, config.teacher) == (False, 2, 5, "planner")
+    assert _config_from(["--split", "train", "--eval-splits", "train"]) == LoopConfig(split="train", eval_splits="train")
+
+
+def test_the_readmes_loop_runs_are_config_files_that_check():
+    files = sorted(Path("benchmarks/loops").glob("*.toml"))
+    assert {f.stem for f in files} >= {"planner-concession", "planner-accept4", "accept4-rounds"}
+    configs = {f.stem: _config_from(["--config", str(f)]) for f in files}
+    a, b = configs["planner-concession"].to_json(), configs["planner-accept4"].to_json()
+    # the weighted run is the planner/conceding run with accept=4, one round and the conceding column only
+    assert {k for k in a if a[k] != b[k]} == {"action_weights", "rounds", "eval_buyers"}
+    assert configs["accept4-rounds"].action_weights == "accept=4" and configs["accept4-rounds"].round_weights == ""
+
+
+@pytest.mark.parametrize("text, message", [
+    ("teacher_epsiodes = 600\n", "teacher_epsiodes: not a loop flag; choose from out, model, teacher"),
+    ('rounds = "two"\n', "rounds: 'two': must be an integer"),
+    ("legal = 1\n", "legal: 1: must be true or false"),
+    ("sft_lr = true\n", "sft_lr: True: must be a number"),
+    ('teacher = 3\n', "teacher: 3: must be a string"),
+    ("rounds = 2\nrounds-x = 1\n", "rounds-x: not a loop flag"),
+    ("sft-steps = 2\nsft_steps = 3\n", "sft_steps: is given twice"),
+    ("rounds = \n", "not valid TOML"),
+])
+def test_a_bad_config_file_is_one_line_naming_the_file_and_the_key(tmp_path, capsys, text, message):
+    file = tmp_path / "bad.toml"
+    file.write_text(text)
+    assert main(["loop", "--config", str(file), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"negotiate loop: error: {file}: ") and message in err
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+def test_a_missing_config_file_is_named(tmp_path, capsys):
+    assert main(["loop", "--config", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "run")]) == 2
+    assert f"--config: '{tmp_path / 'nope.toml'}': cannot read it" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -56,7 +56,7 @@ from negotiate.runner import slug as _slug
 
 from negotiate.training.server import ServerError, ServerSpec, VLLMServer, detect_device, load_adapter, served_models
 
-__all__ = ["LoopConfig", "LoopError", "run_loop", "loop_fields", "summarize_folder", "results_table"]
+__all__ = ["LoopConfig", "LoopError", "run_loop", "loop_fields", "read_loop_config", "summarize_folder", "results_table"]
 
 log = structlog.get_logger("negotiate.loop")
 
@@ -841,12 +841,63 @@ LOOP_NEEDS = ("torch", "transformers", "peft", "vllm")
 
 
 def add_loop_arguments(parser) -> None:
+    import argparse
+
     from negotiate.training.options import add_config_arguments
 
+    parser.add_argument("--config", metavar="FILE", help="a TOML file of loop flags (teacher_episodes = 600, legal = true, ...); "
+                                                         "flags given on the command line override it")
     add_config_arguments(parser, loop_fields())
+    # A flag not given stays out of the parsed arguments, so that --config's value, not the default, stands for it.
+    names = {name for name, *_ in loop_fields()}
+    for action in parser._actions:  # not set_defaults: it would also put the marker itself into the parsed arguments
+        if action.dest in names:
+            action.default = argparse.SUPPRESS
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None,
                         help="least severe log line shown on the console (default: warning; OUT/loop.log.jsonl gets every line)")
     parser.add_argument("--quiet", action="store_true", help="only errors on the console")
+
+
+_KINDS = {"int": (int,), "int | None": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "str | None": (str,)}
+
+
+def read_loop_config(path: str | Path) -> dict:
+    """The loop flags in a TOML file (``teacher_episodes = 600`` or ``teacher-episodes = 600``), checked against
+    :class:`LoopConfig`'s fields: a one-line :class:`UserError` naming the file, the key and the value otherwise.
+
+    A relative ``out`` stays relative to where the command runs, as it is on the command line."""
+    import tomllib
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as error:
+        raise UserError(f"cannot read it ({error.strerror or error})", field="--config", value=str(path)) from None
+    except tomllib.TOMLDecodeError as error:
+        raise UserError(f"not valid TOML ({error})", source=str(path)) from None
+    kinds = {name: kind for name, kind, *_ in loop_fields()}
+    values = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in kinds:
+            raise UserError(f"not a loop flag; choose from {', '.join(kinds)}", source=str(path), field=key)
+        if name in values:
+            raise UserError("is given twice (with - and with _)", source=str(path), field=key)
+        allowed = _KINDS.get(kinds[name], (str,))
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            kind = {"int": "an integer", "int | None": "an integer", "float": "a number", "bool": "true or false"}.get(kinds[name], "a string")
+            raise UserError(f"must be {kind}", source=str(path), field=key, value=value)
+        values[name] = float(value) if kinds[name] == "float" else value
+    return values
+
+
+def loop_config_from_args(args) -> LoopConfig:
+    """The run's settings, checked: each field's default, replaced by ``--config``'s value, replaced by the flag
+    given on the command line."""
+    given = {name: getattr(args, name) for name, *_ in loop_fields() if hasattr(args, name)}
+    config = LoopConfig(**((read_loop_config(args.config) if args.config else {}) | given))
+    config.check()
+    return config
 
 
 def run_loop_command(args, console) -> int:
@@ -854,8 +905,7 @@ def run_loop_command(args, console) -> int:
 
     from negotiate.logs import configure
 
-    config = LoopConfig(**{name: getattr(args, name) for name, *_ in loop_fields()})
-    config.check()
+    config = loop_config_from_args(args)
     missing = [name for name in LOOP_NEEDS if importlib.util.find_spec(name) is None]
     if missing:
         raise UserError(f"{', '.join(missing)} not installed; the loop needs them: pip install 'negotiate[train]' and "

@@ -626,8 +626,9 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     by_run = bool(separate) or args.baseline_run is not None
     baseline = args.baseline
     if args.baseline:  # checked before anything is printed
-        run, _ = baseline_of(rows, args.baseline, args.baseline_run, by_run=by_run)
-        baseline = args.baseline if run is None else f"{args.baseline} of run {run}"
+        chosen = baseline_of(rows, args.baseline, args.baseline_run, by_run=by_run)
+        runs = sorted({str(run) for run in (chosen or {}).values()})
+        baseline = args.baseline if not runs else f"{args.baseline} of run{'s' if len(runs) > 1 else ''} {', '.join(runs)}"
     if separate:
         if "run" not in by:
             by = ["run", *by]
@@ -636,7 +637,12 @@ def _report(args: argparse.Namespace, console: Console) -> int:
                   file=sys.stderr)
         order["run"] = separate
     summaries = summarize(rows, by, order)
-    paired = paired_differences(rows, args.baseline, order, baseline_run=args.baseline_run, by_run=by_run) if args.baseline else None
+    unpaired: list[str] = []
+    paired = paired_differences(rows, args.baseline, order, baseline_run=args.baseline_run, by_run=by_run,
+                                on_unpaired=unpaired.append) if args.baseline else None
+    if unpaired:
+        print(f"negotiate report: no market in common with {baseline} (other markets, buyers or seed), so not in the paired "
+              f"table: {', '.join(unpaired)}", file=sys.stderr)
     agreed = None
     if args.teacher:
         from negotiate.training.dataset import teacher_agreement

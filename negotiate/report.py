@@ -164,12 +164,14 @@ def short_labels(values: Iterable[str]) -> dict[str, str]:
     ['openai:a@h:1', 'openai:a@h:2']
     >>> list(short_labels(["openai:a@http://h:1/v1?t=1", "openai:a@http://h:1/v1?t=2"]).values())
     ['openai:a@http://h:1/v1?t=1', 'openai:a@http://h:1/v1?t=2']
+    >>> list(short_labels(["openai:a", "openai:a@http://h:1/v1"]).values())
+    ['openai:a', 'openai:a@h:1']
     """
     from urllib.parse import urlsplit
 
     values = list(dict.fromkeys(values))
     out = {}
-    for shorten in (short_label, lambda v: f"{short_label(v)}@{urlsplit(v.partition('@')[2]).netloc}", str):
+    for shorten in (short_label, lambda v: f"{short_label(v)}@{urlsplit(v.partition('@')[2]).netloc}" if "@" in v else v, str):
         names = {v: shorten(v) for v in values if v not in out}
         taken = list(names.values())
         out |= {v: name for v, name in names.items() if taken.count(name) == 1 or shorten is str}
@@ -252,39 +254,54 @@ class Paired:
     """The seller's run, where separate runs of the same markets are told apart (None otherwise)."""
 
 
-def baseline_of(rows: list[dict], baseline: str, run: str | None = None, *, by_run: bool = False) -> tuple[str | None, str]:
-    """The (run, seller) rows are compared with: ``baseline``'s, in ``run`` where given. Where runs are told
-    apart (``by_run``, or ``run`` given), the seller must be in one run only, or ``run`` must say which; the run
-    is None otherwise. A one-line :class:`UserError` naming ``--baseline`` or ``--baseline-run`` when it is not there."""
+def baseline_of(rows: list[dict], baseline: str, run: str | None = None, *,
+                by_run: bool = False) -> dict[str | None, str | None] | None:
+    """Per buyer spec, the run whose ``baseline`` episodes the others are compared with; None where runs are not
+    told apart (every episode of ``baseline`` is the baseline). Where they are (``by_run``, or ``run`` given),
+    ``baseline`` must have played against each buyer spec in one run only, or ``run`` must say which.
+    A one-line :class:`UserError` naming ``--baseline`` or ``--baseline-run`` otherwise.
+
+    >>> rows = [{"seller": "a", "run": r, "buyers": b} for r, b in [("x", "threshold"), ("y", "concession")]]
+    >>> baseline_of(rows, "a"), baseline_of(rows, "a", by_run=True), baseline_of(rows, "a", "y")
+    (None, {'threshold': 'x', 'concession': 'y'}, {'concession': 'y'})
+    """
     sellers = sorted({r["seller"] for r in rows})
     if baseline not in sellers:
         raise UserError(f"no episodes of this seller in the traces; sellers there: {', '.join(sellers)}", field="--baseline", value=baseline)
     if not by_run and run is None:
-        return None, baseline
-    runs = list(dict.fromkeys(r.get("run") for r in rows if r["seller"] == baseline))
+        return None
+    runs: dict[str | None, dict[str | None, None]] = {}
+    for r in rows:
+        if r["seller"] == baseline:
+            runs.setdefault(r.get("buyers"), {})[r.get("run")] = None
     if run is not None:
-        if run not in runs:
-            raise UserError(f"{baseline} did not play in this run; runs it played in: {', '.join(map(str, runs))}",
-                            field="--baseline-run", value=run)
-        return run, baseline
-    if len(runs) > 1:
-        raise UserError(f"played in {len(runs)} separate runs of the same markets ({', '.join(map(str, runs))}); "
-                        "name one with --baseline-run", field="--baseline", value=baseline)
-    return runs[0], baseline
+        chosen = {buyers: run for buyers, theirs in runs.items() if run in theirs}
+        if not chosen:
+            raise UserError(f"{baseline} did not play in this run; runs it played in: "
+                            f"{', '.join(str(r) for theirs in runs.values() for r in theirs)}", field="--baseline-run", value=run)
+        return chosen
+    for buyers, theirs in runs.items():
+        if len(theirs) > 1:
+            raise UserError(f"played in {len(theirs)} separate runs of the same markets with buyers {buyers} "
+                            f"({', '.join(map(str, theirs))}); name one with --baseline-run", field="--baseline", value=baseline)
+    return {buyers: next(iter(theirs)) for buyers, theirs in runs.items()}
 
 
-def _same_market(row: dict) -> tuple:
+def _same_market(row: dict, repeat: object = ...) -> tuple:
     """What pairs two episodes: the buyers, the split, the market itself (by :func:`market_key`; the run and
     market seed in traces without one) and the place in a group of repeats."""
     market = row.get("market") or (row.get("run"), row["seed"])
-    return row.get("buyers"), row["split"], market, row.get("repeat")
+    return row.get("buyers"), row["split"], market, row.get("repeat") if repeat is ... else repeat
 
 
 def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequence[str]] | None = None, *,
-                       baseline_run: str | None = None, by_run: bool = False) -> list[Paired]:
+                       baseline_run: str | None = None, by_run: bool = False,
+                       on_unpaired: Callable[[str], None] | None = None) -> list[Paired]:
     """Per split, every other seller minus ``baseline`` on the same markets: same buyers, split and market
-    (:func:`market_key`), in one run or across runs. With ``by_run`` (separate runs of the same markets) a seller
-    of each run is its own row, and the baseline is the one of :func:`baseline_of`.
+    (:func:`market_key`), in one run or across runs; each of a group's repeats with the baseline's same repeat,
+    or with its one episode there. With ``by_run`` (separate runs of the same markets) a seller of each run is
+    its own row, and the baseline is the one of :func:`baseline_of`. ``on_unpaired`` hears of each seller and
+    split with finished episodes but no market in common with the baseline (left out).
 
     >>> rows = [{"seller": s, "split": "train", "seed": k, "metrics": {"profit_ratio": p}}
     ...         for s, k, p in [("a", 1, 0.5), ("a", 2, 0.7), ("b", 1, 0.6), ("b", 2, 0.9)]]
@@ -293,19 +310,28 @@ def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequenc
     ('b', 2, 0.15)
     """
     by_run = by_run or baseline_run is not None
-    base_id = baseline_of(rows, baseline, baseline_run, by_run=by_run)
+    chosen = baseline_of(rows, baseline, baseline_run, by_run=by_run)
 
-    def identity(row: dict) -> tuple[str | None, str]:
-        return (row.get("run") if by_run else None), row["seller"]
+    def is_base(row: dict) -> bool:
+        return row["seller"] == baseline and (chosen is None or chosen.get(row.get("buyers"), ...) == row.get("run"))
 
-    base = {_same_market(r): r["metrics"] for r in rows if identity(r) == base_id and r.get("metrics")}
+    base = {_same_market(r): r["metrics"] for r in rows if is_base(r) and r.get("metrics")}
     groups: dict[tuple, list[tuple[dict, dict]]] = {}
+    unpaired: dict[tuple, None] = {}
     for r in rows:
-        if identity(r) == base_id or not r.get("metrics"):
+        if is_base(r) or not r.get("metrics"):
             continue
+        key = ((r.get("run") if by_run else None), r["seller"], r["split"])
         other = base.get(_same_market(r))
+        if other is None and r.get("repeat") is not None:
+            other = base.get(_same_market(r, None))  # a group's repeat against a baseline that played the market once
         if other is not None:
-            groups.setdefault((*identity(r), r["split"]), []).append((r["metrics"], other))
+            groups.setdefault(key, []).append((r["metrics"], other))
+        else:
+            unpaired[key] = None
+    for run, seller, split in (key for key in unpaired if key not in groups):
+        if on_unpaired is not None:
+            on_unpaired(f"{short_label(seller)} on {split}" + (f" (run {run})" if run is not None else ""))
     out = []
     order = DEFAULT_ORDER | (order or {})
     for (run, seller, split), pairs in sorted(groups.items(), key=lambda item: sort_key(

@@ -451,12 +451,15 @@ def test_report_pairs_sellers_of_separate_runs_on_the_markets_they_share(tmp_pat
 
     def diffs(*folders):
         assert main(["report", *(str(tmp_path / f) for f in folders), "--baseline", "greedy", "--format", "csv"]) == 0
-        return {(row["seller"], row["split"]): (row["pairs"], row["profit_ratio_diff"], row["profit_ratio_ci95"])
-                for row in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+        captured = capsys.readouterr()
+        rows = list(csv.DictReader(io.StringIO(captured.out)))
+        return [(row["seller"], row["split"], row["pairs"], row["profit_ratio_diff"], row["profit_ratio_ci95"]) for row in rows], captured.err
 
-    one_run = diffs("both")
-    assert one_run[("posted", "train")][0] == "4"
-    assert diffs("greedy", "posted", "posted-later", "posted-stubborn") == one_run  # the same pairs, across runs
+    one_run, _ = diffs("both")
+    assert len(one_run) == 1 and one_run[0][:3] == ("posted", "train", "4")
+    across, err = diffs("greedy", "posted", "posted-later", "posted-stubborn")
+    assert across == one_run  # the same pairs, across runs; the other markets and the other buyers pair with nothing
+    assert "no market in common with greedy" in err and err.count("posted on train") == 2  # each run left out is named
 
 
 def test_traces_without_a_run_id_still_report(finished_run, tmp_path, capsys):
@@ -632,3 +635,30 @@ def test_a_server_with_no_models_list_must_answer_a_chat_request(tmp_path, capsy
     line = error_line(capsys)
     assert "GET" in line and "/models is not found (404)" in line and "answers 404" in line and "not-served" in line
     assert not (tmp_path / "r").exists()
+
+
+def test_report_pairs_each_repeat_of_a_group_and_each_buyer_column_with_its_own_baseline(tmp_path, capsys):
+    def run(*argv):
+        assert main([*argv, "--quiet"]) == 0
+
+    # greedy in groups of 2 on 4 markets; posted once on each of the same 4 markets, in another run
+    run("serve", "--seller", "greedy", "--split", "train", "--episodes", "8", "--group", "2", "--out", str(tmp_path / "groups"))
+    run("eval", "--seller", "posted,greedy", "--split", "train", "--episodes", "4", "--out", str(tmp_path / "once"))
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "groups"), str(tmp_path / "once"), "--baseline", "posted", "--format", "csv"]) == 0
+    rows = {row["run"].split("-")[0]: row for row in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert rows["serve"]["pairs"] == "8" and rows["eval"]["pairs"] == "4"  # each repeat against the market's one posted episode
+    # greedy is deterministic: its two repeats of a market are alike, so the mean difference is the one-run mean
+    assert float(rows["serve"]["profit_ratio_diff"]) == pytest.approx(float(rows["eval"]["profit_ratio_diff"]))
+
+    # two buyer columns of the same markets (as the loop's baselines): each pairs with its own column's baseline
+    for buyers in ("threshold", "concession"):
+        run("eval", "--seller", "planner,greedy", "--buyers", buyers, "--split", "train", "--episodes", "4",
+            "--out", str(tmp_path / buyers))
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "threshold"), str(tmp_path / "concession"), "--baseline", "planner", "--format", "csv"]) == 0
+    captured = capsys.readouterr()
+    paired = list(csv.DictReader(io.StringIO(captured.out)))
+    assert [(row["seller"], row["pairs"]) for row in paired] == [("greedy", "4"), ("greedy", "4")]
+    assert len({row["run"] for row in paired}) == 2 and "no market in common" not in captured.err
+    assert paired[0]["baseline"].startswith("planner of runs eval-")

@@ -420,6 +420,12 @@ def test_the_readmes_loop_runs_are_config_files_that_check():
     files = sorted(Path("benchmarks/loops").glob("*.toml"))
     assert {f.stem for f in files} >= {"planner-concession", "planner-accept4", "accept4-rounds"}
     configs = {f.stem: _config_from(["--config", str(f)]) for f in files}
+    # the settings the README's planner/conceding run was made with (its loop.json), flag for flag
+    assert {k: v for k, v in configs["planner-concession"].to_json().items() if getattr(LoopConfig(), k) != v} == {
+        "teacher": "planner", "buyers": "concession", "teacher_episodes": 600, "sft_steps": 160, "sft_batch": 16, "rounds": 3,
+        "round_method": "dagger", "markets": 128, "group": 2, "grpo_steps": 64, "aggregate": True,
+        "eval_buyers": "concession,threshold", "ladder": "greedy,planner,posted,concession,dutch,oracle", "untrained": False,
+        "legal": True, "prompt": "compact"}
     a, b = configs["planner-concession"].to_json(), configs["planner-accept4"].to_json()
     # the weighted run is the planner/conceding run with accept=4, one round and the conceding column only
     assert {k for k in a if a[k] != b[k]} == {"action_weights", "rounds", "eval_buyers"}
@@ -435,6 +441,8 @@ def test_the_readmes_loop_runs_are_config_files_that_check():
     ("rounds = 2\nrounds-x = 1\n", "rounds-x: not a loop flag"),
     ("sft-steps = 2\nsft_steps = 3\n", "sft_steps: is given twice"),
     ("rounds = \n", "not valid TOML"),
+    ('round_method = "foo"\n', "round_method: 'foo': choose from rft, dagger, offline-grpo"),  # a value check() refuses
+    ("rounds = -1\n", "rounds: -1: must be 0 or more"),
 ])
 def test_a_bad_config_file_is_one_line_naming_the_file_and_the_key(tmp_path, capsys, text, message):
     file = tmp_path / "bad.toml"
@@ -445,7 +453,30 @@ def test_a_bad_config_file_is_one_line_naming_the_file_and_the_key(tmp_path, cap
     assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
-def test_a_missing_config_file_is_named(tmp_path, capsys):
+def test_a_missing_or_unreadable_config_file_is_named(tmp_path, capsys):
     assert main(["loop", "--config", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "run")]) == 2
     assert f"--config: '{tmp_path / 'nope.toml'}': cannot read it" in capsys.readouterr().err
+    assert main(["loop", "--config", "", "--out", str(tmp_path / "run")]) == 2
+    assert "--config: '': cannot read it" in capsys.readouterr().err
+    (tmp_path / "latin.toml").write_bytes(b"teacher = '\xe9'\n")
+    assert main(["loop", "--config", str(tmp_path / "latin.toml"), "--out", str(tmp_path / "run")]) == 2
+    assert f"{tmp_path / 'latin.toml'}: not valid TOML" in capsys.readouterr().err
+    # a bad flag typed on the command line is the flag's error, not the file's
+    (tmp_path / "ok.toml").write_text("rounds = 1\n")
+    assert main(["loop", "--config", str(tmp_path / "ok.toml"), "--round-method", "foo", "--out", str(tmp_path / "run")]) == 2
+    assert "negotiate loop: error: --round-method: 'foo'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_round_action_weights_equal_to_the_sfts_are_stored_as_the_default(tmp_path):
+    def checked(**kw) -> LoopConfig:
+        config = LoopConfig(out=str(tmp_path / "x"), split="train", eval_splits="train", **kw)
+        config.check()
+        return config
+
+    same = checked(action_weights="accept=4.0", round_action_weights="offer=1, accept=4")
+    assert (same.round_action_weights, same.round_weights) == (None, "accept=4")  # so a resume without the flag matches
+    none = checked(action_weights="accept=4", round_action_weights="none")
+    assert (none.round_action_weights, none.round_weights) == ("", "")
+    other = checked(round_action_weights="end=2")
+    assert (other.action_weights, other.round_weights) == ("", "end=2")

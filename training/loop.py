@@ -79,8 +79,9 @@ class LoopConfig:
     teacher: str = _help("the scripted seller SFT imitates", default="greedy")
     action_weights: str = _help("SFT and rft/dagger rounds: weigh each imitated decision's loss by the kind of its action, e.g. "
                                 "accept=4 (kinds not named weigh 1)", default="")
-    round_action_weights: str | None = _help("rft/dagger rounds: their action weights in place of --action-weights', "
-                                             "e.g. none (every decision weighs 1) (default: --action-weights')", default=None)
+    round_action_weights: str | None = _help("rft/dagger rounds: action weights that replace --action-weights in the "
+                                             "rounds, e.g. none (every decision weighs 1) (default: as --action-weights)",
+                                             default=None)
     split: str = _help("training split or TOML spec (teacher episodes and rollouts)", default="specs/compact.toml")
     buyers: str = _help("buyer spec in teacher episodes and rollouts", default="threshold")
     seed: int = _help("run seed of the teacher's markets; round K collects on seed + K", default=0)
@@ -169,6 +170,8 @@ class LoopConfig:
             given = self.round_action_weights
             self.round_action_weights = "" if given.strip().lower() == "none" else format_action_weights(
                 parse_action_weights(given, flag="--round-action-weights"))
+            if self.round_action_weights == self.action_weights:
+                self.round_action_weights = None  # the rounds weigh as the SFT: one setting, one spelling
             if self.round_action_weights and self.round_method == "offline-grpo":
                 raise UserError("offline-grpo rounds weigh each decision by its advantage only; use rft or dagger rounds",
                                 field="--round-action-weights", value=given)
@@ -865,15 +868,16 @@ def read_loop_config(path: str | Path) -> dict:
     """The loop flags in a TOML file (``teacher_episodes = 600`` or ``teacher-episodes = 600``), checked against
     :class:`LoopConfig`'s fields: a one-line :class:`UserError` naming the file, the key and the value otherwise.
 
-    A relative ``out`` stays relative to where the command runs, as it is on the command line."""
+    Relative paths in it (``out``, ``split``, ``eval_splits``, ``model``, ``sft_from``) are relative to where the
+    command runs, as they are on the command line, not to the file."""
     import tomllib
 
-    path = Path(path)
+    given, path = str(path), Path(path)
     try:
         data = tomllib.loads(path.read_text())
     except OSError as error:
-        raise UserError(f"cannot read it ({error.strerror or error})", field="--config", value=str(path)) from None
-    except tomllib.TOMLDecodeError as error:
+        raise UserError(f"cannot read it ({error.strerror or error})", field="--config", value=given) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise UserError(f"not valid TOML ({error})", source=str(path)) from None
     kinds = {name: kind for name, kind, *_ in loop_fields()}
     values = {}
@@ -895,8 +899,15 @@ def loop_config_from_args(args) -> LoopConfig:
     """The run's settings, checked: each field's default, replaced by ``--config``'s value, replaced by the flag
     given on the command line."""
     given = {name: getattr(args, name) for name, *_ in loop_fields() if hasattr(args, name)}
-    config = LoopConfig(**((read_loop_config(args.config) if args.config else {}) | given))
-    config.check()
+    from_file = read_loop_config(args.config) if args.config is not None else {}
+    config = LoopConfig(**(from_file | given))
+    try:
+        config.check()
+    except UserError as error:
+        name = (error.field or "").removeprefix("--").replace("-", "_")
+        if name in from_file and name not in given:  # the file's value, not a flag the user typed: name the file
+            raise UserError(f"{name}{str(error)[len(error.field):]}", source=args.config) from None
+        raise
     return config
 
 

@@ -300,8 +300,9 @@ def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequenc
     """Per split, every other seller minus ``baseline`` on the same markets: same buyers, split and market
     (:func:`market_key`), in one run or across runs; each of a group's repeats with the baseline's same repeat,
     or with its one episode there. With ``by_run`` (separate runs of the same markets) a seller of each run is
-    its own row, and the baseline is the one of :func:`baseline_of`. ``on_unpaired`` hears of each seller and
-    split with finished episodes but no market in common with the baseline (left out).
+    its own row, and the baseline is the one of :func:`baseline_of`. A seller paired on several splits also gets
+    a row of split ``all`` that pools them. ``on_unpaired`` hears of each seller and split with finished episodes
+    but no market in common with the baseline (left out).
 
     >>> rows = [{"seller": s, "split": "train", "seed": k, "metrics": {"profit_ratio": p}}
     ...         for s, k, p in [("a", 1, 0.5), ("a", 2, 0.7), ("b", 1, 0.6), ("b", 2, 0.9)]]
@@ -334,15 +335,26 @@ def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequenc
             on_unpaired(f"{short_label(seller)} on {split}" + (f" (run {run})" if run is not None else ""))
     out = []
     order = DEFAULT_ORDER | (order or {})
-    for (run, seller, split), pairs in sorted(groups.items(), key=lambda item: sort_key(
-            (str(item[0][0]), *item[0][1:]), ("run", "seller", "split"), order)):
-        diffs = {}
-        for name, _ in PAIRED_METRICS:
-            values = [a[name] - b[name] for a, b in pairs if a.get(name) is not None and b.get(name) is not None]
-            mean, half = mean_ci(values)
-            diffs[name] = (mean, half, len(values))
-        out.append(Paired(seller, split, len(pairs), diffs, run))
+    ordered = sorted(groups.items(), key=lambda item: sort_key((str(item[0][0]), *item[0][1:]), ("run", "seller", "split"), order))
+    for (run, seller, split), pairs in ordered:
+        out.append(_paired(seller, split, pairs, run))
+        splits = [key[2] for key, _ in ordered if key[:2] == (run, seller)]
+        if len(splits) > 1 and split == splits[-1]:  # after a seller's last split: every split's pairs pooled
+            out.append(_paired(seller, ALL_SPLITS, [pair for key, more in ordered if key[:2] == (run, seller) for pair in more], run))
     return out
+
+
+ALL_SPLITS = "all"
+"""The split of a paired row that pools a seller's pairs on every split (where it played more than one)."""
+
+
+def _paired(seller: str, split: str, pairs: list[tuple[dict, dict]], run: str | None) -> Paired:
+    diffs = {}
+    for name, _ in PAIRED_METRICS:
+        values = [a[name] - b[name] for a, b in pairs if a.get(name) is not None and b.get(name) is not None]
+        mean, half = mean_ci(values)
+        diffs[name] = (mean, half, len(values))
+    return Paired(seller, split, len(pairs), diffs, run)
 
 
 def _signed(mean: float, half: float, name: str) -> str:

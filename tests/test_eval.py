@@ -59,6 +59,21 @@ def test_paired_differences_match_the_hand_computation():
     assert math.isnan(paired.diffs["capture"][0])
 
 
+
+def test_a_seller_paired_on_several_splits_gets_a_row_pooling_them():
+    # b - a: 0.1 and 0.3 on train, 0.2 on shapes -> all: mean 0.2, sd 0.1, t(0.975, 2) = 4.30265
+    rows = [{"seller": s, "split": split, "seed": k, "metrics": {"profit_ratio": v}}
+            for s, split, k, v in [("a", "train", 0, 0.5), ("a", "train", 1, 0.5), ("a", "shapes", 0, 0.4),
+                                   ("b", "train", 0, 0.6), ("b", "train", 1, 0.8), ("b", "shapes", 0, 0.6)]]
+    got = {p.split: (p.pairs, round(p.diffs["profit_ratio"][0], 9), p.diffs["profit_ratio"][1])
+           for p in paired_differences(rows, "a")}
+    assert list(got) == ["train", "shapes", "all"]
+    assert got["all"][:2] == (3, 0.2) and got["all"][2] == pytest.approx(4.30265 * 0.1 / math.sqrt(3), rel=1e-4)
+    assert got["train"][:2] == (2, 0.2) and got["shapes"][:2] == (1, 0.2)
+    # one split only: no pooled row
+    assert [p.split for p in paired_differences([r for r in rows if r["split"] == "train"], "a")] == ["train"]
+
+
 def _table(markdown: str, heading: str) -> list[list[str]]:
     block = markdown.split(heading, 1)[1]
     lines = [line for line in block.splitlines() if line.startswith("|")]
@@ -78,7 +93,9 @@ def test_results_markdown_parses_and_report_gives_the_same_numbers(evaluation, c
         for cell in row[3:-1]:
             assert re.fullmatch(r"-?\d+\.\d+ ± \d+\.\d+", cell), cell
     paired = _table(text, "## Paired differences")
-    assert [row[0] for row in paired[2:]] == ["greedy", "greedy", "random", "random"]
+    assert [row[:2] for row in paired[2:]] == [[seller, split] for seller in ("greedy", "random") for split in ("train", "prices-x10", "all")]
+    assert all(int(row[2]) == sum(int(r[2]) for r in paired[2:] if r[0] == row[0] and r[1] != "all")
+               for row in paired[2:] if row[1] == "all")  # the pooled row has every split's pairs
     assert all(re.fullmatch(r"[+-]\d+\.\d+ ± \d+\.\d+", row[3]) for row in paired[2:])
     capsys.readouterr()
     assert main(["report", str(evaluation), "--by", "seller,split", "--format", "markdown", "--baseline", "posted"]) == 0
@@ -91,7 +108,7 @@ def test_csv_files_and_plots_are_written(evaluation):
     summary = (evaluation / "results.csv").read_text().splitlines()
     assert summary[0].startswith("seller,split,episodes,failed,valid_rate_mean") and len(summary) == 7
     paired = (evaluation / "paired.csv").read_text().splitlines()
-    assert paired[0].startswith("seller,baseline,split,pairs") and len(paired) == 5
+    assert paired[0].startswith("seller,baseline,split,pairs") and len(paired) == 7  # 2 sellers x (2 splits and all)
     for name in ("profit_welfare_by_split.png", "violations_by_type.png", "paired_profit_by_split.png"):
         data = (evaluation / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000, name

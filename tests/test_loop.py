@@ -106,6 +106,9 @@ def test_a_loop_killed_mid_training_resumes_at_that_stage_and_keeps_every_finish
     calls.clear()
     run_loop(config(rounds=2), echo=lambda line: None)  # more rounds: only the new ones run
     assert calls == ["round 2 collect", "round 2 rft", "round 2 eval (threshold)"]
+    paired = [line.split(" |")[0] for line in (out / "results.md").read_text().splitlines() if "(paired)" in line]
+    assert paired == ["| SFT (round 0) − greedy (paired)", "| round 1 − SFT (round 0) (paired)", "| round 2 − round 1 (paired)",
+                      "| round 2 − SFT (round 0) (paired)", "| round 2 − greedy (paired)"]  # each round against the one before it, the last against SFT and the teacher
 
 
 def test_each_eval_buyer_type_is_a_column_of_its_own_paired_on_its_own_markets(world):

@@ -735,9 +735,13 @@ def write_report(out: Path, config: LoopConfig, state: State) -> None:
         rows += [(seller, markets) for seller, markets in baseline.items() if not seller.startswith("openai:")]
         splits = sorted({s for _, markets in rows for (s, _) in markets})
         trained = [label for label, _ in rows if label.startswith("round")]
+        chain = ["SFT (round 0)", *trained]
         pairs = [("SFT (round 0)", config.teacher)]
+        pairs += [(later, earlier) for earlier, later in zip(chain[:-1], chain[1:])]  # each round against the one before
+        if len(trained) > 1:
+            pairs.append((trained[-1], "SFT (round 0)"))
         if trained:
-            pairs += [(trained[-1], "SFT (round 0)"), (trained[-1], config.teacher)]
+            pairs.append((trained[-1], config.teacher))
         table = results_table(rows, splits, pairs)
         sections.append(f"### buyers: {buyers}\n\nprofit/OPT mean ± 95% CI (valid-message rate, markets)\n\n{table}\n")
     against = teacher_section(out, config)

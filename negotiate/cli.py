@@ -627,7 +627,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     baseline = args.baseline
     if args.baseline:  # checked before anything is printed
         chosen = baseline_of(rows, args.baseline, args.baseline_run, by_run=by_run)
-        runs = sorted({str(run) for run in (chosen or {}).values()})
+        runs = sorted({str(run) for theirs in (chosen or {}).values() for run in theirs})
         baseline = args.baseline if not runs else f"{args.baseline} of run{'s' if len(runs) > 1 else ''} {', '.join(runs)}"
     if separate:
         if "run" not in by:

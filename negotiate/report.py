@@ -255,15 +255,16 @@ class Paired:
 
 
 def baseline_of(rows: list[dict], baseline: str, run: str | None = None, *,
-                by_run: bool = False) -> dict[str | None, str | None] | None:
-    """Per buyer spec, the run whose ``baseline`` episodes the others are compared with; None where runs are not
+                by_run: bool = False) -> dict[str | None, list[str | None]] | None:
+    """Per buyer spec, the runs whose ``baseline`` episodes the others are compared with; None where runs are not
     told apart (every episode of ``baseline`` is the baseline). Where they are (``by_run``, or ``run`` given),
-    ``baseline`` must have played against each buyer spec in one run only, or ``run`` must say which.
+    no two runs of ``baseline`` may have played one market against the same buyers, or ``run`` must say which.
     A one-line :class:`UserError` naming ``--baseline`` or ``--baseline-run`` otherwise.
 
-    >>> rows = [{"seller": "a", "run": r, "buyers": b} for r, b in [("x", "threshold"), ("y", "concession")]]
+    >>> rows = [{"seller": "a", "run": r, "buyers": b, "split": "s", "seed": k}
+    ...         for r, b, k in [("x", "threshold", 1), ("y", "concession", 1), ("z", "concession", 2)]]
     >>> baseline_of(rows, "a"), baseline_of(rows, "a", by_run=True), baseline_of(rows, "a", "y")
-    (None, {'threshold': 'x', 'concession': 'y'}, {'concession': 'y'})
+    (None, {'threshold': ['x'], 'concession': ['y', 'z']}, {'concession': ['y']})
     """
     sellers = sorted({r["seller"] for r in rows})
     if baseline not in sellers:
@@ -271,20 +272,23 @@ def baseline_of(rows: list[dict], baseline: str, run: str | None = None, *,
     if not by_run and run is None:
         return None
     runs: dict[str | None, dict[str | None, None]] = {}
+    played: dict[tuple, set[str | None]] = defaultdict(set)
     for r in rows:
         if r["seller"] == baseline:
             runs.setdefault(r.get("buyers"), {})[r.get("run")] = None
+            played[_same_market(r)].add(r.get("run"))
     if run is not None:
-        chosen = {buyers: run for buyers, theirs in runs.items() if run in theirs}
+        chosen = {buyers: [run] for buyers, theirs in runs.items() if run in theirs}
         if not chosen:
             raise UserError(f"{baseline} did not play in this run; runs it played in: "
                             f"{', '.join(str(r) for theirs in runs.values() for r in theirs)}", field="--baseline-run", value=run)
         return chosen
-    for buyers, theirs in runs.items():
+    for (buyers, *_), theirs in played.items():
         if len(theirs) > 1:
-            raise UserError(f"played in {len(theirs)} separate runs of the same markets with buyers {buyers} "
-                            f"({', '.join(map(str, theirs))}); name one with --baseline-run", field="--baseline", value=baseline)
-    return {buyers: next(iter(theirs)) for buyers, theirs in runs.items()}
+            raise UserError(f"played the same markets against buyers {buyers} in {len(theirs)} separate runs "
+                            f"({', '.join(map(str, sorted(theirs, key=str)))}); name one with --baseline-run", field="--baseline",
+                            value=baseline)
+    return {buyers: list(theirs) for buyers, theirs in runs.items()}
 
 
 def _same_market(row: dict, repeat: object = ...) -> tuple:
@@ -314,7 +318,7 @@ def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequenc
     chosen = baseline_of(rows, baseline, baseline_run, by_run=by_run)
 
     def is_base(row: dict) -> bool:
-        return row["seller"] == baseline and (chosen is None or chosen.get(row.get("buyers"), ...) == row.get("run"))
+        return row["seller"] == baseline and (chosen is None or row.get("run") in chosen.get(row.get("buyers"), ()))
 
     base = {_same_market(r): r["metrics"] for r in rows if is_base(r) and r.get("metrics")}
     groups: dict[tuple, list[tuple[dict, dict]]] = {}

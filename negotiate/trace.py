@@ -691,13 +691,15 @@ def scan(path: str | Path) -> ScanResult:
 
 def trace_files(paths: Iterable[str | Path]) -> list[Path]:
     """Expand files and folders (searched recursively for ``*.jsonl``) into trace files. Operational logs
-    (``*.log.jsonl``) are not traces: they are left out, whether found in a folder or named (a shell glob)."""
+    (``*.log.jsonl``) are not traces: they are left out, whether found in a folder or named (a shell glob).
+    Neither is a training curve (``metrics.jsonl`` of a checkpoint), left out where a folder holds it, so a
+    loop's run folder reports whole."""
     found: list[Path] = []
     paths = list(paths)
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*.jsonl") if not p.name.endswith(".log.jsonl")))
+            found.extend(sorted(p for p in path.rglob("*.jsonl") if not p.name.endswith(".log.jsonl") and p.name != "metrics.jsonl"))
         elif path.name.endswith(".log.jsonl") and path.exists():
             continue
         elif path.exists():

@@ -419,7 +419,7 @@ def test_report_keeps_a_serve_and_an_eval_of_one_seed_apart(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("seller,split,episodes")
     # --baseline across them: greedy is in both runs, so --baseline-run says which
     assert main(["report", str(tmp_path), "--baseline", "greedy"]) == 2
-    assert "--baseline: 'greedy': played in 2 separate runs of the same markets" in error_line(capsys)
+    assert "--baseline: 'greedy': played the same markets against buyers threshold in 2 separate runs" in error_line(capsys)
     eval_run = orjson.loads((tmp_path / "eval" / "train" / "run.json").read_bytes())["run_id"]
     serve_run = (runs - {eval_run}).pop()
     assert main(["report", str(tmp_path), "--baseline", "greedy", "--baseline-run", eval_run, "--format", "csv"]) == 0
@@ -662,3 +662,14 @@ def test_report_pairs_each_repeat_of_a_group_and_each_buyer_column_with_its_own_
     assert [(row["seller"], row["pairs"]) for row in paired] == [("greedy", "4"), ("greedy", "4")]
     assert len({row["run"] for row in paired}) == 2 and "no market in common" not in captured.err
     assert paired[0]["baseline"].startswith("planner of runs eval-")
+    # the baseline's runs on other markets (another seed) are the baseline too: only the same markets twice are ambiguous
+    run("eval", "--seller", "planner,greedy", "--buyers", "threshold", "--split", "train", "--episodes", "4", "--seed", "5",
+        "--out", str(tmp_path / "later"))
+    capsys.readouterr()
+    folders = [str(tmp_path / f) for f in ("threshold", "concession", "later")]
+    assert main(["report", *folders, "--baseline", "planner", "--format", "csv"]) == 0
+    assert sorted(row["pairs"] for row in csv.DictReader(io.StringIO(capsys.readouterr().out))) == ["4", "4", "4"]
+    run("eval", "--seller", "planner", "--buyers", "threshold", "--split", "train", "--episodes", "4", "--out", str(tmp_path / "again"))
+    capsys.readouterr()
+    assert main(["report", *folders, str(tmp_path / "again"), "--baseline", "planner"]) == 2
+    assert "--baseline: 'planner': played the same markets against buyers threshold in 2 separate runs" in error_line(capsys)

@@ -214,10 +214,11 @@ def test_scan_skips_blank_lines_like_read_episodes(tmp_path):
 
 def test_trace_files_expands_folders_and_skips_logs(tmp_path):
     (tmp_path / "run" / "deep").mkdir(parents=True)
-    for name in ("run/b.jsonl", "run/a.jsonl", "run/deep/c.jsonl", "run/serve.log.jsonl", "run/notes.txt"):
+    for name in ("run/b.jsonl", "run/a.jsonl", "run/deep/c.jsonl", "run/serve.log.jsonl", "run/notes.txt", "run/deep/metrics.jsonl"):
         (tmp_path / name).write_text("")
-    found = trace_files([tmp_path / "run"])
+    found = trace_files([tmp_path / "run"])  # a checkpoint's training curve (metrics.jsonl) is not a trace either
     assert [p.relative_to(tmp_path).as_posix() for p in found] == ["run/a.jsonl", "run/b.jsonl", "run/deep/c.jsonl"]
+    assert trace_files([tmp_path / "run" / "deep" / "metrics.jsonl"]) == [tmp_path / "run" / "deep" / "metrics.jsonl"]  # named: read
     assert trace_files([tmp_path / "run" / "notes.txt"]) == [tmp_path / "run" / "notes.txt"]
     with pytest.raises(UserError, match="no such trace file"):
         trace_files([tmp_path / "missing"])

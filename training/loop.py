@@ -766,9 +766,7 @@ def teacher_section(out: Path, config: LoopConfig) -> str | None:
         check_teacher(config.teacher)
     except UserError:
         return None
-    columns = _list(config.eval_buyers)
-    if not columns:
-        return None
+    columns = _list(config.eval_buyers)  # never empty: LoopConfig.check refuses that
     buyers = config.buyers if config.buyers in columns else columns[0]
     lines = []
     for k in range(config.rounds + 1):
@@ -850,18 +848,12 @@ LOOP_NEEDS = ("torch", "transformers", "peft", "vllm")
 
 
 def add_loop_arguments(parser) -> None:
-    import argparse
-
     from negotiate.training.options import add_config_arguments
 
     parser.add_argument("--config", metavar="FILE", help="a TOML file of loop flags (teacher_episodes = 600, legal = true, ...); "
                                                          "flags given on the command line override it")
-    add_config_arguments(parser, loop_fields())
     # A flag not given stays out of the parsed arguments, so that --config's value, not the default, stands for it.
-    names = {name for name, *_ in loop_fields()}
-    for action in parser._actions:  # not set_defaults: it would also put the marker itself into the parsed arguments
-        if action.dest in names:
-            action.default = argparse.SUPPRESS
+    add_config_arguments(parser, loop_fields(), omit_defaults=True)
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None,
                         help="least severe log line shown on the console (default: warning; OUT/loop.log.jsonl gets every line)")
     parser.add_argument("--quiet", action="store_true", help="only errors on the console")

@@ -22,17 +22,21 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, config_fields_: list[tuple]) -> None:
-    """One flag per field of a config dataclass: (name, type text, default, help) as ``config_fields()`` gives them."""
+def add_config_arguments(parser: argparse.ArgumentParser, config_fields_: list[tuple], *, omit_defaults: bool = False) -> None:
+    """One flag per field of a config dataclass: (name, type text, default, help) as ``config_fields()`` gives them.
+    With ``omit_defaults``, a flag not given stays out of the parsed arguments (its default is still in its help),
+    so that a caller can tell it from one given with the default's value."""
     for name, kind, default, help_text in config_fields_:
+        parsed_default = argparse.SUPPRESS if omit_defaults else default
         if name == "traces":
-            parser.add_argument("--traces", nargs="+", default=[], metavar="DIR", help=help_text)
+            parser.add_argument("--traces", nargs="+", default=[] if not omit_defaults else parsed_default, metavar="DIR",
+                                help=help_text)
         elif kind == "bool":
-            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=default,
+            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=parsed_default,
                                 help=_with_default(help_text, default))
         else:
             convert = {"int": int, "int | None": int, "float": float}.get(kind, str)
-            parser.add_argument(_flag(name), type=convert, default=default, help=_with_default(help_text, default))
+            parser.add_argument(_flag(name), type=convert, default=parsed_default, help=_with_default(help_text, default))
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:

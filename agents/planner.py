@@ -82,6 +82,8 @@ class PlannerSeller(_Follower):
         """Each buyer's bids, in order: (product, price, offers it had heard by then)."""
         self.rejected: list[bool] = []
         """Whether the buyer has ever rejected outright (it does not bid: a threshold buyer)."""
+        self.reasons = bool((params or {}).get("reasons", 0))
+        """``reasons=1``: each message carries, as its thought, the facts its choice turned on (:meth:`_why`)."""
 
     @classmethod
     def create(cls, spec, params, *, market, seed):
@@ -229,7 +231,7 @@ class PlannerSeller(_Follower):
                 units[int(b.offer[0][1:]) - 1] -= 1
         cols = [j for j, k in enumerate(units) if k > 0]
         if not cols:
-            return None if any(b.awaiting for b in buyers) else _end()
+            return None if any(b.awaiting for b in buyers) else self._ended("nothing left to sell")
         active = sum(1 for b in buyers if b.status == ACTIVE)
         tries = min(MAX_TRIES, max(1, obs.budget_left // max(1, active)))
         # The first price comes from a ladder of PRICE_TRIES x the turns per deal still possible
@@ -267,11 +269,25 @@ class PlannerSeller(_Follower):
                 price = (1 - weight) * prices[int(np.argmax(self._firsts[short][r, j]))]
                 price += weight * prices[int(np.argmax(self._firsts[short + 1][r, j]))]
                 value[r, c] = worth[r, j]
-                plan[r, c] = _offer(buyer.id, product.id, max(int(price), cost))
+                facts = f"{buyer.id} has not bid" if bid is None else f"{buyer.id} bids ${bid[1]} for {bid[0]}, no deal there"
+                why = self._why(facts, obs.budget_left, active, f"offer {product.id}")
+                plan[r, c] = _offer(buyer.id, product.id, max(int(price), cost), thought=why)
         best = best_assigned(value, cols, units, len(free))
         if best is None:
-            return None if any(b.awaiting for b in buyers) else _end()
+            return None if any(b.awaiting for b in buyers) else self._ended("no sale is worth its cost")
         return self._record(plan[best])
+
+    def _why(self, facts: str, left: int, active: int, verdict: str) -> str:
+        """The thought of a message under ``reasons=1`` ("" otherwise): what the choice turned on, in words a
+        model can copy from its prompt (the bids in the thread, the turns left, the buyers still active)
+        before it writes the action: ``b2 bids $380, $410 (rising); 10 turns for 3 buyers: hold out``."""
+        if not self.reasons:
+            return ""
+        return f"{facts}; {left} turn{'s' * (left != 1)} for {active} buyer{'s' * (active != 1)}: {verdict}"
+
+    def _ended(self, why: str) -> Message:
+        message = _end()
+        return message._replace(thought=f"{why}: end") if self.reasons else message
 
     def _record(self, message: Message) -> Message:
         if message.action.kind == "offer":
@@ -294,6 +310,8 @@ class PlannerSeller(_Follower):
                 if len(bids) == 2:
                     break
         rising = len(bids) >= 2 and bids[-1][0] > bids[-2][0]
+        trend = "first bid" if len(bids) < 2 else "rising" if rising else "not rising"
+        facts = f"{buyer_id} bids {', '.join(f'${p}' for p, _ in bids)} ({trend})"
         step = (bids[-1][0] - bids[-2][0]) / max(1, bids[-1][1] - bids[-2][1]) if rising else bid * 0.25
         # Holding out costs turns the other buyers could use: only while each active buyer still has
         # more than ``patience`` turns (1 measured best: 0 and 2 lose 0.36 and 0.09 on conceding buyers).
@@ -309,9 +327,14 @@ class PlannerSeller(_Follower):
             taken = bid - cost if bid >= cost else 0.0
             worth = sure * (ask - cost) + (1 - sure) * (taken if left > active else 0.0)
             if ask > bid and ask >= cost and (worth > taken or bid < cost):
-                return _offer(buyer_id, f"p{j + 1}", ask), worth + 1e-6
+                why = self._why(facts, left, active, "ask one step up")
+                return _offer(buyer_id, f"p{j + 1}", ask, thought=why), worth + 1e-6
         if not hold and bid >= cost:
-            return _accept_bid(buyer_id, f"p{j + 1}", bid), bid - cost + 1e-6
+            message = _accept_bid(buyer_id, f"p{j + 1}", bid)
+            if self.reasons:
+                message = message._replace(thought=self._why(facts, left, active, "take it"))
+            return message, bid - cost + 1e-6
         # One bid so far, or bids that climb: ask above where the next bid should land.
         ask = int(max(cost, min(self.hi[i, j], bid + 2 * step), bid + 1))
-        return _offer(buyer_id, f"p{j + 1}", ask), max(bid + 0.5 * step - cost, 0.0) + 1e-6
+        verdict = "hold out" if hold else "below cost: ask more"
+        return _offer(buyer_id, f"p{j + 1}", ask, thought=self._why(facts, left, active, verdict)), max(bid + 0.5 * step - cost, 0.0) + 1e-6

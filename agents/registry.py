@@ -61,7 +61,7 @@ __all__ = ["AgentSpec", "parse_agent", "describe_agents"]
 
 _PARAMS = {
     ("seller", "concession"): {"beta": (0.0, False, 100.0)},
-    ("seller", "planner"): {"patience": (0, True, 1000)},
+    ("seller", "planner"): {"patience": (0, True, 1000), "reasons": (0, True, 1)},
     ("buyer", "concession"): {"start": (0.0, False, 1.0), "patience": (1, True, 1000)},
     ("buyer", "stubborn"): {"share": (0.0, False, 1.0)},
 }

@@ -242,3 +242,49 @@ def test_a_climbing_bid_below_cost_is_closed_by_the_next_target_when_it_covers_t
     actions = [a for _, _, a in _messages(episode)]
     assert actions[1:] == [("bid", "p1", 400), ("offer", "p1", 600), ("bid", "p1", 500), ("offer", "p1", 599), ("accept", "p1", 599)]
     assert episode.metrics["profit"] == 49
+
+
+def _thoughts(episode) -> list[str]:
+    return [e["thought"] for e in episode.events if e["type"] == "message" and e["sender"] == "seller"]
+
+
+def test_reasons_state_what_each_choice_turned_on_and_change_no_action():
+    # The held conceding buyer above (value 800, bids 400 then meets 600), with reasons=1: the same
+    # messages; the first offer had no bid to go on (budget 10, one buyer); the second holds the first
+    # bid of 400 with 9 turns left for 1 buyer (turns per buyer 9 > patience 1).
+    market = _one_by_one(800)
+    plain = _play(market, PlannerSeller.create("planner", {}, market=_SpecOnly(market.spec), seed=0), "concession?start=0.5&patience=3")
+    spec = parse_agent("planner?reasons=1", "seller")
+    seller = PlannerSeller.create(spec.text, spec.params, market=_SpecOnly(market.spec), seed=0)
+    episode = _play(market, seller, "concession?start=0.5&patience=3")
+    assert _messages(episode) == _messages(plain)
+    assert _thoughts(plain) == ["", ""]
+    assert _thoughts(episode) == ["b1 has not bid; 10 turns for 1 buyer: offer p1",
+                                  "b1 bids $400 (first bid); 9 turns for 1 buyer: hold out"]
+
+
+def test_reasons_name_the_last_turn_when_a_bid_is_taken():
+    # Budget 2: one turn left after the first offer, so the first bid (400) is taken, and the thought says why.
+    market = _one_by_one(800, budget=2)
+    seller = PlannerSeller.create("planner", {"reasons": 1}, market=_SpecOnly(market.spec), seed=0)
+    episode = _play(market, seller, "concession?start=0.5&patience=3")
+    assert _thoughts(episode)[-1] == "b1 bids $400 (first bid); 1 turn for 1 buyer: take it"
+    assert _messages(episode)[-1] == ("seller", "b1", ("accept", "p1", 400))
+
+
+def test_reasons_for_a_bid_that_stopped_moving():
+    # The stubborn buyer above (anchor 400): offer, bid 400, ask 600, bid 400 again: taken as not rising.
+    # Only the seller's messages spend the budget of 10: 9 turns at the second message, 8 at the third.
+    market = _one_by_one(500)
+    seller = PlannerSeller.create("planner", {"reasons": 1}, market=_SpecOnly(market.spec), seed=0)
+    episode = _play(market, seller, "stubborn?share=0.8")
+    assert _thoughts(episode)[1:] == ["b1 bids $400 (first bid); 9 turns for 1 buyer: hold out",
+                                      "b1 bids $400, $400 (not rising); 8 turns for 1 buyer: take it"]
+
+
+def test_reasons_is_a_flag_of_the_planner_only():
+    assert parse_agent("planner?reasons=1", "seller").params == {"reasons": 1}
+    with pytest.raises(Exception, match="outside"):
+        parse_agent("planner?reasons=2", "seller")
+    with pytest.raises(Exception, match="unknown parameter 'reasons' for greedy"):
+        parse_agent("greedy?reasons=1", "seller")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,20 +150,41 @@ RATIO_METRICS = (
 """Metrics shown in report tables, with their column titles."""
 
 
-def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+def mean_ci(values: Sequence[float], level: float = 0.95, clusters: Sequence[Hashable] | None = None) -> tuple[float, float]:
     """Mean and half-width of the Student-t confidence interval (0 with fewer than two values).
 
     >>> mean_ci([1.0, 2.0, 3.0])  # sd 1, t(0.975, 2) = 4.303: 4.303 / sqrt(3) = 2.484
+    (2.0, 2.484...)
+
+    ``clusters`` (one label per value) marks values that are not independent, such as a ``--group`` run's
+    repeats of one market: the mean stays the mean of the values, the half-width is the cluster-robust one,
+    ``sqrt(G / (G - 1) * sum_g (sum of cluster g's deviations)^2) / n`` with t on G - 1 degrees of freedom
+    (G clusters). With one value per cluster it is the plain interval.
+
+    >>> mean_ci([1.0, 2.0, 3.0, 4.0], clusters="aabb")  # deviations sum to -2 and +2: sqrt(2 * 8) / 4 = 1; t(0.975, 1) = 12.706
+    (2.5, 12.706...)
+    >>> mean_ci([1.0, 2.0, 3.0], clusters="abc")  # one value per cluster: the plain interval
     (2.0, 2.484...)
     """
     n = len(values)
     if n == 0:
         return math.nan, math.nan
     mean = float(np.mean(values))
-    if n < 2:
+    if clusters is None:
+        if n < 2:
+            return mean, 0.0
+        sd = float(np.std(values, ddof=1))
+        return mean, float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    if len(clusters) != n:
+        raise ValueError(f"{len(clusters)} cluster labels for {n} values")
+    sums: dict[Hashable, float] = defaultdict(float)
+    for value, cluster in zip(values, clusters):
+        sums[cluster] += value - mean
+    g = len(sums)
+    if g < 2:
         return mean, 0.0
-    sd = float(np.std(values, ddof=1))
-    return mean, float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    se = math.sqrt(g / (g - 1) * sum(d * d for d in sums.values())) / n
+    return mean, float(stats.t.ppf(0.5 + level / 2, g - 1)) * se
 
 
 @dataclass(frozen=True)
@@ -189,10 +210,13 @@ def sort_key(key: tuple, by: Sequence[str], order: dict[str, Sequence[str]]) -> 
     return tuple(parts)
 
 
-def aggregate(rows: Iterable[dict], by: Sequence[str], order: dict[str, Sequence[str]] | None = None) -> list[Summary]:
+def aggregate(rows: Iterable[dict], by: Sequence[str], order: dict[str, Sequence[str]] | None = None, *,
+              cluster: Callable[[dict], Hashable] | None = None) -> list[Summary]:
     """Group episode rows (``metrics`` plus labels such as seller, split, shape, tier) and summarize.
 
     Groups come out sorted: values listed in ``order`` (per label) first, in that order, then the rest.
+    ``cluster`` labels each row's market: a group's episodes of one market count as one unit in the
+    confidence intervals (:func:`mean_ci`); without it every episode is independent.
     """
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
@@ -204,10 +228,12 @@ def aggregate(rows: Iterable[dict], by: Sequence[str], order: dict[str, Sequence
         summary_stats = {}
         for name, _title in RATIO_METRICS:
             if name == "violations_per_episode":
+                counted = ok
                 values = [float(sum(r["metrics"]["violations"].values())) for r in ok]
             else:
-                values = [float(r["metrics"][name]) for r in ok if r["metrics"].get(name) is not None]
-            mean, half = mean_ci(values)
+                counted = [r for r in ok if r["metrics"].get(name) is not None]
+                values = [float(r["metrics"][name]) for r in counted]
+            mean, half = mean_ci(values, clusters=[cluster(r) for r in counted] if cluster else None)
             summary_stats[name] = (mean, half, len(values))
         violations: Counter = Counter()
         for r in ok:

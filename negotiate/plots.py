@@ -57,10 +57,12 @@ def _order(values, preferred=()):
 
 
 def plot_by_split(rows: list[dict], path: Path, sellers: list[str], splits: list[str]) -> Path:
-    """Grouped bars: profit/OPT and welfare/OPT per split, one bar per seller, 95% CI whiskers. The legend
-    sits outside the axes (inside, it covered bars that reach 1.0)."""
+    """Grouped bars: profit/OPT and welfare/OPT per split, one bar per seller, 95% CI whiskers (a market's repeats
+    count once). The legend sits outside the axes (inside, it covered bars that reach 1.0)."""
     plt = _pyplot()
-    summaries = {s.key: s for s in aggregate(rows, ("seller", "split"))}
+    from negotiate.report import market_of
+
+    summaries = {s.key: s for s in aggregate(rows, ("seller", "split"), cluster=market_of)}
     names = _tick_names(sellers)
     fig, axes = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(splits) * 2) + _legend_in(names, "seller"), 4), sharey=True,
                              layout="constrained")

@@ -7,7 +7,7 @@ import hashlib
 import io
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import groupby
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,7 +224,7 @@ def summarize(rows: list[dict], by: Sequence[str], order: dict[str, Sequence[str
     for key in by:
         if key not in GROUP_KEYS:
             raise UserError(f"cannot group by it; choose from {', '.join(GROUP_KEYS)}", field="--by", value=key)
-    return aggregate(rows, by, DEFAULT_ORDER | (order or {}))
+    return aggregate(rows, by, DEFAULT_ORDER | (order or {}), cluster=market_of)
 
 
 # -- paired differences against a baseline seller --------------------------------
@@ -299,6 +299,14 @@ def _same_market(row: dict, repeat: object = ...) -> tuple:
     return row.get("buyers"), row["split"], market, row.get("repeat") if repeat is ... else repeat
 
 
+def market_of(row: dict) -> Hashable:
+    """The market an episode row played against its buyers, repeats aside: the unit of the confidence intervals,
+    so that a ``--group`` run's repeats of one market count once (:func:`negotiate.metrics.mean_ci`'s clusters)."""
+    if not row.get("market") and row.get("seed") is None:
+        return id(row)  # nothing tells its market: its own unit
+    return _same_market(row, None)
+
+
 def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequence[str]] | None = None, *,
                        baseline_run: str | None = None, by_run: bool = False,
                        on_unpaired: Callable[[str], None] | None = None) -> list[Paired]:
@@ -332,7 +340,7 @@ def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequenc
         if other is None and r.get("repeat") is not None:
             other = base.get(_same_market(r, None))  # a group's repeat against a baseline that played the market once
         if other is not None:
-            groups.setdefault(key, []).append((r["metrics"], other))
+            groups.setdefault(key, []).append((r["metrics"], other, market_of(r)))
         else:
             unpaired[key] = None
     for run, seller, split in (key for key in unpaired if key not in groups and on_unpaired is not None):
@@ -352,12 +360,13 @@ ALL_SPLITS = "all"
 """The split of a paired row that pools a seller's pairs on every split (where it played more than one)."""
 
 
-def _paired(seller: str, split: str, pairs: list[tuple[dict, dict]], run: str | None) -> Paired:
+def _paired(seller: str, split: str, pairs: list[tuple[dict, dict, Hashable]], run: str | None) -> Paired:
+    """Pairs (seller's metrics, baseline's, market): a market's repeats are one unit of the interval."""
     diffs = {}
     for name, _ in PAIRED_METRICS:
-        values = [a[name] - b[name] for a, b in pairs if a.get(name) is not None and b.get(name) is not None]
-        mean, half = mean_ci(values)
-        diffs[name] = (mean, half, len(values))
+        both = [(a[name] - b[name], market) for a, b, market in pairs if a.get(name) is not None and b.get(name) is not None]
+        mean, half = mean_ci([d for d, _ in both], clusters=[m for _, m in both])
+        diffs[name] = (mean, half, len(both))
     return Paired(seller, split, len(pairs), diffs, run)
 
 

@@ -650,6 +650,14 @@ def test_report_pairs_each_repeat_of_a_group_and_each_buyer_column_with_its_own_
     assert rows["serve"]["pairs"] == "8" and rows["eval"]["pairs"] == "4"  # each repeat against the market's one posted episode
     # greedy is deterministic: its two repeats of a market are alike, so the mean difference is the one-run mean
     assert float(rows["serve"]["profit_ratio_diff"]) == pytest.approx(float(rows["eval"]["profit_ratio_diff"]))
+    # ...and a market's repeats count once in the interval: 8 pairs of 4 markets, as wide as 4 pairs
+    assert float(rows["serve"]["profit_ratio_ci95"]) == pytest.approx(float(rows["eval"]["profit_ratio_ci95"]))
+    assert float(rows["eval"]["profit_ratio_ci95"]) > 0
+    # the same in the summary table: greedy's 8 episodes of 4 markets, as sure as its 4 episodes of them
+    assert main(["report", str(tmp_path / "groups"), str(tmp_path / "once"), "--by", "run,seller", "--format", "csv"]) == 0
+    summary = {(row["run"].split("-")[0], row["seller"]): row for row in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert summary["serve", "greedy"]["episodes"] == "8" and summary["eval", "greedy"]["episodes"] == "4"
+    assert float(summary["serve", "greedy"]["profit_ratio_ci95"]) == pytest.approx(float(summary["eval", "greedy"]["profit_ratio_ci95"]))
 
     # two buyer columns of the same markets (as the loop's baselines): each pairs with its own column's baseline
     for buyers in ("threshold", "concession"):

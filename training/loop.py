@@ -219,7 +219,7 @@ ROUND0_STAGES = (*SFT_STAGES, "baselines", "round 0 eval")
 
 def take_round0(source: Path, out: Path, config: LoopConfig, state: State) -> None:
     """Start ``out`` from ``source``'s finished round 0 (``--sft-from``): its folders are hard-linked (copied
-    across file systems), its stages, serving choice, port and round-0 summary recorded as done here.
+    across file systems), its stages, serving choice and round-0 summary recorded as done here; the port is this run's.
     Where an evaluation flag differs, only the SFT is taken; the baselines and round 0's evaluation run again."""
     try:
         other = json.loads((source / "loop.json").read_text())
@@ -248,7 +248,9 @@ def take_round0(source: Path, out: Path, config: LoopConfig, state: State) -> No
     data["done"] = list(stages)
     if same_eval:
         data["rounds"]["0"] = other["rounds"]["0"]
-    data["serving"], data["port"] = other.get("serving"), other.get("port")
+    # Not the source's port: this run's server is its own (two runs from one SFT may run at once), and its policies
+    # are told apart from the source's in cross-run reports by their URL.
+    data["serving"] = other.get("serving")
     data["seconds"] = {stage: seconds for stage, seconds in (other.get("seconds") or {}).items() if stage in stages}
     data["sft_from"] = str(source.resolve())
     state.save()

@@ -651,17 +651,17 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     if args.format == "markdown":
         sys.stdout.write(summary_markdown(summaries, by))
         if paired is not None:
-            sys.stdout.write(f"\nPaired differences against {baseline} (same markets):\n\n" + paired_markdown(paired))
+            sys.stdout.write(f"\nPaired differences against {baseline} (same markets):\n\n" + paired_markdown(paired, by_run))
         if agreed is not None:
             sys.stdout.write(f"\nEach seller message against what {args.teacher} would have sent in that state:\n\n"
                              + agreement_markdown(agreed, args.teacher))
     elif args.format == "csv":
         sys.stdout.write(agreement_csv(agreed, args.teacher) if agreed is not None
-                         else summary_csv(summaries, by) if paired is None else paired_csv(paired, baseline))
+                         else summary_csv(summaries, by) if paired is None else paired_csv(paired, baseline, by_run))
     else:
         console.print(summary_table(summaries, by))
         if paired is not None:
-            console.print(paired_table(paired, baseline))
+            console.print(paired_table(paired, baseline, by_run))
         if agreed is not None:
             for table in agreement_tables(agreed, args.teacher):
                 console.print(table)

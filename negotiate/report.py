@@ -377,14 +377,16 @@ def _signed(mean: float, half: float, name: str) -> str:
     return f"{mean:+.{digits}f} ± {half:.{digits}f}"
 
 
-def _by_run(paired: list[Paired]) -> list[str]:
-    return ["run"] if any(p.run is not None for p in paired) else []
+def _by_run(paired: list[Paired], by_run: bool | None = None) -> list[str]:
+    """The run column where rows are a run's sellers: as the caller says (so an empty table keeps its columns), else
+    where some row has a run."""
+    return ["run"] if (any(p.run is not None for p in paired) if by_run is None else by_run) else []
 
 
-def paired_table(paired: list[Paired], baseline: str) -> Table:
+def paired_table(paired: list[Paired], baseline: str, by_run: bool | None = None) -> Table:
     table = Table(title=f"paired differences against {baseline} (same markets; mean ± 95% CI)", title_justify="left",
                   box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
-    runs = _by_run(paired)
+    runs = _by_run(paired, by_run)
     for name in (*runs, "seller", "split"):
         table.add_column(name, overflow="fold", min_width=len(name))
     table.add_column("pairs", justify="right", no_wrap=True)
@@ -397,8 +399,8 @@ def paired_table(paired: list[Paired], baseline: str) -> Table:
     return table
 
 
-def paired_markdown(paired: list[Paired]) -> str:
-    runs = _by_run(paired)
+def paired_markdown(paired: list[Paired], by_run: bool | None = None) -> str:
+    runs = _by_run(paired, by_run)
     header = [*runs, "seller", "split", "pairs", *(title for _, title in PAIRED_METRICS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for p in paired:
@@ -407,10 +409,10 @@ def paired_markdown(paired: list[Paired]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def paired_csv(paired: list[Paired], baseline: str) -> str:
+def paired_csv(paired: list[Paired], baseline: str, by_run: bool | None = None) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    runs = _by_run(paired)
+    runs = _by_run(paired, by_run)
     writer.writerow([*runs, "seller", "baseline", "split", "pairs",
                      *(f"{n}{s}" for n, _ in PAIRED_METRICS for s in ("_diff", "_ci95", "_n"))])
     for p in paired:

@@ -59,6 +59,25 @@ def test_paired_differences_match_the_hand_computation():
     assert math.isnan(paired.diffs["capture"][0])
 
 
+def test_a_markets_repeats_count_once_in_the_paired_interval():
+    # a plays markets 0 and 1 once; b twice each (a --group run). b - a: 0.1, 0.3 on market 0; 0.0, 0.2 on market 1.
+    # Mean 0.15; deviations summed per market: +0.1 and -0.1, so se = sqrt(2 / 1 * 0.02) / 4 = 0.05 and the half
+    # width is t(0.975, 1) * 0.05 = 12.7062 * 0.05 (as four independent pairs it would be 3.18245 * 0.1291 / 2).
+    rows = [{"seller": "a", "split": "train", "seed": k, "metrics": {"profit_ratio": 0.5}} for k in (0, 1)]
+    rows += [{"seller": "b", "split": "train", "seed": k, "repeat": r, "metrics": {"profit_ratio": 0.5 + d}}
+             for k, r, d in [(0, 0, 0.1), (0, 1, 0.3), (1, 0, 0.0), (1, 1, 0.2)]]
+    (paired,) = paired_differences(rows, "a")
+    mean, half, n = paired.diffs["profit_ratio"]
+    assert (paired.pairs, n, round(mean, 9)) == (4, 4, 0.15)
+    assert half == pytest.approx(12.7062 * 0.05, rel=1e-4)
+
+
+def test_an_empty_paired_csv_keeps_its_run_column():
+    from negotiate.report import paired_csv
+
+    assert paired_csv([], "planner", by_run=True).startswith("run,seller,baseline,split,pairs,")
+    assert paired_csv([], "planner").startswith("seller,baseline,split,pairs,")
+
 
 def test_a_seller_paired_on_several_splits_gets_a_row_pooling_them():
     # b - a: 0.1 and 0.3 on train, 0.2 on shapes -> all: mean 0.2, sd 0.1, t(0.975, 2) = 4.30265

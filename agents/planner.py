@@ -48,7 +48,7 @@ from negotiate.regulator import ACTIVE, SellerObservation
 
 from negotiate.agents.scripted import _accept_bid, _end, _Follower, _offer, best_assigned
 
-__all__ = ["PlannerSeller"]
+__all__ = ["PlannerSeller", "read_reason", "REASON_ACTIONS"]
 
 CELLS = 24
 """Value cells per pair in the ladder programme (finer costs time, gains < 0.005 profit/OPT)."""
@@ -63,6 +63,39 @@ PRICE_TRIES = 0.7
 """Length of the ladder whose first price is asked, per turn left for each possible deal
 (+0.008 profit/OPT on train with threshold buyers over 3,000 development markets, 3 seeds,
 against pricing by the valuing ladder; 0.75-0.9: +0.001 to +0.003, or less)."""
+
+
+REASON_ACTIONS = {"hold out": "offer", "ask one step up": "offer", "below cost: ask more": "offer", "take it": "accept",
+                  "end": "end"}
+"""The action kind each verdict of a ``reasons=1`` thought leads to (``offer pN`` too leads to an offer)."""
+
+
+def read_reason(thought: str) -> tuple[str, str, str] | None:
+    """(facts, turns and buyers, verdict) of a ``reasons=1`` thought, None where it is not one: how a policy trained
+    on the planner's reasons is checked against them (``negotiate report --teacher 'planner?reasons=1'``).
+
+    >>> read_reason("b2 bids $380, $410 (rising); 10 turns for 3 buyers: hold out")
+    ('b2 bids $380, $410 (rising)', '10 turns for 3 buyers', 'hold out')
+    >>> read_reason("b1 bids $493 (first bid); 3 turns for 2 buyers: below cost: ask more")[2]
+    'below cost: ask more'
+    >>> read_reason("nothing left to sell: end"), read_reason("I like p1")
+    (('nothing left to sell', '', 'end'), None)
+    """
+    facts, sep, rest = thought.partition("; ")
+    if sep:
+        counts, sep, verdict = rest.partition(": ")
+    else:
+        counts, (facts, sep, verdict) = "", thought.rpartition(": ")
+    if not sep or not facts or reason_action(verdict) is None:
+        return None
+    return facts, counts, verdict
+
+
+def reason_action(verdict: str) -> str | None:
+    """The action kind a verdict leads to (:data:`REASON_ACTIONS`), None for text that is no verdict."""
+    if verdict.startswith("offer p") and verdict[7:].isdigit():
+        return "offer"
+    return REASON_ACTIONS.get(verdict)
 
 
 class PlannerSeller(_Follower):

@@ -457,6 +457,37 @@ def agreement_rows(agreements: dict, teacher: str) -> tuple[list[str], list[list
     return header, rows
 
 
+REASON_COLUMNS = (("read", "a reason"), ("facts", "same facts"), ("counts", "same turns & buyers"),
+                  ("verdict", "same verdict"), ("follows", "acts on its verdict"))
+"""The reasons table's columns (:attr:`negotiate.training.dataset.Agreement.reasons`): each a share of the states
+where the teacher gave a reason, but ``follows``, a share of the seller's thoughts that are reasons."""
+
+
+def reasons_rows(agreements: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the reasons table, one row per seller, against a teacher that gives its reasons
+    (``planner?reasons=1``); no rows where it gave none."""
+    header = ["seller", "states", *(title for _, title in REASON_COLUMNS)]
+    rows = []
+    for seller, a in agreements.items():
+        r = a.reasons
+        if not r["states"]:
+            continue
+        shares = [r[name] / (r["read"] if name == "follows" else r["states"]) if (r["read"] or name != "follows") else None
+                  for name, _ in REASON_COLUMNS]
+        rows.append([seller, str(r["states"]), *("-" if x is None else f"{x:.0%}" for x in shares)])
+    return header, rows
+
+
+def _reasons_title(teacher: str) -> str:
+    return f"thoughts against {teacher}'s reasons: {_reasons_caption()}"
+
+
+def _reasons_caption() -> str:
+    return ("in the states where the teacher gave a reason and the seller's message was valid, the share whose thought is a "
+            "reason, has the same facts, turns and buyers, verdict; and of those reasons, the share whose action is the one "
+            "its own verdict names")
+
+
 def agreement_tables(agreements: dict, teacher: str) -> list[Table]:
     """The teacher table for the terminal: one table per seller (its label in the title)."""
     header, rows = agreement_rows(agreements, teacher)
@@ -473,23 +504,41 @@ def agreement_tables(agreements: dict, teacher: str) -> list[Table]:
             if row[0] == seller:
                 table.add_row(*row[1:], end_section=row[1] == "all")
         tables.append(table)
+    header, rows = reasons_rows(agreements)
+    if rows:
+        table = Table(title=f"thoughts against {teacher}'s reasons", title_justify="left", box=box.SIMPLE_HEAD,
+                      padding=(0, 0), pad_edge=False, caption=_reasons_caption(), caption_justify="left")
+        for k, name in enumerate(header):
+            title = name.replace(" ", "\n").replace("\n&\n", " &\n")
+            table.add_column(title, overflow="fold", justify="left" if k == 0 else "right", min_width=_longest_word(name) + (k > 0))
+        labels = short_labels(row[0] for row in rows)
+        for row in rows:
+            table.add_row(labels[row[0]], *row[1:])
+        tables.append(table)
     return tables
 
 
 def agreement_markdown(agreements: dict, teacher: str) -> str:
-    header, rows = agreement_rows(agreements, teacher)
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+    out = []
+    for title, (header, rows) in ((None, agreement_rows(agreements, teacher)), (_reasons_title(teacher), reasons_rows(agreements))):
+        if rows:
+            lines = ([f"\nThe {title[0].lower()}{title[1:]}:\n"] if title else []) + ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+            out.append("\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n")
+    return "".join(out)
 
 
 def agreement_csv(agreements: dict, teacher: str) -> str:
-    """The teacher table as numbers: one line per seller and teacher reply (and ``all``), the seller's replies by kind."""
+    """The teacher table as numbers: one line per seller and teacher reply (and ``all``), the seller's replies by kind;
+    against a teacher that gives reasons, the counts of the reasons table (``reason_*``) on each ``all`` line."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
+    reasoned = any(a.reasons["states"] for a in agreements.values())
+    reasons = ["states", *(name for name, _ in REASON_COLUMNS)] if reasoned else []
     writer.writerow(["seller", "teacher", "teacher_would", "states", *_SELLER_COLUMNS, "same_kind", "both_offered", "same_offer",
-                     "price_gap_sum"])
+                     "price_gap_sum", *(f"reason_{name}" for name in reasons)])
     for seller, a in agreements.items():
         for theirs, states, mine, same, _ in _agreement_lines(a, _SELLER_COLUMNS):
             offers = [a.both_offered, a.same_offer, a.price_gap] if theirs in ("offer", "all") else ["", "", ""]
-            writer.writerow([seller, teacher, theirs, states, *mine.values(), same, *offers])
+            writer.writerow([seller, teacher, theirs, states, *mine.values(), same, *offers,
+                             *((a.reasons[name] if theirs == "all" else "") for name in reasons)])
     return buffer.getvalue()

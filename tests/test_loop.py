@@ -230,6 +230,13 @@ def test_results_say_where_each_policy_departs_from_its_teacher_on_the_held_out_
                                   if e.sender == "seller")
     run_loop(config(out=str(out.parent / "oracle"), teacher="oracle", rounds=0), echo=lambda line: None)
     assert "against the teacher" not in (out.parent / "oracle" / "results.md").read_text()  # the oracle cannot follow an episode
+    assert "thoughts against the teacher's reasons" not in results  # greedy gives none
+    # A teacher that gives its reasons: the policy's thoughts against them (here the policy is that teacher itself).
+    crash["policy"] = "planner?reasons=1"
+    run_loop(config(out=str(out.parent / "reasons"), teacher="planner?reasons=1", rounds=0), echo=lambda line: None)
+    section = (out.parent / "reasons" / "results.md").read_text().split("thoughts against the teacher's reasons")[1]
+    (row,) = [line for line in section.splitlines() if line.startswith("| SFT (round 0)")]
+    assert row.endswith("| 100% | 100% | 100% | 100% | 100% |") and int(row.split(" | ")[1]) > 0
 
 
 def test_a_run_from_before_round_method_resumes_with_offline_grpo(world):

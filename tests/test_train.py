@@ -201,6 +201,34 @@ def test_agreement_counts_each_seller_message_against_the_teachers_reply_worked_
         teacher_agreement([tmp_path / "t"], "greedy")
 
 
+def test_thoughts_are_checked_against_the_planners_reasons_worked_out_by_hand(tmp_path, capsys):
+    # One buyer (value 800, conceding from 0.5 over 3 rounds), one unit (cost 100), 10 turns: the planner offers,
+    # b1 bids $400, the planner holds out ($600), b1 accepts. Its reasons: "b1 has not bid; 10 turns for 1 buyer:
+    # offer p1", then "b1 bids $400 (first bid); 9 turns for 1 buyer: hold out".
+    market = Market(spec=SPLITS["train"], seed=0, products=(Product("p1", "A", 100, 1),), buyers=(Buyer("b1", (800,)),),
+                    budget=10, price_low=100, price_high=1000)
+    events = play("planner?reasons=1", "concession?start=0.5&patience=3", market=market)
+    sent = [e for e in events if e["type"] == "message" and e["sender"] == SELLER]
+    assert [e["thought"] for e in sent] == ["b1 has not bid; 10 turns for 1 buyer: offer p1",
+                                            "b1 bids $400 (first bid); 9 turns for 1 buyer: hold out"]
+    # A policy that read the facts right but says "take it" at its second message, and still offers.
+    sent[1]["thought"] = "b1 bids $400 (first bid); 9 turns for 1 buyer: take it"
+    trace = tmp_path / "t" / "policy.jsonl"
+    trace.parent.mkdir()
+    trace.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+    (a,) = teacher_agreement([tmp_path / "t"], "planner?reasons=1").values()
+    assert dict(a.reasons) == {"states": 2, "read": 2, "facts": 2, "counts": 2, "verdict": 1, "follows": 1}
+    (plain,) = teacher_agreement([tmp_path / "t"], "planner").values()  # a teacher without reasons: nothing to check
+    assert not plain.reasons
+    sent[0]["thought"] = "p1 is nice"  # no reason at all
+    trace.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+    (a,) = teacher_agreement([tmp_path / "t"], "planner?reasons=1").values()
+    assert dict(a.reasons) == {"states": 2, "read": 1, "facts": 1, "counts": 1, "verdict": 0, "follows": 0}
+    assert main(["report", str(tmp_path / "t"), "--teacher", "planner?reasons=1", "--format", "markdown"]) == 0
+    table = capsys.readouterr().out.split("reasons:")[-1]
+    assert "| planner?reasons=1 | 2 | 50% | 50% | 50% | 0% | 0% |" in table  # the trace's seller label, as played
+
+
 @pytest.mark.parametrize("teacher, message", [
     ("oracle", "--teacher: 'oracle': this seller cannot follow another seller's episode; choose from planner, greedy, concession, posted, dutch"),
     ("random", "choose from planner"),

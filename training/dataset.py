@@ -26,6 +26,7 @@ from pathlib import Path
 
 import orjson
 
+from negotiate.agents.planner import read_reason, reason_action
 from negotiate.errors import UserError
 from negotiate.market import Market, MarketSpec
 from negotiate.protocol import SELLER, SELLER_ACTIONS, Action, Message, ParseFailure, render_tagged
@@ -298,6 +299,11 @@ class Agreement:
     """Of those, the states where both offered the same product to the same buyer."""
     price_gap: int = 0
     """Sum of |seller's price - teacher's price| over those."""
+    reasons: Counter = field(default_factory=Counter)
+    """Against a teacher that gives its reasons (``planner?reasons=1``), over the states where it would have spoken
+    and the seller sent a valid message (``states``): ``read`` (the seller's thought is a reason, of those),
+    ``facts``, ``counts`` and ``verdict`` (the same as the teacher's), and ``follows`` (the seller's action is
+    the kind its own verdict leads to, of ``read``)."""
 
     @property
     def states(self) -> int:
@@ -335,12 +341,26 @@ def teacher_agreement(paths: Iterable[str | Path], teacher: str, *, allow_partia
                 mine = "timeout" if event.timed_out else "invalid" if not event.valid or event.action is None else str(event.kind)
                 theirs = WAIT if label is None else label.action.kind
                 tally.kinds[(theirs, mine)] += 1
+                if label is not None and label.thought and mine not in ("timeout", "invalid"):
+                    _tally_reasons(tally.reasons, read_reason(label.thought), read_reason(event.thought or ""), mine)
                 if theirs == mine == "offer":
                     tally.both_offered += 1
                     if label.to == event.to and label.action.product == event.product:
                         tally.same_offer += 1
                         tally.price_gap += abs(int(event.price) - int(label.action.price))
     return out
+
+
+def _tally_reasons(tally: Counter, theirs: tuple | None, mine: tuple | None, kind: str) -> None:
+    if theirs is None:
+        return
+    tally["states"] += 1
+    if mine is None:
+        return
+    tally["read"] += 1
+    for k, name in enumerate(("facts", "counts", "verdict")):
+        tally[name] += mine[k] == theirs[k]
+    tally["follows"] += reason_action(mine[2]) == kind
 
 
 def load_episodes(paths: Iterable[str | Path], *, reward: str = DEFAULT_REWARD, where: DataFilter = DataFilter(),

@@ -770,7 +770,7 @@ def teacher_section(out: Path, config: LoopConfig) -> str | None:
         return None
     columns = _list(config.eval_buyers)  # never empty: LoopConfig.check refuses that
     buyers = config.buyers if config.buyers in columns else columns[0]
-    lines = []
+    lines, reasoned = [], []
     for k in range(config.rounds + 1):
         folder = out / f"round-{k:02d}" / "eval" / _slug(buyers)
         if not folder.exists():
@@ -789,12 +789,23 @@ def teacher_section(out: Path, config: LoopConfig) -> str | None:
             gap = f"${a.price_gap / a.same_offer:.0f}" if a.same_offer else "-"
             lines.append(f"| {policy} | {a.states} | {a.same_kind / max(1, a.spoken):.0%} | "
                          f"{a.kinds[('accept', 'accept')]} of {accepts} | {wrong} | {same} | {gap} |")
+            if a.reasons["states"]:
+                reasoned.append((policy, a))
     if not lines:
         return None
-    return (f"### against the teacher ({config.teacher}), on the held-out states (buyers: {buyers})\n\n"
+    text = (f"### against the teacher ({config.teacher}), on the held-out states (buyers: {buyers})\n\n"
             f"Each policy message against what {config.teacher} would have sent in that state (`negotiate report --teacher`).\n\n"
             "| policy | states | same kind | accepts where the teacher would | accepts where it would not | "
             "both offer: same buyer & product | price gap there |\n|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+    if reasoned:  # a teacher that gives its reasons: the policy's thoughts against them
+        from negotiate.report import reasons_rows
+
+        header, rows = reasons_rows(dict(reasoned))
+        header[0] = "policy"
+        text += ("\nThe policy's thoughts against the teacher's reasons, where it gave one and the policy's message was valid "
+                 "(the last column: of the thoughts that are reasons, the share whose action is the one their verdict names):\n\n"
+                 + "\n".join("| " + " | ".join(row) + " |" for row in [header, ["---"] * len(header), *rows]) + "\n")
+    return text
 
 
 def write_loop_curve(out: Path, config: LoopConfig, state: State) -> Path:

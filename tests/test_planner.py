@@ -282,6 +282,19 @@ def test_reasons_for_a_bid_that_stopped_moving():
                                       "b1 bids $400, $400 (not rising); 8 turns for 1 buyer: take it"]
 
 
+@pytest.mark.parametrize("split", list(SPLITS))
+@pytest.mark.parametrize("buyers", ["threshold", "concession", "stubborn"])
+def test_reasons_change_no_action_and_every_message_has_one(split, buyers):
+    plain, reasons = parse_agent("planner", "seller"), parse_agent("planner?reasons=1", "seller")
+    for index in range(10):
+        episodes = []
+        for spec in (plain, reasons):
+            market, seller, agents = build_episode(SPLITS[split], spec, parse_agent(buyers, "buyer"), 5, index)
+            episodes.append(anyio.run(lambda: run_episode(market, seller, agents)))
+        assert _messages(episodes[1]) == _messages(episodes[0])
+        assert all(_thoughts(episodes[1])) and not any(_thoughts(episodes[0]))
+
+
 def test_reasons_is_a_flag_of_the_planner_only():
     assert parse_agent("planner?reasons=1", "seller").params == {"reasons": 1}
     with pytest.raises(Exception, match="outside"):

@@ -233,8 +233,12 @@ def test_results_say_where_each_policy_departs_from_its_teacher_on_the_held_out_
     assert "thoughts against the teacher's reasons" not in results  # greedy gives none
     # A teacher that gives its reasons: the policy's thoughts against them (here the policy is that teacher itself).
     crash["policy"] = "planner?reasons=1"
-    run_loop(config(out=str(out.parent / "reasons"), teacher="planner?reasons=1", rounds=0), echo=lambda line: None)
-    section = (out.parent / "reasons" / "results.md").read_text().split("thoughts against the teacher's reasons")[1]
+    run_loop(config(out=str(out.parent / "reasons"), teacher="planner?reasons=1", rounds=0, ladder="greedy,planner",
+                    untrained=False),
+             echo=lambda line: None)
+    results = (out.parent / "reasons" / "results.md").read_text()
+    assert "| SFT (round 0) − planner (paired) |" in results  # its reasons change no action: the ladder's planner is its row
+    section = results.split("thoughts against the teacher's reasons")[1]
     (row,) = [line for line in section.splitlines() if line.startswith("| SFT (round 0)")]
     assert row.endswith("| 100% | 100% | 100% | 100% | 100% |") and int(row.split(" | ")[1]) > 0
 

@@ -721,6 +721,21 @@ def _fresh(folder: Path) -> None:
         shutil.rmtree(folder)  # a training cut short starts over: its partial checkpoint is not a policy
 
 
+def teacher_row(teacher: str, sellers: list[str]) -> str:
+    """The ladder's seller that plays as ``teacher`` does: the teacher itself, or for one that only adds its reasons
+    (``planner?reasons=1``: the same actions, with thoughts) the same seller without them where the ladder has it.
+
+    >>> teacher_row("planner?reasons=1", ["greedy", "planner"]), teacher_row("planner?patience=2&reasons=1", ["planner"])
+    ('planner', 'planner?patience=2&reasons=1')
+    """
+    if teacher in sellers:
+        return teacher
+    name, _, query = teacher.partition("?")
+    acting = "&".join(part for part in query.split("&") if part and part.split("=")[0] != "reasons")
+    plain = f"{name}?{acting}" if acting else name
+    return plain if plain in sellers else teacher
+
+
 def write_report(out: Path, config: LoopConfig, state: State) -> None:
     """``results.md`` (every row paired on the same held-out markets) and ``curve.png``."""
     sections = []
@@ -740,12 +755,13 @@ def write_report(out: Path, config: LoopConfig, state: State) -> None:
         splits = sorted({s for _, markets in rows for (s, _) in markets})
         trained = [label for label, _ in rows if label.startswith("round")]
         chain = ["SFT (round 0)", *trained]
-        pairs = [("SFT (round 0)", config.teacher)]
+        teacher = teacher_row(config.teacher, [label for label, _ in rows])
+        pairs = [("SFT (round 0)", teacher)]
         pairs += [(later, earlier) for earlier, later in zip(chain[:-1], chain[1:])]  # each round against the one before
         if len(trained) > 1:
             pairs.append((trained[-1], "SFT (round 0)"))
         if trained:
-            pairs.append((trained[-1], config.teacher))
+            pairs.append((trained[-1], teacher))
         table = results_table(rows, splits, pairs)
         sections.append(f"### buyers: {buyers}\n\nprofit/OPT mean ± 95% CI (valid-message rate, markets)\n\n{table}\n")
     against = teacher_section(out, config)
@@ -832,7 +848,8 @@ def write_loop_curve(out: Path, config: LoopConfig, state: State) -> Path:
         right.plot([k - 1 for k in ks], [r.get("valid_rate") for r in rows], "s--", color="gray", label=label)
     base_folder = out / "baselines" / _slug(buyers)
     if base_folder.exists():
-        teacher = summarize_folder(base_folder).get(config.teacher, {}).get("all", {}).get("profit_ratio")
+        summary = summarize_folder(base_folder)
+        teacher = summary.get(teacher_row(config.teacher, list(summary)), {}).get("all", {}).get("profit_ratio")
         if teacher is not None:
             left.axhline(teacher, color="tab:red", linestyle=":", label=f"teacher ({config.teacher})")
     left.set(title="profit / OPT", xlabel="round (0 = SFT)")

@@ -48,7 +48,7 @@ from negotiate.regulator import ACTIVE, SellerObservation
 
 from negotiate.agents.scripted import _accept_bid, _end, _Follower, _offer, best_assigned
 
-__all__ = ["PlannerSeller", "read_reason", "REASON_ACTIONS"]
+__all__ = ["PlannerSeller", "read_reason", "reason_action", "REASON_ACTIONS"]
 
 CELLS = 24
 """Value cells per pair in the ladder programme (finer costs time, gains < 0.005 profit/OPT)."""
@@ -78,9 +78,12 @@ def read_reason(thought: str) -> tuple[str, str, str] | None:
     ('b2 bids $380, $410 (rising)', '10 turns for 3 buyers', 'hold out')
     >>> read_reason("b1 bids $493 (first bid); 3 turns for 2 buyers: below cost: ask more")[2]
     'below cost: ask more'
+    >>> read_reason(" b1 bids $400 (first bid); 1 turn for 1 buyer: take it. ")[2]
+    'take it'
     >>> read_reason("nothing left to sell: end"), read_reason("I like p1")
     (('nothing left to sell', '', 'end'), None)
     """
+    thought = thought.strip().rstrip(".")  # a JSON reply's thought is not stripped; "take it." is the same verdict
     facts, sep, rest = thought.partition("; ")
     if sep:
         counts, sep, verdict = rest.partition(": ")
@@ -302,8 +305,10 @@ class PlannerSeller(_Follower):
                 price = (1 - weight) * prices[int(np.argmax(self._firsts[short][r, j]))]
                 price += weight * prices[int(np.argmax(self._firsts[short + 1][r, j]))]
                 value[r, c] = worth[r, j]
-                facts = f"{buyer.id} has not bid" if bid is None else f"{buyer.id} bids ${bid[1]} for {bid[0]}, no deal there"
-                why = self._why(facts, obs.budget_left, active, f"offer {product.id}")
+                why = ""
+                if self.reasons:
+                    facts = f"{buyer.id} has not bid" if bid is None else f"{buyer.id} bids ${bid[1]} for {bid[0]}, no deal there"
+                    why = self._why(facts, obs.budget_left, active, f"offer {product.id}")
                 plan[r, c] = _offer(buyer.id, product.id, max(int(price), cost), thought=why)
         best = best_assigned(value, cols, units, len(free))
         if best is None:
@@ -343,8 +348,10 @@ class PlannerSeller(_Follower):
                 if len(bids) == 2:
                     break
         rising = len(bids) >= 2 and bids[-1][0] > bids[-2][0]
-        trend = "first bid" if len(bids) < 2 else "rising" if rising else "not rising"
-        facts = f"{buyer_id} bids {', '.join(f'${p}' for p, _ in bids)} ({trend})"
+        facts = ""
+        if self.reasons:
+            trend = "first bid" if len(bids) < 2 else "rising" if rising else "not rising"
+            facts = f"{buyer_id} bids {', '.join(f'${p}' for p, _ in bids)} ({trend})"
         step = (bids[-1][0] - bids[-2][0]) / max(1, bids[-1][1] - bids[-2][1]) if rising else bid * 0.25
         # Holding out costs turns the other buyers could use: only while each active buyer still has
         # more than ``patience`` turns (1 measured best: 0 and 2 lose 0.36 and 0.09 on conceding buyers).

@@ -159,12 +159,15 @@ def mean_ci(values: Sequence[float], level: float = 0.95, clusters: Sequence[Has
     ``clusters`` (one label per value) marks values that are not independent, such as a ``--group`` run's
     repeats of one market: the mean stays the mean of the values, the half-width is the cluster-robust one,
     ``sqrt(G / (G - 1) * sum_g (sum of cluster g's deviations)^2) / n`` with t on G - 1 degrees of freedom
-    (G clusters). With one value per cluster it is the plain interval.
+    (G clusters). With one value per cluster it is the plain interval; with one cluster of several values there
+    is none (nan; tables show the mean alone).
 
     >>> mean_ci([1.0, 2.0, 3.0, 4.0], clusters="aabb")  # deviations sum to -2 and +2: sqrt(2 * 8) / 4 = 1; t(0.975, 1) = 12.706
     (2.5, 12.706...)
     >>> mean_ci([1.0, 2.0, 3.0], clusters="abc")  # one value per cluster: the plain interval
     (2.0, 2.484...)
+    >>> mean_ci([1.0, 2.0, 3.0], clusters="aaa")  # one market: no interval
+    (2.0, nan)
     """
     n = len(values)
     if n == 0:
@@ -181,8 +184,8 @@ def mean_ci(values: Sequence[float], level: float = 0.95, clusters: Sequence[Has
     for value, cluster in zip(values, clusters):
         sums[cluster] += value - mean
     g = len(sums)
-    if g < 2:
-        return mean, 0.0
+    if g < 2:  # one market, however many repeats: nothing to tell how another market would go
+        return mean, 0.0 if n == 1 else math.nan
     se = math.sqrt(g / (g - 1) * sum(d * d for d in sums.values())) / n
     return mean, float(stats.t.ppf(0.5 + level / 2, g - 1)) * se
 

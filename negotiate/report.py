@@ -110,7 +110,7 @@ def _cell(mean: float, half: float, name: str) -> str:
     if math.isnan(mean):
         return "-"
     digits = 1 if name in ("regret", "turns_per_deal") else 3 if name != "violations_per_episode" else 2
-    return f"{mean:.{digits}f} ± {half:.{digits}f}"
+    return f"{mean:.{digits}f}" + ("" if math.isnan(half) else f" ± {half:.{digits}f}")  # nan: one market, no interval
 
 
 def _header(by: Sequence[str]) -> list[str]:
@@ -142,7 +142,7 @@ def _short(mean: float, half: float, name: str, with_ci: bool) -> str:
         text, ci = f"{mean:.1f}", f"±{half:.1f}"
     else:
         text, ci = f"{mean:.2f}", f"±{half:.2f}".replace("0.", ".", 1)
-    return f"{text}\n{ci}" if with_ci else text
+    return f"{text}\n{ci}" if with_ci and not math.isnan(half) else text
 
 
 def _longest_word(header: str) -> int:
@@ -374,7 +374,7 @@ def _signed(mean: float, half: float, name: str) -> str:
     if math.isnan(mean):
         return "-"
     digits = 0 if name == "regret" else 3
-    return f"{mean:+.{digits}f} ± {half:.{digits}f}"
+    return f"{mean:+.{digits}f}" + ("" if math.isnan(half) else f" ± {half:.{digits}f}")
 
 
 def _by_run(paired: list[Paired], by_run: bool | None = None) -> list[str]:
@@ -457,7 +457,7 @@ def agreement_rows(agreements: dict, teacher: str) -> tuple[list[str], list[list
     return header, rows
 
 
-REASON_COLUMNS = (("read", "a reason"), ("facts", "same facts"), ("counts", "same turns & buyers"),
+REASON_COLUMNS = (("is_reason", "a reason"), ("facts", "same facts"), ("turns", "same turns & buyers"),
                   ("verdict", "same verdict"), ("follows", "acts on its verdict"))
 """The reasons table's columns (:attr:`negotiate.training.dataset.Agreement.reasons`): each a share of the states
 where the teacher gave a reason, but ``follows``, a share of the seller's thoughts that are reasons."""
@@ -472,7 +472,7 @@ def reasons_rows(agreements: dict) -> tuple[list[str], list[list[str]]]:
         r = a.reasons
         if not r["states"]:
             continue
-        shares = [r[name] / (r["read"] if name == "follows" else r["states"]) if (r["read"] or name != "follows") else None
+        shares = [r[name] / (r["is_reason"] if name == "follows" else r["states"]) if (r["is_reason"] or name != "follows") else None
                   for name, _ in REASON_COLUMNS]
         rows.append([seller, str(r["states"]), *("-" if x is None else f"{x:.0%}" for x in shares)])
     return header, rows
@@ -483,9 +483,9 @@ def _reasons_title(teacher: str) -> str:
 
 
 def _reasons_caption() -> str:
-    return ("in the states where the teacher gave a reason and the seller's message was valid, the share whose thought is a "
-            "reason, has the same facts, turns and buyers, verdict; and of those reasons, the share whose action is the one "
-            "its own verdict names")
+    return ("of the states where the teacher gave a reason and the seller's message was valid: the share where the seller's "
+            "thought is a reason at all; where it states the teacher's facts; the teacher's turns and buyers; the teacher's "
+            "verdict. Last column: of the seller's reasons, the share followed by the action their own verdict names")
 
 
 def agreement_tables(agreements: dict, teacher: str) -> list[Table]:
@@ -521,7 +521,7 @@ def agreement_tables(agreements: dict, teacher: str) -> list[Table]:
 def agreement_markdown(agreements: dict, teacher: str) -> str:
     out = []
     for title, (header, rows) in ((None, agreement_rows(agreements, teacher)), (_reasons_title(teacher), reasons_rows(agreements))):
-        if rows:
+        if rows or title is None:  # the teacher table always (a header with no rows says there was nothing)
             lines = ([f"\nThe {title[0].lower()}{title[1:]}:\n"] if title else []) + ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
             out.append("\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n")
     return "".join(out)

@@ -283,7 +283,7 @@ def test_reasons_for_a_bid_that_stopped_moving():
 
 
 @pytest.mark.parametrize("split", list(SPLITS))
-@pytest.mark.parametrize("buyers", ["threshold", "concession", "stubborn"])
+@pytest.mark.parametrize("buyers", ["threshold", "concession", "stubborn", "random"])
 def test_reasons_change_no_action_and_every_message_has_one(split, buyers):
     plain, reasons = parse_agent("planner", "seller"), parse_agent("planner?reasons=1", "seller")
     for index in range(10):

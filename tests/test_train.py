@@ -217,13 +217,13 @@ def test_thoughts_are_checked_against_the_planners_reasons_worked_out_by_hand(tm
     trace.parent.mkdir()
     trace.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
     (a,) = teacher_agreement([tmp_path / "t"], "planner?reasons=1").values()
-    assert dict(a.reasons) == {"states": 2, "read": 2, "facts": 2, "counts": 2, "verdict": 1, "follows": 1}
+    assert dict(a.reasons) == {"states": 2, "is_reason": 2, "facts": 2, "turns": 2, "verdict": 1, "follows": 1}
     (plain,) = teacher_agreement([tmp_path / "t"], "planner").values()  # a teacher without reasons: nothing to check
     assert not plain.reasons
     sent[0]["thought"] = "p1 is nice"  # no reason at all
     trace.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
     (a,) = teacher_agreement([tmp_path / "t"], "planner?reasons=1").values()
-    assert dict(a.reasons) == {"states": 2, "read": 1, "facts": 1, "counts": 1, "verdict": 0, "follows": 0}
+    assert dict(a.reasons) == {"states": 2, "is_reason": 1, "facts": 1, "turns": 1, "verdict": 0, "follows": 0}
     assert main(["report", str(tmp_path / "t"), "--teacher", "planner?reasons=1", "--format", "markdown"]) == 0
     table = capsys.readouterr().out.split("reasons:")[-1]
     assert "| planner?reasons=1 | 2 | 50% | 50% | 50% | 0% | 0% |" in table  # the trace's seller label, as played

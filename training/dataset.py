@@ -301,9 +301,9 @@ class Agreement:
     """Sum of |seller's price - teacher's price| over those."""
     reasons: Counter = field(default_factory=Counter)
     """Against a teacher that gives its reasons (``planner?reasons=1``), over the states where it would have spoken
-    and the seller sent a valid message (``states``): ``read`` (the seller's thought is a reason, of those),
-    ``facts``, ``counts`` and ``verdict`` (the same as the teacher's), and ``follows`` (the seller's action is
-    the kind its own verdict leads to, of ``read``)."""
+    and the seller sent a valid message (``states``): ``is_reason`` (the seller's thought is a reason, of those),
+    ``facts``, ``turns`` (turns left and buyers) and ``verdict`` (the same as the teacher's), and ``follows`` (the
+    seller's action is the kind its own verdict leads to, of ``is_reason``)."""
 
     @property
     def states(self) -> int:
@@ -357,8 +357,8 @@ def _tally_reasons(tally: Counter, theirs: tuple | None, mine: tuple | None, kin
     tally["states"] += 1
     if mine is None:
         return
-    tally["read"] += 1
-    for k, name in enumerate(("facts", "counts", "verdict")):
+    tally["is_reason"] += 1
+    for k, name in enumerate(("facts", "turns", "verdict")):
         tally[name] += mine[k] == theirs[k]
     tally["follows"] += reason_action(mine[2]) == kind
 

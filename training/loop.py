@@ -818,8 +818,9 @@ def teacher_section(out: Path, config: LoopConfig) -> str | None:
 
         header, rows = reasons_rows(dict(reasoned))
         header[0] = "policy"
-        text += ("\nThe policy's thoughts against the teacher's reasons, where it gave one and the policy's message was valid "
-                 "(the last column: of the thoughts that are reasons, the share whose action is the one their verdict names):\n\n"
+        text += ("\nThe policy's thoughts against the teacher's reasons, in the states where the teacher gave one and the policy's "
+                 "message was valid (the last column: of the policy's thoughts that are reasons, the share followed by the action "
+                 "their own verdict names):\n\n"
                  + "\n".join("| " + " | ".join(row) + " |" for row in [header, ["---"] * len(header), *rows]) + "\n")
     return text
 

@@ -72,6 +72,19 @@ def test_a_markets_repeats_count_once_in_the_paired_interval():
     assert half == pytest.approx(12.7062 * 0.05, rel=1e-4)
 
 
+def test_one_markets_repeats_give_a_mean_and_no_interval():
+    # b - a on one market, three repeats: 0.1, 0.2, 0.3. Mean 0.2; one market says nothing of another: no interval.
+    from negotiate.report import paired_markdown
+
+    rows = [{"seller": "a", "split": "train", "seed": 7, "metrics": {"profit_ratio": 0.5}}]
+    rows += [{"seller": "b", "split": "train", "seed": 7, "repeat": r, "metrics": {"profit_ratio": 0.5 + d}}
+             for r, d in enumerate((0.1, 0.2, 0.3))]
+    (paired,) = paired_differences(rows, "a")
+    mean, half, n = paired.diffs["profit_ratio"]
+    assert (round(mean, 9), n) == (0.2, 3) and math.isnan(half)
+    assert "| b | train | 3 | +0.200 |" in paired_markdown([paired])
+
+
 def test_an_empty_paired_csv_keeps_its_run_column():
     from negotiate.report import paired_csv
 

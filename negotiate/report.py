@@ -200,11 +200,20 @@ def summary_table(summaries: list[Summary], by: Sequence[str], title: str = "neg
     return table
 
 
-def summary_markdown(summaries: list[Summary], by: Sequence[str]) -> str:
-    header = _header(by)
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A Markdown table, one line per row, ending in a newline.
+
+    >>> print(markdown_table(["seller", "n"], [["greedy", "4"]]), end="")
+    | seller | n |
+    |---|---|
+    | greedy | 4 |
+    """
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(_values(s)) + " |" for s in summaries]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def summary_markdown(summaries: list[Summary], by: Sequence[str]) -> str:
+    return markdown_table(_header(by), (_values(s) for s in summaries))
 
 
 def summary_csv(summaries: list[Summary], by: Sequence[str]) -> str:
@@ -402,11 +411,8 @@ def paired_table(paired: list[Paired], baseline: str, by_run: bool | None = None
 def paired_markdown(paired: list[Paired], by_run: bool | None = None) -> str:
     runs = _by_run(paired, by_run)
     header = [*runs, "seller", "split", "pairs", *(title for _, title in PAIRED_METRICS)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for p in paired:
-        lines.append("| " + " | ".join([*(str(p.run) for _ in runs), p.seller, p.split, str(p.pairs),
-                                        *(_signed(*p.diffs[n][:2], n) for n, _ in PAIRED_METRICS)]) + " |")
-    return "\n".join(lines) + "\n"
+    return markdown_table(header, ([*(str(p.run) for _ in runs), p.seller, p.split, str(p.pairs),
+                                    *(_signed(*p.diffs[n][:2], n) for n, _ in PAIRED_METRICS)] for p in paired))
 
 
 def paired_csv(paired: list[Paired], baseline: str, by_run: bool | None = None) -> str:
@@ -472,9 +478,8 @@ def reasons_rows(agreements: dict) -> tuple[list[str], list[list[str]]]:
         r = a.reasons
         if not r["states"]:
             continue
-        shares = [r[name] / (r["is_reason"] if name == "follows" else r["states"]) if (r["is_reason"] or name != "follows") else None
-                  for name, _ in REASON_COLUMNS]
-        rows.append([seller, str(r["states"]), *("-" if x is None else f"{x:.0%}" for x in shares)])
+        of = {name: r["is_reason"] if name == "follows" else r["states"] for name, _ in REASON_COLUMNS}
+        rows.append([seller, str(r["states"]), *(f"{r[name] / of[name]:.0%}" if of[name] else "-" for name, _ in REASON_COLUMNS)])
     return header, rows
 
 
@@ -519,12 +524,12 @@ def agreement_tables(agreements: dict, teacher: str) -> list[Table]:
 
 
 def agreement_markdown(agreements: dict, teacher: str) -> str:
-    out = []
-    for title, (header, rows) in ((None, agreement_rows(agreements, teacher)), (_reasons_title(teacher), reasons_rows(agreements))):
-        if rows or title is None:  # the teacher table always (a header with no rows says there was nothing)
-            lines = ([f"\nThe {title[0].lower()}{title[1:]}:\n"] if title else []) + ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-            out.append("\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n")
-    return "".join(out)
+    text = markdown_table(*agreement_rows(agreements, teacher))  # always: a header with no rows says there was nothing
+    header, rows = reasons_rows(agreements)
+    if rows:
+        title = _reasons_title(teacher)
+        text += f"\nThe {title[0].lower()}{title[1:]}:\n\n" + markdown_table(header, rows)
+    return text
 
 
 def agreement_csv(agreements: dict, teacher: str) -> str:

@@ -728,12 +728,17 @@ def teacher_row(teacher: str, sellers: list[str]) -> str:
     >>> teacher_row("planner?reasons=1", ["greedy", "planner"]), teacher_row("planner?patience=2&reasons=1", ["planner"])
     ('planner', 'planner?patience=2&reasons=1')
     """
+    from negotiate.agents.registry import parse_agent
+
     if teacher in sellers:
         return teacher
-    name, _, query = teacher.partition("?")
-    acting = "&".join(part for part in query.split("&") if part and part.split("=")[0] != "reasons")
-    plain = f"{name}?{acting}" if acting else name
-    return plain if plain in sellers else teacher
+    spec = parse_agent(teacher, "seller")
+    acting = {key: value for key, value in spec.params.items() if key != "reasons"}
+    for seller in sellers:
+        if ":" not in seller.split("?")[0] and seller.split("?")[0] == spec.name:  # scripted sellers of that name only
+            if parse_agent(seller, "seller").params == acting:
+                return seller
+    return teacher
 
 
 def write_report(out: Path, config: LoopConfig, state: State) -> None:
@@ -814,14 +819,12 @@ def teacher_section(out: Path, config: LoopConfig) -> str | None:
             "| policy | states | same kind | accepts where the teacher would | accepts where it would not | "
             "both offer: same buyer & product | price gap there |\n|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
     if reasoned:  # a teacher that gives its reasons: the policy's thoughts against them
-        from negotiate.report import reasons_rows
+        from negotiate.report import markdown_table, reasons_rows
 
         header, rows = reasons_rows(dict(reasoned))
-        header[0] = "policy"
         text += ("\nThe policy's thoughts against the teacher's reasons, in the states where the teacher gave one and the policy's "
                  "message was valid (the last column: of the policy's thoughts that are reasons, the share followed by the action "
-                 "their own verdict names):\n\n"
-                 + "\n".join("| " + " | ".join(row) + " |" for row in [header, ["---"] * len(header), *rows]) + "\n")
+                 "their own verdict names):\n\n" + markdown_table(["policy", *header[1:]], rows))
     return text
 
 

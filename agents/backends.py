@@ -89,8 +89,9 @@ log = structlog.get_logger("negotiate.llm")
 
 FORMATS = ("json", "tagged")
 """How a model writes its message: a JSON object under the four-part schema, or tagged text."""
-PROMPTS = ("full", "compact")
-"""The seller's prompt (``negotiate.agents.llm.render_seller`` or ``render_seller_compact``)."""
+PROMPTS = ("full", "compact", "facts")
+"""The seller's prompt (``negotiate.agents.llm.render_seller`` or ``render_seller_compact``; ``facts`` is the
+compact one with the facts the planner's reasons name)."""
 SERVERS = ("auto", "vllm", "openai", "llamacpp", "generic")
 """Server kinds, by how each takes a JSON schema for structured output."""
 CLIENTS = ("http", "aiohttp", "openai")
@@ -147,7 +148,8 @@ class OpenAIOptions:
     legal: bool = False
     """Decode the seller's tagged reply under a regex of the replies the rules allow (vLLM only)."""
     prompt: str = "full"
-    """The seller's prompt: ``full`` or ``compact`` (each buyer's thread of actions, no talk; tagged replies)."""
+    """The seller's prompt: ``full``, ``compact`` (each buyer's thread of actions, no talk; tagged replies) or ``facts``
+    (compact, with the turns each buyer has and each bidder's last bids and trend)."""
 
     def to_params(self) -> dict:
         return asdict(self)

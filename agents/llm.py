@@ -40,6 +40,7 @@ from negotiate.protocol import (
 from negotiate.regulator import ACTIVE, GONE, MALFORMED, SERVED, TIMEOUT, BuyerObservation, SellerObservation
 
 from negotiate.agents.backends import Completion
+from negotiate.agents.planner import bid_facts, turn_facts
 from negotiate.agents.pools import current_pools
 
 __all__ = [
@@ -219,9 +220,9 @@ def _seller_threads(obs: SellerObservation, *, talk: bool) -> tuple[dict[str, li
 
 def render_seller(obs: SellerObservation, fmt: str = "json", prompt: str = "full") -> list[dict]:
     """The seller's chat messages (system, user), from its observation alone: the full prompt, or the compact one
-    (``prompt=compact``: :func:`render_seller_compact`)."""
-    if prompt == "compact":
-        return render_seller_compact(obs)
+    (``prompt=compact``, or ``prompt=facts``: :func:`render_seller_compact`)."""
+    if prompt in ("compact", "facts"):
+        return render_seller_compact(obs, facts=prompt == "facts")
     catalog = "\n".join(f"- {p.id} {p.name}: cost ${p.cost}, {_stock(p.stock)}" for p in obs.products)
     threads, notices, _ = _seller_threads(obs, talk=True)
     blocks = []
@@ -245,7 +246,32 @@ def render_seller(obs: SellerObservation, fmt: str = "json", prompt: str = "full
     return [{"role": "system", "content": _seller_system(fmt)}, {"role": "user", "content": user}]
 
 
-def render_seller_compact(obs: SellerObservation) -> list[dict]:
+def _bids_of(obs: SellerObservation) -> dict[str, list[tuple[str, int]]]:
+    """Each buyer's bids in the seller's history, in order: (product, price)."""
+    bids: dict[str, list[tuple[str, int]]] = {b.id: [] for b in obs.buyers}
+    for item in obs.history:
+        if isinstance(item, Message) and item.sender in bids and item.action.kind == "bid" and item.action.product:
+            bids[item.sender].append((item.action.product, int(item.action.price)))
+    return bids
+
+
+def _buyer_facts(obs: SellerObservation) -> dict[str, str]:
+    """Per active buyer, the facts the planner's reasons name (``planner?reasons=1``): its last two bids for the
+    product of its standing bid and whether they rise (``b2 bids $380, $410 (rising)``), or that it has no bid."""
+    bids = _bids_of(obs)
+    out = {}
+    for b in obs.buyers:
+        if b.status != ACTIVE:
+            continue
+        if b.bid is None:
+            out[b.id] = f"{b.id} has not bid"
+        else:
+            prices = [price for product, price in bids[b.id] if product == b.bid[0]][-2:] or [b.bid[1]]
+            out[b.id] = bid_facts(b.id, prices)
+    return out
+
+
+def render_seller_compact(obs: SellerObservation, facts: bool = False) -> list[dict]:
     """The seller's chat messages in the compact form (``prompt=compact``): a short system prompt, one line
     per product, and per buyer its state and its thread of actions, without talk or thoughts.
 
@@ -253,8 +279,15 @@ def render_seller_compact(obs: SellerObservation) -> list[dict]:
     marked, the latest ``THREAD_SHOWN``); what goes is the talk, the long rules and example, product
     names, and every notice but the refusal of the seller's own last message. About half the full
     prompt's tokens, for small models trained on many decisions.
+
+    ``facts=True`` (``prompt=facts``) adds the facts the planner's reasons turn on, read from the same
+    observation: the turns left for the buyers still active and the turns each (``10 turns for 3 buyers:
+    3 each``), and per active buyer its last bids and whether they rise (``b2 bids $380, $410 (rising)``)
+    or that it has not bid. A policy taught by ``planner?reasons=1`` then copies the facts of its thought
+    from the prompt and is left the verdict.
     """
     threads, _, notice = _seller_threads(obs, talk=False)
+    known = _buyer_facts(obs) if facts else {}
     lines = []
     for b in obs.buyers:
         if b.status == SERVED:
@@ -262,11 +295,15 @@ def render_seller_compact(obs: SellerObservation) -> list[dict]:
         elif b.status == GONE:
             lines.append(f"{b.id}: left")
         else:
-            lines.append(f"{b.id}: {'owes you a reply' if b.awaiting else 'free'}")
+            lines.append(f"{b.id}: {'owes you a reply' if b.awaiting else 'free'}" + (f". {known[b.id]}" if facts else ""))
             lines.extend(_thread_lines(threads[b.id], "  "))
     free = [b.id for b in obs.buyers if b.status == ACTIVE and not b.awaiting]
+    turns = ""
+    if facts:
+        active = sum(1 for b in obs.buyers if b.status == ACTIVE)
+        turns = f"{turn_facts(obs.budget_left, active)}: {obs.budget_left // max(1, active)} each.\n"
     user = _fill(
-        "seller_compact_state.md", budget_left=obs.budget_left, budget=obs.budget, price_low=obs.price_low,
+        "seller_compact_state.md", budget_left=obs.budget_left, budget=obs.budget, price_low=obs.price_low, facts=turns,
         price_high=obs.price_high, catalog="\n".join(f"{p.id} cost ${p.cost}, {_stock(p.stock)}" for p in obs.products),
         buyers="\n".join(lines), notice=f"Your last message was refused: {_one_line(notice, 160)}\n" if notice else "",
         free=", ".join(free) or "nobody",
@@ -397,7 +434,7 @@ class LLMAgent:
         """The model boundary: ``await backend.complete(messages, role=..., seed=...)`` -> Completion."""
         self.format = fmt
         self.prompt = prompt
-        """``full`` or ``compact`` (the seller only: :func:`render_seller_compact`)."""
+        """``full``, ``compact`` or ``facts`` (the seller only: :func:`render_seller_compact`)."""
         self.legal = legal
         """Decode each reply under :func:`legal_pattern` (the backend takes ``constraint=``)."""
         self.reask = reask

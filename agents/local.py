@@ -145,7 +145,7 @@ class HFOptions:
     dtype: str = "float32"
     reask: int = 0
     prompt: str = "full"
-    """The seller's prompt: ``full`` or ``compact``."""
+    """The seller's prompt: ``full``, ``compact`` or ``facts``."""
 
     def to_params(self) -> dict:
         return asdict(self)
@@ -226,7 +226,7 @@ class VLLMOptions:
     legal: bool = False
     """Decode the seller's tagged reply under a regex of the replies the rules allow."""
     prompt: str = "full"
-    """The seller's prompt: ``full`` or ``compact``."""
+    """The seller's prompt: ``full``, ``compact`` or ``facts``."""
 
     def to_params(self) -> dict:
         return asdict(self)

@@ -48,7 +48,7 @@ from negotiate.regulator import ACTIVE, SellerObservation
 
 from negotiate.agents.scripted import _accept_bid, _end, _Follower, _offer, best_assigned
 
-__all__ = ["PlannerSeller", "read_reason", "reason_action", "REASON_ACTIONS"]
+__all__ = ["PlannerSeller", "read_reason", "reason_action", "bid_facts", "turn_facts", "REASON_ACTIONS"]
 
 CELLS = 24
 """Value cells per pair in the ladder programme (finer costs time, gains < 0.005 profit/OPT)."""
@@ -92,6 +92,22 @@ def read_reason(thought: str) -> tuple[str, str, str] | None:
     if not sep or not facts or reason_action(verdict) is None:
         return None
     return facts, counts, verdict
+
+
+def bid_facts(buyer: str, prices: list[int]) -> str:
+    """The facts of a ``reasons=1`` thought about a bidder: its last bids (at most two, oldest first) for the
+    product it bids on now, and whether they rise. The ``facts`` prompt shows the same line per bidder.
+
+    >>> bid_facts("b2", [380, 410]), bid_facts("b1", [493]), bid_facts("b3", [400, 400])
+    ('b2 bids $380, $410 (rising)', 'b1 bids $493 (first bid)', 'b3 bids $400, $400 (not rising)')
+    """
+    trend = "first bid" if len(prices) < 2 else "rising" if prices[-1] > prices[-2] else "not rising"
+    return f"{buyer} bids {', '.join(f'${p}' for p in prices)} ({trend})"
+
+
+def turn_facts(left: int, active: int) -> str:
+    """The turns part of a ``reasons=1`` thought: ``10 turns for 3 buyers``."""
+    return f"{left} turn{'s' * (left != 1)} for {active} buyer{'s' * (active != 1)}"
 
 
 def reason_action(verdict: str) -> str | None:
@@ -321,7 +337,7 @@ class PlannerSeller(_Follower):
         before it writes the action: ``b2 bids $380, $410 (rising); 10 turns for 3 buyers: hold out``."""
         if not self.reasons:
             return ""
-        return f"{facts}; {left} turn{'s' * (left != 1)} for {active} buyer{'s' * (active != 1)}: {verdict}"
+        return f"{facts}; {turn_facts(left, active)}: {verdict}"
 
     def _ended(self, why: str) -> Message:
         message = _end()
@@ -350,8 +366,7 @@ class PlannerSeller(_Follower):
         rising = len(bids) >= 2 and bids[-1][0] > bids[-2][0]
         facts = ""
         if self.reasons:
-            trend = "first bid" if len(bids) < 2 else "rising" if rising else "not rising"
-            facts = f"{buyer_id} bids {', '.join(f'${p}' for p, _ in bids)} ({trend})"
+            facts = bid_facts(buyer_id, [p for p, _ in bids])
         step = (bids[-1][0] - bids[-2][0]) / max(1, bids[-1][1] - bids[-2][1]) if rising else bid * 0.25
         # Holding out costs turns the other buyers could use: only while each active buyer still has
         # more than ``patience`` turns (1 measured best: 0 and 2 lose 0.36 and 0.09 on conceding buyers).

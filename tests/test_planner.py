@@ -9,7 +9,8 @@ import anyio
 import numpy as np
 import pytest
 
-from negotiate.agents.planner import PlannerSeller
+from negotiate.agents.llm import render_seller
+from negotiate.agents.planner import PlannerSeller, read_reason
 from negotiate.agents.registry import parse_agent
 from negotiate.agents.scripted import _tries_value
 from negotiate.episode import run_episode
@@ -293,6 +294,36 @@ def test_reasons_change_no_action_and_every_message_has_one(split, buyers):
             episodes.append(anyio.run(lambda: run_episode(market, seller, agents)))
         assert _messages(episodes[1]) == _messages(episodes[0])
         assert all(_thoughts(episodes[1])) and not any(_thoughts(episodes[0]))
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+@pytest.mark.parametrize("buyers", ["concession", "stubborn", "random"])
+def test_the_facts_prompt_holds_the_facts_of_every_reason(split, buyers):
+    # A policy taught by planner?reasons=1 and served with prompt=facts can copy its thought's facts and turns
+    # from its prompt: on every message of every episode the prompt holds both, word for word.
+    spec = parse_agent("planner?reasons=1", "seller")
+    seen = []
+
+    class Watched(PlannerSeller):
+        def decide(self, obs):
+            message = super().decide(obs)
+            if message is not None:
+                seen.append((read_reason(message.thought), render_seller(obs, "tagged", "facts")[1]["content"]))
+            return message
+
+    for index in range(6):
+        market, _, agents = build_episode(SPLITS[split], spec, parse_agent(buyers, "buyer"), 5, index)
+        seller = Watched.create(spec.text, spec.params, market=market, seed=index)
+        anyio.run(lambda: run_episode(market, seller, agents))
+    bids = 0
+    for (facts, turns, _), prompt in seen:
+        assert f"\n{turns}: " in prompt if turns else facts in ("nothing left to sell", "no sale is worth its cost")
+        if " bids $" in facts and "no deal there" not in facts:
+            bids += 1
+            assert f". {facts}\n" in prompt
+        elif facts.endswith("has not bid"):
+            assert f". {facts}\n" in prompt
+    assert bids > 0 or buyers == "random"
 
 
 def test_reasons_is_a_flag_of_the_planner_only():

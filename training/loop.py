@@ -118,9 +118,9 @@ class LoopConfig:
     untrained: bool = _help("evaluate the untrained model too", default=True)
     legal: bool = _help("decode the policy's replies (rollouts and evaluations) under a regex of the replies the rules allow "
                         "(the seller spec's legal=1)", default=False)
-    prompt: str = _help("the policy's prompt: full, or compact (each buyer's thread of actions without talk, under half the "
-                        "tokens; SFT renders the teacher's decisions with it, and the policy is served with prompt=compact)",
-                        default="full")
+    prompt: str = _help("the policy's prompt: full; compact (each buyer's thread of actions without talk, under half the "
+                        "tokens); or facts (compact, with the turns each buyer has and each bidder's last bids and trend). "
+                        "SFT renders the teacher's decisions with it, and the policy is served with it", default="full")
     serve: str = _help(f"how a new policy goes into service: {', '.join(SERVE_MODES)}", default="auto")
     server_url: str | None = _help("use this running vLLM server (started with --enable-lora on the base model) instead of starting one",
                                    default=None)

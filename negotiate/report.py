@@ -464,9 +464,12 @@ def agreement_rows(agreements: dict, teacher: str) -> tuple[list[str], list[list
 
 
 REASON_COLUMNS = (("is_reason", "a reason"), ("facts", "same facts"), ("turns", "same turns & buyers"),
-                  ("verdict", "same verdict"), ("follows", "acts on its verdict"))
+                  ("verdict", "same verdict"), ("buyer", "same buyer"), ("buyer_facts", "same facts, same buyer"),
+                  ("follows", "acts on its verdict"))
 """The reasons table's columns (:attr:`negotiate.training.dataset.Agreement.reasons`): each a share of the states
-where the teacher gave a reason, but ``follows``, a share of the seller's thoughts that are reasons."""
+where the teacher gave a reason, but ``buyer_facts``, a share of the states where the seller wrote to the teacher's
+buyer, and ``follows``, a share of the seller's thoughts that are reasons."""
+_REASON_OF = {"follows": "is_reason", "buyer_facts": "buyer"}
 
 
 def reasons_rows(agreements: dict) -> tuple[list[str], list[list[str]]]:
@@ -478,7 +481,7 @@ def reasons_rows(agreements: dict) -> tuple[list[str], list[list[str]]]:
         r = a.reasons
         if not r["states"]:
             continue
-        of = {name: r["is_reason"] if name == "follows" else r["states"] for name, _ in REASON_COLUMNS}
+        of = {name: r[_REASON_OF.get(name, "states")] for name, _ in REASON_COLUMNS}
         rows.append([seller, str(r["states"]), *(f"{r[name] / of[name]:.0%}" if of[name] else "-" for name, _ in REASON_COLUMNS)])
     return header, rows
 
@@ -490,7 +493,8 @@ def _reasons_title(teacher: str) -> str:
 def _reasons_caption() -> str:
     return ("of the states where the teacher gave a reason and the seller's message was valid: the share where the seller's "
             "thought is a reason at all; where it states the teacher's facts; the teacher's turns and buyers; the teacher's "
-            "verdict. Last column: of the seller's reasons, the share followed by the action their own verdict names")
+            "verdict; the teacher's buyer; and of those, the teacher's facts (where they differ, a misreading, not another "
+            "buyer). Last column: of the seller's reasons, the share followed by the action their own verdict names")
 
 
 def agreement_tables(agreements: dict, teacher: str) -> list[Table]:

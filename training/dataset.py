@@ -302,8 +302,10 @@ class Agreement:
     reasons: Counter = field(default_factory=Counter)
     """Against a teacher that gives its reasons (``planner?reasons=1``), over the states where it would have spoken
     and the seller sent a valid message (``states``): ``is_reason`` (the seller's thought is a reason, of those),
-    ``facts``, ``turns`` (turns left and buyers) and ``verdict`` (the same as the teacher's), and ``follows`` (the
-    seller's action is the kind its own verdict leads to, of ``is_reason``)."""
+    ``facts``, ``turns`` (turns left and buyers) and ``verdict`` (the same as the teacher's), ``buyer`` (the seller
+    wrote to the buyer the teacher would have), ``buyer_facts`` (of those, its facts are the teacher's: a misreading,
+    not another choice of buyer, where they differ), and ``follows`` (the seller's action is the kind its own verdict
+    leads to, of ``is_reason``)."""
 
     @property
     def states(self) -> int:
@@ -342,7 +344,8 @@ def teacher_agreement(paths: Iterable[str | Path], teacher: str, *, allow_partia
                 theirs = WAIT if label is None else label.action.kind
                 tally.kinds[(theirs, mine)] += 1
                 if label is not None and label.thought and mine not in ("timeout", "invalid"):
-                    _tally_reasons(tally.reasons, read_reason(label.thought), read_reason(event.thought or ""), mine)
+                    _tally_reasons(tally.reasons, read_reason(label.thought), read_reason(event.thought or ""), mine,
+                                   event.to == label.to)
                 if theirs == mine == "offer":
                     tally.both_offered += 1
                     if label.to == event.to and label.action.product == event.product:
@@ -351,15 +354,17 @@ def teacher_agreement(paths: Iterable[str | Path], teacher: str, *, allow_partia
     return out
 
 
-def _tally_reasons(tally: Counter, theirs: tuple | None, mine: tuple | None, kind: str) -> None:
+def _tally_reasons(tally: Counter, theirs: tuple | None, mine: tuple | None, kind: str, same_buyer: bool) -> None:
     if theirs is None:
         return
     tally["states"] += 1
+    tally["buyer"] += same_buyer
     if mine is None:
         return
     tally["is_reason"] += 1
     for k, name in enumerate(("facts", "turns", "verdict")):
         tally[name] += mine[k] == theirs[k]
+    tally["buyer_facts"] += same_buyer and mine[0] == theirs[0]
     tally["follows"] += reason_action(mine[2]) == kind
 
 

@@ -43,6 +43,8 @@ class ScriptedAgent:
 
     instant: ClassVar[bool] = True
     name: ClassVar[str] = "scripted"
+    defaults: ClassVar[dict] = {}
+    """The value each parameter takes when the spec leaves it out (one drawn per episode has none here)."""
 
     def __init__(self, spec: str, params: dict | None = None):
         self.spec = spec

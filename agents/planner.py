@@ -121,6 +121,7 @@ class PlannerSeller(_Follower):
     """Plans offers on a belief over each buyer's values; see the module docstring."""
 
     name = "planner"
+    defaults = {"patience": 1, "reasons": 0}
 
     def __init__(self, spec: str, params: dict | None, market_spec: MarketSpec, rng: np.random.Generator):
         super().__init__(spec, params)
@@ -134,7 +135,7 @@ class PlannerSeller(_Follower):
         """Each buyer's bids, in order: (product, price, offers it had heard by then)."""
         self.rejected: list[bool] = []
         """Whether the buyer has ever rejected outright (it does not bid: a threshold buyer)."""
-        self.reasons = bool((params or {}).get("reasons", 0))
+        self.reasons = bool((params or {}).get("reasons", self.defaults["reasons"]))
         """``reasons=1``: each message carries, as its thought, the facts its choice turned on (:meth:`_why`)."""
 
     @classmethod
@@ -370,7 +371,7 @@ class PlannerSeller(_Follower):
         step = (bids[-1][0] - bids[-2][0]) / max(1, bids[-1][1] - bids[-2][1]) if rising else bid * 0.25
         # Holding out costs turns the other buyers could use: only while each active buyer still has
         # more than ``patience`` turns (1 measured best: 0 and 2 lose 0.36 and 0.09 on conceding buyers).
-        hold = tries > int(self.params.get("patience", 1)) and (len(bids) < 2 or rising)
+        hold = tries > int(self.params.get("patience", self.defaults["patience"])) and (len(bids) < 2 or rising)
         if not hold and rising:
             # Bids that climb by a step a round reach the next target one step up: ask just below it
             # rather than take the bid, unless the buyer may have stopped climbing and no turn is left.

@@ -81,6 +81,14 @@ class AgentSpec:
     name: str
     params: dict = field(default_factory=dict)
 
+    @property
+    def settings(self) -> dict:
+        """The parameters as the agent plays them: its defaults (``ScriptedAgent.defaults``) under the spec's own, so
+        ``planner?patience=1`` and ``planner`` have the same settings."""
+        table = SELLERS if self.role == "seller" else BUYERS
+        agent = table.get(self.name) if self.backend == "scripted" else None
+        return {**getattr(agent, "defaults", {}), **self.params}
+
     def build(self, market: Market, seed: np.random.Generator | Sequence[int] | int, pools=None):
         """A fresh agent for one episode. ``seed`` is a numpy Generator or what seeds one;
         agents that draw random numbers make their Generator from it, the rest skip the cost.

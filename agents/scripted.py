@@ -234,10 +234,11 @@ class ConcessionSeller(_Learner):
     """
 
     name = "concession"
+    defaults = {"beta": 0.5}
 
     def decide(self, obs: SellerObservation) -> Message | None:
         self._learn(obs)
-        beta = float(self.params.get("beta", 0.5))
+        beta = float(self.params.get("beta", self.defaults["beta"]))
         share = max(1, obs.budget // max(1, len(obs.buyers)))
         units = self._available(obs)
         hi = obs.price_high

@@ -332,3 +332,12 @@ def test_reasons_is_a_flag_of_the_planner_only():
         parse_agent("planner?reasons=2", "seller")
     with pytest.raises(Exception, match="unknown parameter 'reasons' for greedy"):
         parse_agent("greedy?reasons=1", "seller")
+
+
+def test_settings_fill_in_the_defaults_a_spec_leaves_out():
+    # patience=1 and reasons=0 are the planner's defaults: spelled out or not, the same settings (how a loop's
+    # results find the ladder's seller that plays as its teacher does); a buyer's drawn parameters have no default.
+    assert parse_agent("planner", "seller").settings == parse_agent("planner?patience=1&reasons=0", "seller").settings
+    assert parse_agent("planner?reasons=1", "seller").settings == {"patience": 1, "reasons": 1}
+    assert parse_agent("concession", "seller").settings == {"beta": 0.5}
+    assert parse_agent("concession?patience=4", "buyer").settings == {"patience": 4}

@@ -727,16 +727,18 @@ def teacher_row(teacher: str, sellers: list[str]) -> str:
 
     >>> teacher_row("planner?reasons=1", ["greedy", "planner"]), teacher_row("planner?patience=2&reasons=1", ["planner"])
     ('planner', 'planner?patience=2&reasons=1')
+    >>> teacher_row("planner?reasons=1&patience=1", ["greedy", "planner"])  # patience=1 is the planner's default
+    'planner'
     """
     from negotiate.agents.registry import parse_agent
 
     if teacher in sellers:
         return teacher
     spec = parse_agent(teacher, "seller")
-    acting = {key: value for key, value in spec.params.items() if key != "reasons"}
+    acting = {key: value for key, value in spec.settings.items() if key != "reasons"}
     for seller in sellers:
         if ":" not in seller.split("?")[0] and seller.split("?")[0] == spec.name:  # scripted sellers of that name only
-            if parse_agent(seller, "seller").params == acting:
+            if {key: value for key, value in parse_agent(seller, "seller").settings.items() if key != "reasons"} == acting:
                 return seller
     return teacher
 

@@ -40,7 +40,7 @@ from negotiate.protocol import (
 from negotiate.regulator import ACTIVE, GONE, MALFORMED, SERVED, TIMEOUT, BuyerObservation, SellerObservation
 
 from negotiate.agents.backends import Completion
-from negotiate.agents.planner import bid_facts, turn_facts
+from negotiate.agents.planner import bid_facts, bid_in_play, no_deal_facts, turn_facts, units_left
 from negotiate.agents.pools import current_pools
 
 __all__ = [
@@ -257,14 +257,19 @@ def _bids_of(obs: SellerObservation) -> dict[str, list[tuple[str, int]]]:
 
 def _buyer_facts(obs: SellerObservation) -> dict[str, str]:
     """Per active buyer, the facts the planner's reasons name (``planner?reasons=1``): its last two bids for the
-    product of its standing bid and whether they rise (``b2 bids $380, $410 (rising)``), or that it has no bid."""
+    product of its standing bid and whether they rise (``b2 bids $380, $410 (rising)``); that the planner would not
+    deal on that bid, its product promised or sold out or its cost out of reach (``b2 bids $223 for p2, no deal
+    there``); or that it has no standing bid."""
     bids = _bids_of(obs)
+    units = units_left(obs)
     out = {}
     for b in obs.buyers:
         if b.status != ACTIVE:
             continue
         if b.bid is None:
             out[b.id] = f"{b.id} has not bid"
+        elif not bid_in_play(b.bid, units, obs.products):
+            out[b.id] = no_deal_facts(b.id, b.bid)
         else:
             prices = [price for product, price in bids[b.id] if product == b.bid[0]][-2:] or [b.bid[1]]
             out[b.id] = bid_facts(b.id, prices)
@@ -282,8 +287,8 @@ def render_seller_compact(obs: SellerObservation, facts: bool = False) -> list[d
 
     ``facts=True`` (``prompt=facts``) adds the facts the planner's reasons turn on, read from the same
     observation: the turns left for the buyers still active and the turns each (``10 turns for 3 buyers:
-    3 each``), and per active buyer its last bids and whether they rise (``b2 bids $380, $410 (rising)``)
-    or that it has not bid. A policy taught by ``planner?reasons=1`` then copies the facts of its thought
+    3 each``), and per active buyer its last bids and whether they rise (``b2 bids $380, $410 (rising)``),
+    that the planner would not deal on its bid (``b2 bids $223 for p2, no deal there``), or that it has not bid. A policy taught by ``planner?reasons=1`` then copies the facts of its thought
     from the prompt and is left the verdict.
     """
     threads, _, notice = _seller_threads(obs, talk=False)

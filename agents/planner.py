@@ -48,7 +48,8 @@ from negotiate.regulator import ACTIVE, SellerObservation
 
 from negotiate.agents.scripted import _accept_bid, _end, _Follower, _offer, best_assigned
 
-__all__ = ["PlannerSeller", "read_reason", "reason_action", "bid_facts", "turn_facts", "REASON_ACTIONS"]
+__all__ = ["PlannerSeller", "read_reason", "reason_action", "bid_facts", "bid_in_play", "no_deal_facts", "turn_facts", "units_left",
+           "REASON_ACTIONS"]
 
 CELLS = 24
 """Value cells per pair in the ladder programme (finer costs time, gains < 0.005 profit/OPT)."""
@@ -103,6 +104,27 @@ def bid_facts(buyer: str, prices: list[int]) -> str:
     """
     trend = "first bid" if len(prices) < 2 else "rising" if prices[-1] > prices[-2] else "not rising"
     return f"{buyer} bids {', '.join(f'${p}' for p in prices)} ({trend})"
+
+
+def no_deal_facts(buyer: str, bid: tuple[str, int]) -> str:
+    """The facts of a ``reasons=1`` thought about a bidder whose bid is not in play (:func:`bid_in_play`)."""
+    return f"{buyer} bids ${bid[1]} for {bid[0]}, no deal there"
+
+
+def units_left(obs: SellerObservation) -> list[int]:
+    """Each product's units not yet promised: its stock less the offers of it that buyers are still answering."""
+    units = [p.stock for p in obs.products]
+    for b in obs.buyers:
+        if b.awaiting and b.offer is not None:
+            units[int(b.offer[0][1:]) - 1] -= 1
+    return units
+
+
+def bid_in_play(bid: tuple[str, int], units: list[int], products) -> bool:
+    """Whether the planner deals on a standing bid: a unit of its product is left (:func:`units_left`) and the bid
+    could still climb to the product's cost (a first bid is at least 0.4 of the value)."""
+    j = int(bid[0][1:]) - 1
+    return units[j] > 0 and (bid[1] + 1) / 0.4 >= products[j].cost
 
 
 def turn_facts(left: int, active: int) -> str:
@@ -278,10 +300,7 @@ class PlannerSeller(_Follower):
         # there: -0.010 with stubborn buyers on shapes).
         if not free or (not any(self.bids) and any(b.awaiting for b in buyers)):
             return None
-        units = [p.stock for p in obs.products]
-        for b in buyers:
-            if b.awaiting and b.offer is not None:
-                units[int(b.offer[0][1:]) - 1] -= 1
+        units = units_left(obs)
         cols = [j for j, k in enumerate(units) if k > 0]
         if not cols:
             return None if any(b.awaiting for b in buyers) else self._ended("nothing left to sell")
@@ -303,11 +322,9 @@ class PlannerSeller(_Follower):
         for r, i in enumerate(free):
             buyer = buyers[i]
             bid = buyer.bid
-            wanted = int(bid[0][1:]) - 1 if bid is not None else -1
+            wanted = int(bid[0][1:]) - 1 if bid is not None and bid_in_play(bid, units, obs.products) else -1
             # A bidder names the product it wants: deal on that one while it is in stock and
             # the bid could still climb to its cost (a first bid is at least 0.4 of the value).
-            if wanted >= 0 and not (units[wanted] > 0 and (bid[1] + 1) / 0.4 >= obs.products[wanted].cost):
-                wanted = -1
             for c, j in enumerate(cols):
                 product = obs.products[j]
                 cost = product.cost
@@ -324,7 +341,7 @@ class PlannerSeller(_Follower):
                 value[r, c] = worth[r, j]
                 why = ""
                 if self.reasons:
-                    facts = f"{buyer.id} has not bid" if bid is None else f"{buyer.id} bids ${bid[1]} for {bid[0]}, no deal there"
+                    facts = f"{buyer.id} has not bid" if bid is None else no_deal_facts(buyer.id, bid)
                     why = self._why(facts, obs.budget_left, active, f"offer {product.id}")
                 plan[r, c] = _offer(buyer.id, product.id, max(int(price), cost), thought=why)
         best = best_assigned(value, cols, units, len(free))

@@ -468,8 +468,8 @@ REASON_COLUMNS = (("is_reason", "a reason"), ("facts", "same facts"), ("turns", 
                   ("follows", "acts on its verdict"))
 """The reasons table's columns (:attr:`negotiate.training.dataset.Agreement.reasons`): each a share of the states
 where the teacher gave a reason, but ``buyer_facts``, a share of the states where the seller wrote to the teacher's
-buyer, and ``follows``, a share of the seller's thoughts that are reasons."""
-_REASON_OF = {"follows": "is_reason", "buyer_facts": "buyer"}
+buyer with a reason as its thought (``buyer_reason``), and ``follows``, a share of the seller's thoughts that are reasons."""
+_REASON_OF = {"follows": "is_reason", "buyer_facts": "buyer_reason"}
 
 
 def reasons_rows(agreements: dict) -> tuple[list[str], list[list[str]]]:
@@ -493,8 +493,8 @@ def _reasons_title(teacher: str) -> str:
 def _reasons_caption() -> str:
     return ("of the states where the teacher gave a reason and the seller's message was valid: the share where the seller's "
             "thought is a reason at all; where it states the teacher's facts; the teacher's turns and buyers; the teacher's "
-            "verdict; the teacher's buyer; and of those, the teacher's facts (where they differ, a misreading, not another "
-            "buyer). Last column: of the seller's reasons, the share followed by the action their own verdict names")
+            "verdict; the teacher's buyer; and where it wrote to that buyer with a reason, the teacher's facts (where they "
+            "differ, a misreading, not another buyer). Last column: of the seller's reasons, the share followed by the action their own verdict names")
 
 
 def agreement_tables(agreements: dict, teacher: str) -> list[Table]:
@@ -542,7 +542,7 @@ def agreement_csv(agreements: dict, teacher: str) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     reasoned = any(a.reasons["states"] for a in agreements.values())
-    reasons = ["states", *(name for name, _ in REASON_COLUMNS)] if reasoned else []
+    reasons = ["states", *(name for name, _ in REASON_COLUMNS), "buyer_reason"] if reasoned else []
     writer.writerow(["seller", "teacher", "teacher_would", "states", *_SELLER_COLUMNS, "same_kind", "both_offered", "same_offer",
                      "price_gap_sum", *(f"reason_{name}" for name in reasons)])
     for seller, a in agreements.items():

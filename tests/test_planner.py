@@ -11,7 +11,8 @@ import pytest
 
 from negotiate.agents.llm import render_seller
 from negotiate.agents.planner import PlannerSeller, read_reason
-from negotiate.agents.registry import parse_agent
+from negotiate.agents.registry import _PARAMS, parse_agent
+from negotiate.agents.scripted import BUYERS, SELLERS
 from negotiate.agents.scripted import _tries_value
 from negotiate.episode import run_episode
 from negotiate.market import SPLITS, Buyer, Market, MarketSpec, Product
@@ -341,3 +342,11 @@ def test_settings_fill_in_the_defaults_a_spec_leaves_out():
     assert parse_agent("planner?reasons=1", "seller").settings == {"patience": 1, "reasons": 1}
     assert parse_agent("concession", "seller").settings == {"beta": 0.5}
     assert parse_agent("concession?patience=4", "buyer").settings == {"patience": 4}
+
+
+def test_every_default_is_a_parameter_the_registry_takes_and_in_its_range():
+    for role, table in (("seller", SELLERS), ("buyer", BUYERS)):
+        for name, agent in table.items():
+            for key, value in agent.defaults.items():
+                low, inclusive, high = _PARAMS[role, name][key]
+                assert (value >= low if inclusive else value > low) and value <= high, (role, name, key)

@@ -221,24 +221,25 @@ def test_thoughts_are_checked_against_the_planners_reasons_worked_out_by_hand(tm
     trace.parent.mkdir()
     trace.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
     (a,) = teacher_agreement([tmp_path / "t"], "planner?reasons=1").values()
-    assert dict(a.reasons) == {"states": 2, "is_reason": 2, "facts": 2, "turns": 2, "verdict": 1, "buyer": 2, "buyer_facts": 2,
-                               "follows": 1}
+    assert dict(a.reasons) == {"states": 2, "is_reason": 2, "facts": 2, "turns": 2, "verdict": 1, "buyer": 2, "buyer_reason": 2,
+                               "buyer_facts": 2, "follows": 1}
     (plain,) = teacher_agreement([tmp_path / "t"], "planner").values()  # a teacher without reasons: nothing to check
     assert not plain.reasons
     sent[0]["thought"] = "p1 is nice"  # no reason at all
     trace.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
     (a,) = teacher_agreement([tmp_path / "t"], "planner?reasons=1").values()
-    assert dict(a.reasons) == {"states": 2, "is_reason": 1, "facts": 1, "turns": 1, "verdict": 0, "buyer": 2, "buyer_facts": 1,
-                               "follows": 0}
+    assert dict(a.reasons) == {"states": 2, "is_reason": 1, "facts": 1, "turns": 1, "verdict": 0, "buyer": 2, "buyer_reason": 1,
+                               "buyer_facts": 1, "follows": 0}
     assert main(["report", str(tmp_path / "t"), "--teacher", "planner?reasons=1", "--format", "markdown"]) == 0
     table = capsys.readouterr().out.split("reasons:")[-1]
-    assert "| planner?reasons=1 | 2 | 50% | 50% | 50% | 0% | 100% | 50% | 0% |" in table  # the trace's seller label, as played
+    assert "| planner?reasons=1 | 2 | 50% | 50% | 50% | 0% | 100% | 100% | 0% |" in table  # the trace's seller label, as played
     # A seller that wrote to another buyer than the teacher's: its facts count as wrong, but not as a misreading.
     tally = Counter()
     theirs, other = read_reason("b1 bids $400 (first bid); 9 turns for 2 buyers: hold out"), "b2 has not bid; 9 turns for 2 buyers: offer p1"
     _tally_reasons(tally, theirs, read_reason(other), "offer", same_buyer=False)
     _tally_reasons(tally, theirs, theirs, "offer", same_buyer=True)
-    assert dict(tally) == {"states": 2, "buyer": 1, "is_reason": 2, "facts": 1, "turns": 2, "verdict": 1, "buyer_facts": 1, "follows": 2}
+    assert dict(tally) == {"states": 2, "buyer": 1, "is_reason": 2, "facts": 1, "turns": 2, "verdict": 1, "buyer_reason": 1,
+                           "buyer_facts": 1, "follows": 2}
 
 
 @pytest.mark.parametrize("teacher, message", [

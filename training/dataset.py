@@ -161,7 +161,7 @@ def _completion(event: MessageEvent) -> str:
 def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, group: str, *, fmt: str = "tagged",
               prompt: str = "full") -> list[Decision]:
     """The seller decisions of one episode (timeouts skipped: the seller wrote nothing). A model's decisions keep
-    the prompt it saw; a scripted seller's are rendered with the ``full`` or ``compact`` prompt."""
+    the prompt it saw; a scripted seller's are rendered with the ``full``, ``compact`` or ``facts`` prompt."""
     from negotiate.agents.llm import render_seller  # prompt files: loaded only when building data
 
     episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
@@ -303,8 +303,8 @@ class Agreement:
     """Against a teacher that gives its reasons (``planner?reasons=1``), over the states where it would have spoken
     and the seller sent a valid message (``states``): ``is_reason`` (the seller's thought is a reason, of those),
     ``facts``, ``turns`` (turns left and buyers) and ``verdict`` (the same as the teacher's), ``buyer`` (the seller
-    wrote to the buyer the teacher would have), ``buyer_facts`` (of those, its facts are the teacher's: a misreading,
-    not another choice of buyer, where they differ), and ``follows`` (the seller's action is the kind its own verdict
+    wrote to the buyer the teacher would have), ``buyer_reason`` (of those, its thought is a reason), ``buyer_facts``
+    (of those, its facts are the teacher's: where they differ, a misreading, not another choice of buyer), and ``follows`` (the seller's action is the kind its own verdict
     leads to, of ``is_reason``)."""
 
     @property
@@ -364,6 +364,7 @@ def _tally_reasons(tally: Counter, theirs: tuple | None, mine: tuple | None, kin
     tally["is_reason"] += 1
     for k, name in enumerate(("facts", "turns", "verdict")):
         tally[name] += mine[k] == theirs[k]
+    tally["buyer_reason"] += same_buyer
     tally["buyer_facts"] += same_buyer and mine[0] == theirs[0]
     tally["follows"] += reason_action(mine[2]) == kind
 

@@ -825,8 +825,9 @@ def teacher_section(out: Path, config: LoopConfig) -> str | None:
 
         header, rows = reasons_rows(dict(reasoned))
         text += ("\nThe policy's thoughts against the teacher's reasons, in the states where the teacher gave one and the policy's "
-                 "message was valid (the last column: of the policy's thoughts that are reasons, the share followed by the action "
-                 "their own verdict names):\n\n" + markdown_table(["policy", *header[1:]], rows))
+                 "message was valid (same facts, same buyer: of the states where it wrote to the teacher's buyer with a reason, "
+                 "the share with the teacher's facts; the last column: of the policy's thoughts that are reasons, the share "
+                 "followed by the action their own verdict names):\n\n" + markdown_table(["policy", *header[1:]], rows))
     return text
 
 

@@ -147,6 +147,8 @@ class OpenAIOptions:
     (the openai package's client)."""
     legal: bool = False
     """Decode the seller's tagged reply under a regex of the replies the rules allow (vLLM only)."""
+    grounded: bool = False
+    """With ``legal`` and ``prompt=facts``: decode under a regex whose thought is a reason stating the prompt's facts."""
     prompt: str = "full"
     """The seller's prompt: ``full``, ``compact`` (each buyer's thread of actions, no talk; tagged replies) or ``facts``
     (compact, with the turns each buyer has and each bidder's last bids and trend)."""
@@ -165,7 +167,7 @@ _NUMBERS: dict[str, tuple[type, float, bool, float]] = {
     "max_inflight": (int, 1, True, 100_000),
 }
 """Numeric spec keys: type, low bound, whether the low bound is allowed, high bound."""
-_FLAGS = ("logprobs", "think", "legal")
+_FLAGS = ("logprobs", "think", "legal", "grounded")
 _CHOICES = {"format": FORMATS, "server": SERVERS, "client": CLIENTS, "prompt": PROMPTS}
 _KEYS = (*_CHOICES, *_NUMBERS, *_FLAGS, "key_env")
 

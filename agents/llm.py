@@ -25,6 +25,7 @@ buyers said, never a valuation (tests/test_llm_prompts.py checks this).
 
 from __future__ import annotations
 
+import re
 import string
 import tomllib
 from functools import lru_cache
@@ -401,6 +402,52 @@ def legal_pattern(obs: SellerObservation) -> str | None:
     return rf"(Thought: [^\n]*\n)?({'|'.join(branches)})"
 
 
+def _literal(text: str) -> str:
+    """``text`` as a regex of itself, escaping only what regex engines read as syntax (not spaces, which
+    Python's ``re.escape`` escapes and some engines refuse)."""
+    return re.sub(r"([\\.^$*+?()\[\]{}|])", r"\\\1", text)
+
+
+def grounded_pattern(obs: SellerObservation) -> str | None:
+    """A regex of the tagged replies whose thought is a reason in the planner's words with the facts of the
+    ``facts`` prompt (``grounded=1``); None when no buyer may be written to.
+
+    Per free buyer, the thought states that buyer's facts and the turns for the buyers still active, as the
+    ``facts`` prompt writes them, then a verdict, and the action is the one the verdict names: to a bidder the
+    planner would deal with (:func:`~negotiate.agents.planner.bid_in_play`), ``hold out`` or ``ask one step up``
+    (``below cost: ask more`` for a bid under cost) offers the bid's product above the bid, and ``take it``
+    accepts the bid; to any other buyer, ``offer pN`` offers pN, a product with a unit no other buyer is being
+    offered (any in stock where none is: the model cannot wait). ``no sale is worth its cost: end`` ends.
+    Every reply it allows is one :func:`legal_pattern` allows, but for reject, which no reason names. The
+    facts are the prompt's, so the model cannot misstate them; whom to write to, the verdict and the price
+    stay the model's.
+    """
+    stocked = {p.id: p.cost for p in obs.products if p.stock > 0 and p.cost <= obs.price_high}
+    facts = _buyer_facts(obs)
+    units = units_left(obs)
+    open_ = {product: cost for product, cost in stocked.items() if units[int(product[1:]) - 1] > 0} or stocked
+    turns = turn_facts(obs.budget_left, sum(1 for b in obs.buyers if b.status == ACTIVE))
+    branches = []
+    for buyer in obs.buyers:
+        if buyer.status != ACTIVE or buyer.awaiting:
+            continue
+        head, tail = rf"Thought: {_literal(facts[buyer.id])}; {turns}: ", rf"\nTo: {buyer.id}\nTalk: [^\n]*\nAction: "
+        bid = buyer.bid
+        if bid is not None and bid_in_play(bid, units, obs.products):
+            product, price = bid
+            cost = next(p.cost for p in obs.products if p.id == product)
+            if product in stocked and max(cost, price + 1) <= obs.price_high:
+                verdicts = "hold out|ask one step up" + ("|below cost: ask more" if price < cost else "")
+                branches.append(rf"{head}({verdicts}){tail}\[OFFER\] {product} \${number_range(max(cost, price + 1), obs.price_high)}")
+            if product in stocked and price >= cost:
+                branches.append(rf"{head}take it{tail}\[ACCEPT\] {product} \${price}")
+        else:
+            branches += [rf"{head}offer {product}{tail}\[OFFER\] {product} \${number_range(cost, obs.price_high)}"
+                         for product, cost in open_.items()]
+        branches.append(rf"Thought: no sale is worth its cost: end{tail}\[END\]")
+    return f"({'|'.join(branches)})" if branches else None
+
+
 # -- parsing -------------------------------------------------------------------------------
 
 parse_reply = parse_lenient
@@ -434,7 +481,7 @@ class LLMAgent:
     role: ClassVar[str] = ""
 
     def __init__(self, backend, *, fmt: str = "json", reask: int = 0, seed: int | None = None, legal: bool = False,
-                 prompt: str = "full"):
+                 prompt: str = "full", grounded: bool = False):
         self.backend = backend
         """The model boundary: ``await backend.complete(messages, role=..., seed=...)`` -> Completion."""
         self.format = fmt
@@ -442,6 +489,8 @@ class LLMAgent:
         """``full``, ``compact`` or ``facts`` (the seller only: :func:`render_seller_compact`)."""
         self.legal = legal
         """Decode each reply under :func:`legal_pattern` (the backend takes ``constraint=``)."""
+        self.grounded = grounded
+        """Decode each reply under :func:`grounded_pattern` instead: a reason with the prompt's facts as its thought."""
         self.reask = reask
         self._seed = seed
         self._calls = 0
@@ -453,6 +502,7 @@ class LLMAgent:
         pools = pools or current_pools()
         options = pools.openai_options(spec.params)
         return cls(pools.openai_backend(options), fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=options.legal,
+                   grounded=options.grounded,
                    prompt=options.prompt)
 
     def describe(self) -> dict:
@@ -461,7 +511,7 @@ class LLMAgent:
             out["prompt"] = self.prompt
         options = getattr(self.backend, "options", None)
         if options is not None:
-            out["params"] = {k: getattr(options, k) for k in ("temperature", "top_p", "max_tokens", "timeout", "retries", "reask", "max_inflight", "logprobs", "think", "legal")}
+            out["params"] = {k: getattr(options, k) for k in ("temperature", "top_p", "max_tokens", "timeout", "retries", "reask", "max_inflight", "logprobs", "think", "legal", "grounded")}
         return out
 
     def render(self, obs) -> list[dict]:
@@ -470,7 +520,7 @@ class LLMAgent:
     async def act(self, obs) -> Generated:
         messages = self.render(obs)
         sender = SELLER if self.role == SELLER else obs.buyer
-        constraint = legal_pattern(obs) if self.legal else None
+        constraint = grounded_pattern(obs) if self.grounded else legal_pattern(obs) if self.legal else None
         ask = {} if constraint is None else {"constraint": constraint}
         attempts: list[dict] = []
         waited = 0.0

@@ -24,6 +24,8 @@ model behind any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); its
 ``think``         1/0: vLLM ``enable_thinking`` for models that think (default: unset)
 ``legal``         1/0: decode the seller's reply under a regex of the replies the rules allow now
                   (vLLM ``structured_outputs``; needs ``format=tagged`` and a vLLM server; default 0)
+``grounded``      1/0: with ``legal=1`` and ``prompt=facts`` (``openai:`` only), the reply's thought is a reason
+                  stating that prompt's facts, and its action the one the reason's verdict names (default 0)
 ``client``        ``aiohttp`` (default: a lean client, about 2x less CPU per request) or ``openai``
                   (the openai package's client)
 ``key_env``       environment variable with the API key (default ``OPENAI_API_KEY``); a key
@@ -118,6 +120,9 @@ def _check_seller_options(options, role: str, field_name: str, text: str) -> Non
                             field=field_name, value=text)
         if options.format != "tagged":
             raise UserError(f"prompt={options.prompt} asks for tagged replies; add format=tagged", field=field_name, value=text)
+    if getattr(options, "grounded", False) and not (options.legal and options.prompt == "facts"):
+        raise UserError("grounded=1 binds the thought to the facts prompt under legal=1; add legal=1&prompt=facts",
+                        field=field_name, value=text)
     if not getattr(options, "legal", False):
         return
     if role != "seller":

@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from negotiate.agents.llm import (
-    PERSONAS, _example, legal_pattern, number_range, parse_reply, render_buyer, render_seller, render_seller_compact,
+    PERSONAS, _example, grounded_pattern, legal_pattern, number_range, parse_reply, render_buyer, render_seller, render_seller_compact,
 )
+from negotiate.agents.planner import read_reason, reason_action
 from negotiate.market import Buyer, Market, MarketSpec, Product
 from negotiate.protocol import SELLER, TALK_MAX, Action, Message, ParseFailure
 from negotiate.regulator import ACTIVE, SERVED, BuyerView, EpisodeState, ProductView, SellerObservation, observe
@@ -322,6 +323,40 @@ def test_legal_pattern_by_hand():
     assert legal_pattern(SellerObservation(4, 14, 100, 1000, products, everyone_waits, (), ())) is None
 
 
+def test_the_grounded_pattern_by_hand():
+    # The golden mid state: b1 is free and bids $700 for p2 (cost $500; p2's unit is free: the planner deals on it);
+    # b2 owes a reply to an offer of p1, so p1's one unit is promised. 2 turns left for 2 active buyers.
+    _, _, mid, _ = golden_states()
+    pattern = grounded_pattern(observe(mid, SELLER))
+    head = "Thought: b1 bids $700 (first bid); 2 turns for 2 buyers: "
+
+    def grounded(verdict, action, to="b1"):
+        return re.fullmatch(pattern, f"{head}{verdict}\nTo: {to}\nTalk: x\nAction: {action}") is not None
+
+    assert grounded("hold out", "[OFFER] p2 $701") and grounded("ask one step up", "[OFFER] p2 $1000")
+    assert grounded("take it", "[ACCEPT] p2 $700")
+    assert re.fullmatch(pattern, "Thought: no sale is worth its cost: end\nTo: b1\nTalk: \nAction: [END]")
+    assert not grounded("hold out", "[OFFER] p2 $700")  # holding out asks above the bid
+    assert not grounded("take it", "[OFFER] p2 $800") and not grounded("hold out", "[ACCEPT] p2 $700")  # the verdict's action
+    assert not grounded("below cost: ask more", "[OFFER] p2 $800")  # $700 covers the cost of $500
+    assert not grounded("offer p1", "[OFFER] p1 $800")  # a bidder the planner deals with is asked about its bid's product
+    assert not grounded("hold out", "[OFFER] p2 $800", to="b2") and not grounded("hold out", "[REJECT]")
+    assert not re.fullmatch(pattern, "Thought: b1 bids $700 for p2, no deal there; 2 turns for 2 buyers: offer p2\nTo: b1\nTalk: x\n"
+                                     "Action: [OFFER] p2 $800")  # not the facts
+    assert not re.fullmatch(pattern, "To: b1\nTalk: x\nAction: [OFFER] p2 $800")  # a thought is a reason, always
+    # b1's bid is for a product whose one unit b2 is being offered: no deal there, and b1 hears offers of what is left.
+    m = golden_market()
+    state = EpisodeState(Market(m.spec, m.seed, m.products, m.buyers, 16, m.price_low, m.price_high))
+    state.seller_send(Message(SELLER, "b1", "", Action("offer", "p1", 640)))
+    state.buyer_reply("b1", Message("b1", SELLER, "", Action("bid", "p1", 400)))
+    state.seller_send(Message(SELLER, "b2", "", Action("offer", "p1", 600)))
+    pattern = grounded_pattern(observe(state, SELLER))
+    assert re.fullmatch(pattern, "Thought: b1 bids $400 for p1, no deal there; 14 turns for 2 buyers: offer p2\nTo: b1\nTalk: x\n"
+                                 "Action: [OFFER] p2 $500")
+    assert not re.fullmatch(pattern, "Thought: b1 bids $400 for p1, no deal there; 14 turns for 2 buyers: offer p1\nTo: b1\n"
+                                     "Talk: x\nAction: [OFFER] p1 $500")  # p1's unit is promised to b2
+
+
 @pytest.mark.parametrize(("low", "high"), [(0, 0), (0, 9), (1, 10), (9, 10), (99, 100), (100, 999), (466, 1000), (473, 1000),
                                            (5, 4321), (1000, 1999), (1234, 1234), (250, 10_000)])
 def test_number_range_is_exactly_the_numbers_from_low_to_high(low, high):
@@ -336,22 +371,25 @@ def test_number_range_on_large_numbers(a, b, k):
     assert (re.fullmatch(number_range(low, high), str(k)) is not None) == (low <= k <= high)
 
 
+@pytest.mark.parametrize("grounded", [False, True])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(markets_and_plays(), st.data())
-def test_every_reply_the_legal_pattern_allows_is_one_the_regulator_accepts(case, data):
+def test_every_reply_the_legal_pattern_allows_is_one_the_regulator_accepts(grounded, case, data):
     """Replies drawn from the regex, at every seller turn of random plays, parse and break no rule; and
-    the regex allows every offer at cost to a buyer that may be written to."""
+    the regex allows every offer at cost to a buyer that may be written to. Under ``grounded=1``, every reply
+    drawn is one the legal regex allows, its thought is a reason with the facts prompt's facts, and its action
+    is the one the reason's verdict names."""
     market, plays, _ = case
     state = EpisodeState(market)
     for (i, kind, j, price), (reply, k, bid) in plays:
         if state.done or state.budget_left <= 0:
             break
         obs = observe(state, SELLER)
-        pattern = legal_pattern(obs)
+        pattern = (grounded_pattern if grounded else legal_pattern)(obs)
         free = [b.id for b in obs.buyers if b.status == ACTIVE and not b.awaiting]
         assert (pattern is None) == (not free)
         if pattern is not None:
-            for b in free:
+            for b in free if not grounded else ():
                 for p in obs.products:
                     offer = f"To: {b}\nTalk: x\nAction: [OFFER] {p.id} ${p.cost}"
                     assert (re.fullmatch(pattern, offer) is not None) == (p.stock > 0)
@@ -360,6 +398,12 @@ def test_every_reply_the_legal_pattern_allows_is_one_the_regulator_accepts(case,
             text = data.draw(st.from_regex(pattern, fullmatch=True), label="reply")
             message = parse_reply(text, SELLER, SELLER)[0]
             assert isinstance(message, Message), (text, message)
+            if grounded:
+                assert re.fullmatch(legal_pattern(obs), text)
+                facts, turns, verdict = read_reason(message.thought)
+                prompt = render_seller(obs, "tagged", "facts")[1]["content"]
+                assert verdict == "end" or (f"{message.to}: free. {facts}\n" in prompt and prompt.splitlines()[1].startswith(f"{turns}: "))
+                assert reason_action(verdict) == message.action.kind
             invalid = state.invalid_by[SELLER]
             to = state.seller_send(message)
             assert state.invalid_by[SELLER] == invalid, (text, state.events[-1])

@@ -100,6 +100,8 @@ def test_legal_and_the_compact_prompt_are_read_from_a_sellers_spec():
     assert options.legal is True and OpenAIOptions(**parse_agent("openai:m@http://h/v1", "seller").params).legal is False
     assert OpenAIOptions(**parse_agent("openai:m@http://h/v1?format=tagged&prompt=compact", "seller").params).prompt == "compact"
     assert OpenAIOptions(**parse_agent("openai:m@http://h/v1", "seller").params).prompt == "full"
+    grounded = parse_agent("openai:m@http://h/v1?format=tagged&prompt=facts&legal=1&grounded=1", "seller")
+    assert OpenAIOptions(**grounded.params).grounded is True
 
 
 @pytest.mark.parametrize("text, role, match", [
@@ -109,6 +111,9 @@ def test_legal_and_the_compact_prompt_are_read_from_a_sellers_spec():
     ("openai:m@http://h/v1?format=tagged&prompt=compact", "buyer", "prompt=compact is a seller's prompt"),
     ("openai:m@http://h/v1?prompt=compact", "seller", "prompt=compact asks for tagged replies; add format=tagged"),
     ("openai:m@http://h/v1?format=tagged&prompt=short", "seller", "prompt='short' is not one of full, compact"),
+    ("openai:m@http://h/v1?format=tagged&prompt=facts&grounded=1", "seller", "grounded=1 binds .* add legal=1&prompt=facts"),
+    ("openai:m@http://h/v1?format=tagged&prompt=compact&legal=1&grounded=1", "seller", "grounded=1 binds"),
+    ("vllm:/m?format=tagged&prompt=facts&legal=1&grounded=1", "seller", "grounded"),
 ])
 def test_seller_only_keys_are_refused_in_one_line_naming_the_spec(text, role, match):
     with pytest.raises(UserError, match=match) as caught:

@@ -308,6 +308,17 @@ def test_other_evaluation_flags_take_the_sft_and_evaluate_it_again(world):
     assert json.loads((other / "loop.json").read_text())["rounds"]["0"] != json.loads((out / "loop.json").read_text())["rounds"]["0"]
 
 
+def test_grounded_decoding_takes_the_sft_and_evaluates_it_again(world):
+    config, calls, crash, out = world
+    run_loop(config(rounds=0, prompt="facts", legal=True), echo=lambda line: None)
+    calls.clear()
+    run_loop(config(out=str(out.parent / "grounded"), sft_from=str(out), rounds=0, prompt="facts", legal=True, grounded=True),
+             echo=lambda line: None)
+    assert calls == ["baselines (threshold)", "round 0 eval (threshold)"]
+    args = crash["args"]["round 0 eval (threshold)"]
+    assert args[args.index("--seller") + 1].endswith("&legal=1&grounded=1&prompt=facts")
+
+
 def test_the_compact_prompt_goes_to_the_sft_and_into_the_policys_spec(world):
     config, calls, crash, out = world
     run_loop(config(prompt="compact"), echo=lambda line: None)
@@ -368,6 +379,7 @@ def test_the_real_stage_runner_reports_the_commands_last_line(tmp_path):
     ({"round_action_weights": "bid=2"}, "--round-action-weights: 'bid=2': 'bid' is not a seller action"),
     ({"round_method": "offline-grpo", "round_action_weights": "accept=2"}, "--round-action-weights: 'accept=2': offline-grpo rounds"),
     ({"eval_buyers": " "}, "--eval-buyers: ' ': give at least one buyer spec"),
+    ({"grounded": True, "legal": True, "prompt": "compact"}, "--grounded: True: binds the thought to the facts prompt"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(change, flag, tmp_path):
     with pytest.raises(UserError, match=flag):

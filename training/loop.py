@@ -118,6 +118,9 @@ class LoopConfig:
     untrained: bool = _help("evaluate the untrained model too", default=True)
     legal: bool = _help("decode the policy's replies (rollouts and evaluations) under a regex of the replies the rules allow "
                         "(the seller spec's legal=1)", default=False)
+    grounded: bool = _help("with --legal and --prompt facts: decode each reply's thought as a reason in the planner's words that "
+                           "states the prompt's facts, and its action as the one the reason's verdict names (grounded=1)",
+                           default=False)
     prompt: str = _help("the policy's prompt: full; compact (each buyer's thread of actions without talk, under half the "
                         "tokens); or facts (compact, with the turns each buyer has and each bidder's last bids and trend). "
                         "SFT renders the teacher's decisions with it, and the policy is served with it", default="full")
@@ -140,6 +143,9 @@ class LoopConfig:
             raise UserError(f"choose from {', '.join(PROMPTS)}", field="--prompt", value=self.prompt)
         if self.round_epochs <= 0:
             raise UserError("must be above 0", field="--round-epochs", value=self.round_epochs)
+        if self.grounded and not (self.legal and self.prompt == "facts"):
+            raise UserError("binds the thought to the facts prompt under --legal; add --legal --prompt facts", field="--grounded",
+                            value=True)
         if self.sft_from is not None and not (Path(self.sft_from) / "loop.json").is_file():
             raise UserError("not a loop run folder (no loop.json)", field="--sft-from", value=self.sft_from)
         if self.sft_from is not None and Path(self.sft_from).resolve() == Path(self.out).resolve():
@@ -201,7 +207,7 @@ class LoopConfig:
         return asdict(self)
 
 
-BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False, "prompt": "full",
+BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False, "grounded": False, "prompt": "full",
                 "aggregate": False, "action_weights": "", "round_action_weights": None}
 """What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained, the full prompt, each round
 on its own rollouts only, every imitated decision weighing 1, the rounds weighing as the SFT."""
@@ -211,7 +217,7 @@ RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 SFT_FIELDS = ("model", "teacher", "split", "buyers", "seed", "teacher_episodes", "sft_steps", "sft_batch", "sft_lr", "lora_r", "bf16",
               "micro_batch", "max_tokens", "serve", "server_url", "prompt", "action_weights")
 """Flags that round 0's model depends on: ``--sft-from`` takes an earlier run's SFT only where they all match."""
-EVAL_FIELDS = ("eval_splits", "eval_buyers", "eval_episodes", "eval_seed", "eval_temperature", "ladder", "untrained", "legal")
+EVAL_FIELDS = ("eval_splits", "eval_buyers", "eval_episodes", "eval_seed", "eval_temperature", "ladder", "untrained", "legal", "grounded")
 """Flags that round 0's evaluations depend on: where one differs, ``--sft-from`` takes the SFT and evaluates it again."""
 SFT_STAGES = ("export", "round 0 teacher", "round 0 train", "serving")
 ROUND0_STAGES = (*SFT_STAGES, "baselines", "round 0 eval")
@@ -570,6 +576,7 @@ def _time_requests(url: str, model: str, count: int = 4) -> float:
 def _policy_spec(url: str, name: str, config: LoopConfig, temperature: float) -> str:
     return (f"openai:{name}@{url}?format=tagged&server=vllm&temperature={temperature}&max_tokens={config.max_tokens}"
             f"&logprobs=1&timeout=1800&retries=2&max_inflight={config.concurrency}" + ("&legal=1" if config.legal else "")
+            + ("&grounded=1" if config.grounded else "")
             + ("" if config.prompt == "full" else f"&prompt={config.prompt}"))
 
 

@@ -58,6 +58,7 @@ from tiny_model import small_market  # noqa: E402
 
 from negotiate.agents.backends import aclose_clients  # noqa: E402
 from negotiate.agents.registry import parse_agent  # noqa: E402
+from negotiate.agents.planner import read_reason, reason_action  # noqa: E402
 from negotiate.episode import run_episode  # noqa: E402
 from negotiate.protocol import SELLER, json_schema  # noqa: E402
 from negotiate.training.server import ServerError, ServerSpec, VLLMServer, load_adapter, served_models, unload_adapter  # noqa: E402
@@ -152,6 +153,21 @@ async def test_legal_replies_follow_the_rules_on_a_real_vllm_server(server, clos
     assert finished, [e["raw"] for e in sent]
     assert all(e["valid"] or e.get("error_kind") == "sold_out" for e in finished), [(e["raw"], e.get("error")) for e in finished]
     assert all(e["raw"].splitlines()[-1].startswith("Action: [") for e in finished), [e["raw"] for e in finished]
+
+
+async def test_grounded_replies_state_the_prompts_facts_on_a_real_vllm_server(server, closing):
+    """grounded=1: vLLM decodes the untrained model's thought as a reason with the facts prompt's facts, so every
+    reply that finished is valid (or lost the race for a unit), its thought a reason, its action the verdict's."""
+    ep = await _play(f"openai:{MODEL}@{server.base_url}?format=tagged&prompt=facts&legal=1&grounded=1&max_tokens=96&temperature=1"
+                     "&timeout=180&retries=1", budget=4)
+    sent = _check_model_messages(ep, "openai", MODEL)
+    finished = [e for e in sent if e["extra"]["finish_reason"] == "stop"]
+    assert finished, [e["raw"] for e in sent]
+    assert all(e["valid"] or e.get("error_kind") == "sold_out" for e in finished), [(e["raw"], e.get("error")) for e in finished]
+    for e in finished:
+        reason = read_reason(e["thought"])
+        assert reason is not None and reason_action(reason[2]) == e["action"]["kind"], e["raw"]
+        assert reason[2] == "end" or f"{e['to']}: free. {reason[0]}\n" in e["extra"]["prompt"][1]["content"], e["raw"]
 
 
 async def test_the_in_process_vllm_engine_plays_with_token_ids_and_logprobs(smollm2_folder, server, closing):

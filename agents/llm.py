@@ -41,7 +41,8 @@ from negotiate.protocol import (
 from negotiate.regulator import ACTIVE, GONE, MALFORMED, SERVED, TIMEOUT, BuyerObservation, SellerObservation
 
 from negotiate.agents.backends import Completion
-from negotiate.agents.planner import bid_facts, bid_in_play, no_deal_facts, turn_facts, units_left
+from negotiate.agents.planner import bid_facts, bid_in_play, no_deal_facts, turn_facts
+from negotiate.agents.scripted import units_left
 from negotiate.agents.pools import current_pools
 
 __all__ = [
@@ -289,8 +290,9 @@ def render_seller_compact(obs: SellerObservation, facts: bool = False) -> list[d
     ``facts=True`` (``prompt=facts``) adds the facts the planner's reasons turn on, read from the same
     observation: the turns left for the buyers still active and the turns each (``10 turns for 3 buyers:
     3 each``), and per active buyer its last bids and whether they rise (``b2 bids $380, $410 (rising)``),
-    that the planner would not deal on its bid (``b2 bids $223 for p2, no deal there``), or that it has not bid. A policy taught by ``planner?reasons=1`` then copies the facts of its thought
-    from the prompt and is left the verdict.
+    that the planner would not deal on its bid (``b2 bids $223 for p2, no deal there``), or that it has not
+    bid. A policy taught by ``planner?reasons=1`` then copies the facts of its thought from the prompt and is
+    left the verdict.
     """
     threads, _, notice = _seller_threads(obs, talk=False)
     known = _buyer_facts(obs) if facts else {}

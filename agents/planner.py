@@ -46,9 +46,9 @@ from negotiate.market import MarketSpec
 from negotiate.protocol import Message
 from negotiate.regulator import ACTIVE, SellerObservation
 
-from negotiate.agents.scripted import _accept_bid, _end, _Follower, _offer, best_assigned
+from negotiate.agents.scripted import _accept_bid, _end, _Follower, _offer, best_assigned, units_left
 
-__all__ = ["PlannerSeller", "read_reason", "reason_action", "bid_facts", "bid_in_play", "no_deal_facts", "turn_facts", "units_left",
+__all__ = ["PlannerSeller", "read_reason", "reason_action", "bid_facts", "bid_in_play", "no_deal_facts", "turn_facts",
            "REASON_ACTIONS"]
 
 CELLS = 24
@@ -111,18 +111,10 @@ def no_deal_facts(buyer: str, bid: tuple[str, int]) -> str:
     return f"{buyer} bids ${bid[1]} for {bid[0]}, no deal there"
 
 
-def units_left(obs: SellerObservation) -> list[int]:
-    """Each product's units not yet promised: its stock less the offers of it that buyers are still answering."""
-    units = [p.stock for p in obs.products]
-    for b in obs.buyers:
-        if b.awaiting and b.offer is not None:
-            units[int(b.offer[0][1:]) - 1] -= 1
-    return units
-
-
 def bid_in_play(bid: tuple[str, int], units: list[int], products) -> bool:
-    """Whether the planner deals on a standing bid: a unit of its product is left (:func:`units_left`) and the bid
-    could still climb to the product's cost (a first bid is at least 0.4 of the value)."""
+    """Whether the planner deals on a standing bid: a unit of its product is left (``units``, from
+    :func:`~negotiate.agents.scripted.units_left`) and the bid could still climb to the product's cost (a first
+    bid is at least 0.4 of the value)."""
     j = int(bid[0][1:]) - 1
     return units[j] > 0 and (bid[1] + 1) / 0.4 >= products[j].cost
 
@@ -322,9 +314,9 @@ class PlannerSeller(_Follower):
         for r, i in enumerate(free):
             buyer = buyers[i]
             bid = buyer.bid
-            wanted = int(bid[0][1:]) - 1 if bid is not None and bid_in_play(bid, units, obs.products) else -1
             # A bidder names the product it wants: deal on that one while it is in stock and
             # the bid could still climb to its cost (a first bid is at least 0.4 of the value).
+            wanted = int(bid[0][1:]) - 1 if bid is not None and bid_in_play(bid, units, obs.products) else -1
             for c, j in enumerate(cols):
                 product = obs.products[j]
                 cost = product.cost

@@ -56,6 +56,15 @@ def _offer(to: str, product: str, price: int, talk: str = "", thought: str = "")
     return _make(Message, (SELLER, to, talk or f"I can let you have {product} for ${price}.", _make(Action, ("offer", product, price)), thought))
 
 
+def units_left(obs: SellerObservation) -> list[int]:
+    """Each product's units not yet promised: its stock less the offers of it that buyers are still answering."""
+    units = [p.stock for p in obs.products]
+    for b in obs.buyers:
+        if b.awaiting and b.offer is not None:
+            units[int(b.offer[0][1:]) - 1] -= 1
+    return units
+
+
 def _accept_bid(to: str, product: str, price: int) -> Message:
     return _make(Message, (SELLER, to, f"Deal: {product} at ${price}.", _make(Action, ("accept", product, price)), ""))
 
@@ -136,15 +145,6 @@ class _Learner(_Follower):
             self.offered[i] += 1
         return message
 
-    @staticmethod
-    def _available(obs: SellerObservation) -> list[int]:
-        """Units per product not already promised in an unanswered offer."""
-        free = [p.stock for p in obs.products]
-        for b in obs.buyers:
-            if b.awaiting and b.offer is not None:
-                free[int(b.offer[0][1:]) - 1] -= 1
-        return free
-
 
 class GreedySeller(_Learner):
     """Match free buyers to products by expected profit, then descend on each pair.
@@ -164,7 +164,7 @@ class GreedySeller(_Learner):
         free = [i for i, b in enumerate(obs.buyers) if b.status == ACTIVE and not b.awaiting]
         if not free:
             return None
-        units = self._available(obs)
+        units = units_left(obs)
         cols = [j for j, u in enumerate(units) if u > 0]
         active = sum(1 for b in obs.buyers if b.status == ACTIVE)
         tries = max(1, obs.budget_left // max(1, active))
@@ -209,7 +209,7 @@ class PostedSeller(_Learner):
         self._learn(obs)
         lo, hi = obs.price_low, obs.price_high
         prices = [int(round(max(lo, (hi + p.cost) / 2))) for p in obs.products]
-        units = self._available(obs)
+        units = units_left(obs)
         for i, buyer in enumerate(obs.buyers):
             if buyer.status != ACTIVE or buyer.awaiting:
                 continue
@@ -240,7 +240,7 @@ class ConcessionSeller(_Learner):
         self._learn(obs)
         beta = float(self.params.get("beta", self.defaults["beta"]))
         share = max(1, obs.budget // max(1, len(obs.buyers)))
-        units = self._available(obs)
+        units = units_left(obs)
         hi = obs.price_high
         for i, buyer in enumerate(obs.buyers):
             if buyer.status != ACTIVE or buyer.awaiting:
@@ -281,7 +281,7 @@ class DutchSeller(_Learner):
             if buyer.awaiting or buyer.status != ACTIVE:
                 continue
             # The first free buyer hears the clock: stock and clock are worked out for it alone.
-            in_stock = [j for j, u in enumerate(self._available(obs)) if u > 0]
+            in_stock = [j for j, u in enumerate(units_left(obs)) if u > 0]
             if not in_stock:
                 break
             tick = offered[i]

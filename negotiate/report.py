@@ -494,7 +494,8 @@ def _reasons_caption() -> str:
     return ("of the states where the teacher gave a reason and the seller's message was valid: the share where the seller's "
             "thought is a reason at all; where it states the teacher's facts; the teacher's turns and buyers; the teacher's "
             "verdict; the teacher's buyer; and where it wrote to that buyer with a reason, the teacher's facts (where they "
-            "differ, a misreading, not another buyer). Last column: of the seller's reasons, the share followed by the action their own verdict names")
+            "differ, a misreading, not another buyer). Last column: of the seller's reasons, the share followed by the action "
+            "their own verdict names")
 
 
 def agreement_tables(agreements: dict, teacher: str) -> list[Table]:

@@ -304,8 +304,8 @@ class Agreement:
     and the seller sent a valid message (``states``): ``is_reason`` (the seller's thought is a reason, of those),
     ``facts``, ``turns`` (turns left and buyers) and ``verdict`` (the same as the teacher's), ``buyer`` (the seller
     wrote to the buyer the teacher would have), ``buyer_reason`` (of those, its thought is a reason), ``buyer_facts``
-    (of those, its facts are the teacher's: where they differ, a misreading, not another choice of buyer), and ``follows`` (the seller's action is the kind its own verdict
-    leads to, of ``is_reason``)."""
+    (of those, its facts are the teacher's: where they differ, a misreading, not another choice of buyer), and
+    ``follows`` (the seller's action is the kind its own verdict leads to, of ``is_reason``)."""
 
     @property
     def states(self) -> int:

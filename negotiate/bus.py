@@ -20,6 +20,15 @@ run meanwhile, so the trace is the same. Inline buyers beside buyers in tasks ha
 only when those buyers can wait (models, people): their replies come when they come,
 and the yield lets them (and their I/O) get on.
 
+A seller that thinks (a model) is asked for its next message as soon as it has sent one, so
+its observation lacks the reply to that message, which a scripted buyer gives at once: the
+model then spends seconds deciding on a state that is one reply old when its message lands.
+``fresh`` asks the seller only once every buyer that answers at once (instant, inline or in a
+task) has answered, so a seller decides on the state it acts in, and a seller that thinks plays
+the very game a scripted seller plays (the tests compare the traces); buyers that think are
+not waited for. A scripted seller under ``fresh`` hears each reply before its next message,
+rather than writing to every free buyer first.
+
 Mailboxes are a deque plus one waiter future rather than anyio memory streams:
 the protocol bounds each mailbox to one message in flight, and measured here a
 memory stream costs about 3x an asyncio queue per message (see benchmarks/).
@@ -136,7 +145,7 @@ class Bus:
     """Routes one episode's messages between the seller and its buyers."""
 
     def __init__(self, state: EpisodeState, seller, buyers: dict, *, seller_timeout: float, reply_timeout: float,
-                 inline_instant: bool = True):
+                 inline_instant: bool = True, fresh: bool = False):
         self.state = state
         self.seller = seller
         self.buyers = buyers
@@ -152,6 +161,9 @@ class Bus:
         self.tasked = [buyer_id for buyer_id, inline in self._inline.items() if not inline]
         """Buyers that run as tasks with a mailbox: those that can wait (models, people)."""
         self.mailboxes = {buyer_id: Mailbox(buyer_id) for buyer_id in self.tasked}
+        self.fresh = fresh
+        """Ask the seller only once every instant buyer has answered (see :meth:`_owed_instant`)."""
+        self._tasked_instant = frozenset(buyer_id for buyer_id in self.tasked if self._instant[buyer_id])
         self._due: deque[tuple[str, Message]] = deque()
         """Messages to inline buyers, in the order their tasks would have been woken."""
         # Scripted agents' synchronous decide(), called directly: no coroutine per decision.
@@ -184,8 +196,12 @@ class Bus:
         seller_decide = self._seller_decide
         due = self._due
         inline = self._inline
+        fresh = self.fresh
         while state.outcome is None:
-            if state.budget_left > 0 and state.any_free():
+            ask = state.budget_left > 0 and state.any_free()
+            if fresh and ask and (due or self._owed_instant()):
+                ask = False  # a reply the seller will have read before it writes: let it land first
+            if ask:
                 try:
                     if seller_decide is not None:
                         decision = seller_decide(state.seller_observation())
@@ -229,6 +245,15 @@ class Bus:
                 continue
             # Every buyer's own deadline bounds this wait; the margin only guards against a stuck bus.
             await self.inbox.get(timeout=self._wait_timeout)
+
+    def _owed_instant(self) -> bool:
+        """Whether a buyer that answers at once, run as a task, owes the seller a reply (``fresh``)."""
+        tasked = self._tasked_instant
+        if tasked:
+            for b in self.state.buyers:
+                if b.awaiting and b.id in tasked:
+                    return True
+        return False
 
     def _stop_thinking(self) -> None:
         if self._thinking is not None:

@@ -118,7 +118,7 @@ def _run_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             spelled = flag.name or "--" + name.replace("_", "-")
             options = {"dest": spelled[2:].replace("-", "_"), "help": flag_help(flag, default)}
             if flag.kind == "switch":
-                options["action"] = "store_true"
+                options |= {"action": "store_true", "default": None if cls is RunConfig else False}
             else:
                 options |= {"type": _KINDS.get(flag.kind, str), "metavar": flag.metavar,
                             "default": None if cls is RunConfig else default}
@@ -442,7 +442,7 @@ def _resumed_config(args: argparse.Namespace, out: Path) -> RunConfig:
         "buyers": ("--buyers", args.buyers.strip() if args.buyers is not None else None),
         "split": ("--split", args.split), "seed": ("--seed", args.seed), "shard": ("--shard", args.shard),
         "group": ("--group", args.group), "seller_timeout": ("--seller-timeout", args.seller_timeout),
-        "reply_timeout": ("--reply-timeout", args.reply_timeout),
+        "reply_timeout": ("--reply-timeout", args.reply_timeout), "fresh": ("--fresh", args.fresh),
     }
     grows = "--markets" if collect else "--episodes"
     _refuse_conflicts(given, config.to_json() | {"sellers": config.sellers, "shard": config.shard}, out, grows)
@@ -461,7 +461,8 @@ def _new_config(args: argparse.Namespace) -> RunConfig:
     group = _setting(args, "group")
     episodes = _setting(args, "episodes", "markets") * group if collect else _setting(args, "episodes")
     return RunConfig(sellers=sellers, buyers=buyers, split=_setting(args, "split"), episodes=episodes, seed=_setting(args, "seed"),
-                     shard=_setting(args, "shard"), group=group, run_id=new_run_id(args.command), **_timeouts(args, (*sellers, buyers)))
+                     shard=_setting(args, "shard"), group=group, fresh=_setting(args, "fresh"), run_id=new_run_id(args.command),
+                     **_timeouts(args, (*sellers, buyers)))
 
 
 # -- commands -----------------------------------------------------------------------------------------
@@ -541,7 +542,8 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
             config = load_config(out / split_dir(split))
             _refuse_conflicts({"buyers": ("--buyers", args.buyers.strip() if args.buyers is not None else None),
                                "seed": ("--seed", args.seed), "seller_timeout": ("--seller-timeout", args.seller_timeout),
-                               "reply_timeout": ("--reply-timeout", args.reply_timeout)}, config.to_json(), out, "--episodes")
+                               "reply_timeout": ("--reply-timeout", args.reply_timeout), "fresh": ("--fresh", args.fresh)},
+                              config.to_json(), out, "--episodes")
             configs.append(_more_episodes(config, args.episodes, "--episodes"))
     else:
         sellers = list(_sellers(_setting(args, "sellers", "seller")))
@@ -558,7 +560,8 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
         buyers = _setting(args, "buyers")
         run_id = new_run_id("eval")
         configs = [RunConfig(sellers=tuple(sellers), buyers=buyers, split=split, episodes=_setting(args, "episodes"),
-                             seed=_setting(args, "seed"), run_id=run_id, **_timeouts(args, (*sellers, buyers)))
+                             seed=_setting(args, "seed"), fresh=_setting(args, "fresh"), run_id=run_id,
+                             **_timeouts(args, (*sellers, buyers)))
                    for split in splits]
     check_workers(args.workers, [*configs[0].sellers, configs[0].buyers])
     runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None), out / split_dir(config.split))

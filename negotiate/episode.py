@@ -150,6 +150,7 @@ async def run_episode(
     opt_value=None,
     state: EpisodeState | None = None,
     inline_instant: bool = True,
+    fresh: bool = False,
 ) -> Episode:
     """Play one episode to its end and return it with its trace.
 
@@ -159,7 +160,8 @@ async def run_episode(
     silent for ``reply_timeout`` is taken to reject. An agent that raises fails the
     episode (outcome ``failed``, the reason kept). An error of the engine itself (regulator,
     bus) propagates, unwrapped when it is the only one; so does cancellation from outside,
-    and then nothing is recorded.
+    and then nothing is recorded. ``fresh``: the seller is asked only once every scripted buyer
+    has answered it (see :mod:`negotiate.bus`).
     """
     # A checkpoint per episode: scripted episodes never wait on anything, and without it a
     # batch of them would hold the loop (and ignore cancellation) until the batch ended.
@@ -169,7 +171,8 @@ async def run_episode(
     state.episode = state.episode or episode_id
     state.events.append(start_event(episode_id, market, seller, buyers, labels or {}))
     seller, buyers = _guard(seller, SELLER), {buyer_id: _guard(agent, buyer_id) for buyer_id, agent in buyers.items()}
-    bus = Bus(state, seller, buyers, seller_timeout=seller_timeout, reply_timeout=reply_timeout, inline_instant=inline_instant)
+    bus = Bus(state, seller, buyers, seller_timeout=seller_timeout, reply_timeout=reply_timeout, inline_instant=inline_instant,
+              fresh=fresh)
     try:
         # asyncio's own TaskGroup: the same structured concurrency as anyio's on this
         # backend, at a quarter of the cost per episode (measured: 53 vs 204 us for 3 tasks).

@@ -222,6 +222,10 @@ class RunConfig:
     """Seconds a seller may think before losing the turn."""
     reply_timeout: float = _timeout_flag("seconds a buyer may think before its silence counts as a reject")
     """Seconds a buyer may think before its silence counts as a reject."""
+    fresh: bool = _flag(False, "ask the seller only once every scripted buyer has answered it: a model then decides on the "
+                               "state its message lands in, and plays the game a scripted seller plays", kind="switch", shown="")
+    """``--fresh``: the seller is asked for a message only once every scripted buyer has answered (see
+    :mod:`negotiate.bus`); recorded as ``fresh`` in each ``episode_start``."""
     run_id: str = ""
     """Names the run in every episode it writes (``run`` in ``episode_start``), so a report tells
     separate runs of the same seeds apart (``serve``, then ``eval``) while a run's shards merge.
@@ -278,12 +282,14 @@ class EpisodePlan:
     """What ``episode_start`` records about the run (``run``, ``run_seed``, ``index``, ``seed``, ``seller``, ...)."""
     seller_timeout: float
     reply_timeout: float
+    fresh: bool = False
+    """The seller is asked only once every scripted buyer has answered (``--fresh``)."""
 
     async def play(self, *, opt_value=None, state=None) -> Episode:
         """Play the episode to its end (``run_episode``); ``state`` is a caller's own ``EpisodeState`` (the UI's)."""
         return await run_episode(self.market, self.seller, self.buyers, episode_id=self.episode_id, labels=self.labels,
                                  seller_timeout=self.seller_timeout, reply_timeout=self.reply_timeout, opt_value=opt_value,
-                                 state=state)
+                                 state=state, fresh=self.fresh)
 
 
 @dataclass
@@ -332,6 +338,8 @@ class Run:
         labels |= {"run_seed": config.seed, "index": index, "seed": market.seed, "seller": seller, "buyers": self.buyers.text}
         if config.group > 1:
             labels["group"], labels["repeat"] = config.group, index % config.group
+        if config.fresh:
+            labels["fresh"] = True
         return labels
 
     def episode(self, seller, index: int, *, episode_id: str | None = None) -> EpisodePlan:
@@ -344,7 +352,7 @@ class Run:
             index=index, market=market, seller=seller_agent, buyers=buyers,
             episode_id=episode_id or f"{slug(seller.text)}-{index:06d}",
             labels=self.labels(seller.text, index, market),
-            seller_timeout=self.config.seller_timeout, reply_timeout=self.config.reply_timeout,
+            seller_timeout=self.config.seller_timeout, reply_timeout=self.config.reply_timeout, fresh=self.config.fresh,
         )
 
     def agents(self, market: Market, seller=None, *, repeat: int | None = None, skip: str | None = None) -> tuple[object, dict]:

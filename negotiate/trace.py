@@ -152,6 +152,8 @@ class EpisodeStart(_Record):
     """The buyers' agent spec."""
     play: str | None = None
     """``buyer`` or ``seller`` when a person played that seat (``negotiate play``)."""
+    fresh: bool | None = None
+    """True when the seller was asked only once every scripted buyer had answered it (``--fresh``); None otherwise."""
     split: str | None = None
     """The market spec's name."""
     shape: str | None = None

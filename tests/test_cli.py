@@ -279,7 +279,7 @@ def test_the_run_commands_flags_keep_their_names_defaults_and_help(capsys):
     defaults and help as when they were written by hand."""
     serve, collect, evaluate = (_options(command, capsys) for command in ("serve", "collect", "eval"))
     shared = ["--seller,--sellers", "--buyers", "--seed", "--seller-timeout", "--reply-timeout", "--concurrency",
-              "--workers", "--max-inflight", "--out", "--resume", "--log-level", "--quiet", "-h,--help"]
+              "--workers", "--max-inflight", "--out", "--resume", "--log-level", "--quiet", "-h,--help", "--fresh"]
     assert sorted(serve) == sorted([*shared, "--split", "--episodes", "--group", "--shard", "--fsync", "--by"])
     assert sorted(collect) == sorted([*shared, "--split", "--markets", "--group", "--shard", "--fsync", "--by"])
     assert sorted(evaluate) == sorted([*shared, "--split,--splits", "--episodes", "--baseline"])
@@ -535,6 +535,7 @@ def test_resume_with_more_episodes_extends_the_run(tmp_path, capsys):
         (["--seed", "7"], "--seed: '7': the run in"),
         (["--buyers", "concession"], "has --buyers threshold"),
         (["--episodes", "2"], "the run already has 4 episodes per seller; --resume can add episodes, not drop them"),
+        (["--fresh"], "--fresh: 'True': the run in"),
     ],
 )
 def test_resume_refuses_settings_that_differ_from_the_runs(finished_run, capsys, flags, needle):
@@ -547,6 +548,25 @@ def test_resume_refuses_settings_that_differ_from_the_runs(finished_run, capsys,
 def test_resume_accepts_the_runs_own_settings(finished_run, capsys):
     assert main(["serve", "--resume", str(finished_run), "--seller", "greedy, random", "--seed", "0", "--episodes", "4",
                  "--quiet"]) == 0
+
+
+def test_eval_fresh_is_recorded_and_kept_on_resume(tmp_path, capsys):
+    out = tmp_path / "e"
+    assert main(["eval", "--seller", "greedy", "--split", "train", "--episodes", "2", "--fresh", "--out", str(out), "--quiet"]) == 0
+    assert orjson.loads((out / "train" / "run.json").read_bytes())["fresh"] is True
+    assert main(["eval", "--resume", str(out), "--episodes", "3", "--quiet"]) == 0  # the run's own --fresh, unsaid
+    episodes = list(read_episodes(out / "train" / "greedy.jsonl"))
+    assert [e[0]["index"] for e in episodes] == [0, 1, 2] and all(e[0]["fresh"] is True for e in episodes)
+    # A scripted seller under --fresh hears each reply before its next message: no seller message follows
+    # another while a reply to the first is owed.
+    for events in episodes:
+        owed = set()
+        for e in events:
+            if e["type"] == "message" and e["sender"] == "seller":
+                assert not owed
+                owed.add(e["to"])
+            elif e["type"] == "message":
+                owed.discard(e["sender"])
 
 
 def test_eval_resume_extends_every_split(tmp_path, capsys):

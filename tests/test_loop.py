@@ -426,6 +426,27 @@ def test_buyers_sets_who_the_teacher_and_the_rollouts_play_against_and_eval_buye
     assert teacher[teacher.index("--seller") + 1] == "planner"
 
 
+def test_fresh_reaches_the_teacher_the_rollouts_and_every_evaluation_and_round_0_depends_on_it(world):
+    config, calls, crash, out = world
+    run_loop(config(fresh=True, round_method="dagger", teacher="planner", group=1), echo=lambda line: None)
+    def fresh(folder):
+        return {record.start.fresh for path in trace_files([folder]) for record in read_records(path)}
+
+    for folder in ("round-00/teacher", "baselines/threshold", "round-00/eval/threshold", "round-01/rollouts",
+                   "round-01/eval/threshold"):
+        assert fresh(out / folder) == {True}, folder
+    # The teacher's episodes were played under it: another run cannot take this SFT without it.
+    with pytest.raises(UserError, match=r"--fresh True; round 0 depends on it"):
+        run_loop(config(out=str(out.parent / "stale"), sft_from=str(out), round_method="dagger", teacher="planner", group=1),
+                 echo=lambda line: None)
+    # A run from before the flag asked its sellers at once.
+    state = json.loads((out / "loop.json").read_text())
+    del state["config"]["fresh"]
+    (out / "loop.json").write_text(json.dumps(state))
+    with pytest.raises(UserError, match=r"--fresh"):
+        run_loop(config(fresh=True, round_method="dagger", teacher="planner", group=1), echo=lambda line: None)
+
+
 # -- negotiate loop --config FILE ----------------------------------------------------------------------
 
 def _config_from(argv):

@@ -60,10 +60,11 @@ def check_invariants(market, episode) -> None:
     index=st.integers(0, 10**6),
     seller=st.sampled_from(list(SELLERS)),
     buyers=st.sampled_from(list(BUYERS)),
+    fresh=st.booleans(),
 )
-def test_scripted_agents_on_random_markets_keep_every_invariant(spec, seed, index, seller, buyers):
+def test_scripted_agents_on_random_markets_keep_every_invariant(spec, seed, index, seller, buyers, fresh):
     market, s, b = build_episode(spec, parse_agent(seller, "seller"), parse_agent(buyers, "buyer"), seed, index)
-    episode = anyio.run(lambda: run_episode(market, s, b))
+    episode = anyio.run(lambda: run_episode(market, s, b, fresh=fresh))
     check_invariants(market, episode)
 
 
@@ -124,13 +125,13 @@ class ChaosBuyer(ScriptedAgent):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(spec=SPECS, seed=st.integers(0, 2**32 - 1), data=st.data(),
-       seller=st.sampled_from(["chaos", *SELLERS]), buyers=st.sampled_from(["chaos", *BUYERS]))
-def test_adversarial_agents_cannot_break_the_rules(spec, seed, data, seller, buyers):
+       seller=st.sampled_from(["chaos", *SELLERS]), buyers=st.sampled_from(["chaos", *BUYERS]), fresh=st.booleans())
+def test_adversarial_agents_cannot_break_the_rules(spec, seed, data, seller, buyers, fresh):
     market, s, b = build_episode(spec, parse_agent("greedy" if seller == "chaos" else seller, "seller"),
                                  parse_agent("threshold" if buyers == "chaos" else buyers, "buyer"), seed, 0)
     if seller == "chaos":
         s = ChaosSeller(data, market)
     if buyers == "chaos":
         b = {buyer.id: ChaosBuyer(data, buyer.id) for buyer in market.buyers}
-    episode = anyio.run(lambda: run_episode(market, s, b))
+    episode = anyio.run(lambda: run_episode(market, s, b, fresh=fresh))
     check_invariants(market, episode)

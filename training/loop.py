@@ -121,6 +121,9 @@ class LoopConfig:
     grounded: bool = _help("with --legal and --prompt facts: decode each reply's thought as a reason in the planner's words that "
                            "states the prompt's facts, and its action as the one the reason's verdict names (grounded=1)",
                            default=False)
+    fresh: bool = _help("ask every seller (the teacher, the policy, the ladder) for a message only once every scripted buyer has "
+                        "answered it, so the policy decides on the state its message lands in, as the teacher did (eval --fresh)",
+                        default=False)
     prompt: str = _help("the policy's prompt: full; compact (each buyer's thread of actions without talk, under half the "
                         "tokens); or facts (compact, with the turns each buyer has and each bidder's last bids and trend). "
                         "SFT renders the teacher's decisions with it, and the policy is served with it", default="full")
@@ -208,16 +211,16 @@ class LoopConfig:
 
 
 BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False, "grounded": False, "prompt": "full",
-                "aggregate": False, "action_weights": "", "round_action_weights": None}
+                "aggregate": False, "fresh": False, "action_weights": "", "round_action_weights": None}
 """What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained, the full prompt, each round
 on its own rollouts only, every imitated decision weighing 1, the rounds weighing as the SFT."""
 RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 """Flags a rerun may change; any other change to a run's config is refused."""
 
 SFT_FIELDS = ("model", "teacher", "split", "buyers", "seed", "teacher_episodes", "sft_steps", "sft_batch", "sft_lr", "lora_r", "bf16",
-              "micro_batch", "max_tokens", "serve", "server_url", "prompt", "action_weights")
+              "micro_batch", "max_tokens", "serve", "server_url", "prompt", "action_weights", "fresh")
 """Flags that round 0's model depends on: ``--sft-from`` takes an earlier run's SFT only where they all match."""
-EVAL_FIELDS = ("eval_splits", "eval_buyers", "eval_episodes", "eval_seed", "eval_temperature", "ladder", "untrained", "legal", "grounded")
+EVAL_FIELDS = ("eval_splits", "eval_buyers", "eval_episodes", "eval_seed", "eval_temperature", "ladder", "untrained", "legal", "grounded", "fresh")
 """Flags that round 0's evaluations depend on: where one differs, ``--sft-from`` takes the SFT and evaluates it again."""
 SFT_STAGES = ("export", "round 0 teacher", "round 0 train", "serving")
 ROUND0_STAGES = (*SFT_STAGES, "baselines", "round 0 eval")
@@ -580,15 +583,16 @@ def _policy_spec(url: str, name: str, config: LoopConfig, temperature: float) ->
             + ("" if config.prompt == "full" else f"&prompt={config.prompt}"))
 
 
-def _run_args(folder: Path, fresh: list[str], config: LoopConfig) -> list[str]:
-    """A serve/collect/eval command: resumed where its folder already holds a run, fresh otherwise."""
-    marker = "eval.json" if fresh[0] == "eval" else "run.json"
+def _run_args(folder: Path, command: list[str], config: LoopConfig) -> list[str]:
+    """A serve/collect/eval command: resumed where its folder already holds a run (which keeps its own
+    settings), new otherwise."""
+    marker = "eval.json" if command[0] == "eval" else "run.json"
     common = ["--quiet", "--concurrency", str(config.concurrency), "--seller-timeout", "3600", "--reply-timeout", "3600"]
     if (folder / marker).exists():
-        return [fresh[0], "--resume", str(folder), *common]
+        return [command[0], "--resume", str(folder), *common]
     if folder.exists():
         shutil.rmtree(folder)
-    return [*fresh, "--out", str(folder), *common]
+    return [*command, "--out", str(folder), *common, *(["--fresh"] if config.fresh else [])]
 
 
 def run_loop(config: LoopConfig, *, echo=print) -> dict:

@@ -169,7 +169,7 @@ class EpisodeStart(_Record):
     time: float | None = None
     """Wall-clock start, Unix seconds."""
 
-    OMITTED: ClassVar[tuple[str, ...]] = ("run", "group", "repeat", "play")
+    OMITTED: ClassVar[tuple[str, ...]] = ("run", "group", "repeat", "play", "fresh")
     """Labels written only where they apply (as schema 1 did): a run without groups has no ``repeat`` key."""
 
     def json_data(self) -> dict:

@@ -267,6 +267,9 @@ async def test_vllm_requests_ask_for_the_schema_logprobs_and_a_seed(fake_vllm, r
 
 
 async def test_on_cpu_the_vllm_engine_runs_eager_in_bf16_without_chunked_prefill_or_a_share_of_ram(fake_vllm, monkeypatch):
+    import negotiate.agents.local as local
+
+    monkeypatch.setattr(local, "cpu_bf16", lambda: True)  # a CPU with bf16 instructions
     fake_vllm.on_cpu = True
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     backend = parse_agent("vllm:m?kv_cache_gib=3", SELLER).build(market(), 5).backend
@@ -277,6 +280,9 @@ async def test_on_cpu_the_vllm_engine_runs_eager_in_bf16_without_chunked_prefill
                                   "enable_chunked_prefill": False, "max_model_len": 4096, "max_num_batched_tokens": 4096}
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert backend.engine_args("cpu")["dtype"] == "bfloat16"
+    monkeypatch.setattr(local, "cpu_bf16", lambda: False)  # an AVX2-only CPU: bf16 would be 4.8x slower there
+    assert backend.engine_args("cpu")["dtype"] == "float32" and backend.engine_args("cuda")["dtype"] == "auto"
+    assert parse_agent("vllm:m?dtype=bfloat16", SELLER).build(market(), 5).backend.engine_args("cpu")["dtype"] == "bfloat16"
     assert parse_agent("vllm:m?dtype=float32&max_model_len=2048", SELLER).build(market(), 5).backend.engine_args("cpu")["max_num_batched_tokens"] == 2048
 
 

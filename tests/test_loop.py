@@ -465,7 +465,9 @@ def test_a_config_file_sets_the_loop_flags_and_the_command_line_overrides_it(tmp
     # a flag given on the command line wins, even where it says what the default says (--no-legal, --rounds 2)
     config = _config_from(["--config", str(file), "--no-legal", "--rounds", "2", "--teacher-episodes", "5"])
     assert (config.legal, config.rounds, config.teacher_episodes, config.teacher) == (False, 2, 5, "planner")
-    assert _config_from(["--split", "train", "--eval-splits", "train"]) == LoopConfig(split="train", eval_splits="train")
+    expected = LoopConfig(split="train", eval_splits="train")
+    expected.check()  # bf16 left unset is decided by the machine
+    assert _config_from(["--split", "train", "--eval-splits", "train"]) == expected
 
 
 def test_the_readmes_loop_runs_are_config_files_that_check():
@@ -473,7 +475,9 @@ def test_the_readmes_loop_runs_are_config_files_that_check():
     assert {f.stem for f in files} >= {"planner-concession", "planner-accept4", "accept4-rounds"}
     configs = {f.stem: _config_from(["--config", str(f)]) for f in files}
     # the settings the README's planner/conceding run was made with (its loop.json), flag for flag
-    assert {k: v for k, v in configs["planner-concession"].to_json().items() if getattr(LoopConfig(), k) != v} == {
+    default = LoopConfig()
+    default.check()
+    assert {k: v for k, v in configs["planner-concession"].to_json().items() if getattr(default, k) != v} == {
         "teacher": "planner", "buyers": "concession", "teacher_episodes": 600, "sft_steps": 160, "sft_batch": 16, "rounds": 3,
         "round_method": "dagger", "markets": 128, "group": 2, "grpo_steps": 64, "aggregate": True,
         "eval_buyers": "concession,threshold", "ladder": "greedy,planner,posted,concession,dutch,oracle", "untrained": False,
@@ -532,3 +536,15 @@ def test_round_action_weights_equal_to_the_sfts_are_stored_as_the_default(tmp_pa
     assert (none.round_action_weights, none.round_weights) == ("", "")
     other = checked(round_action_weights="end=2")
     assert (other.action_weights, other.round_weights) == ("", "end=2")
+
+
+@pytest.mark.parametrize(("has_bf16", "given", "expected"), [(True, None, True), (False, None, False), (False, True, True),
+                                                             (True, False, False)])
+def test_bf16_left_unset_follows_the_cpu_and_is_kept_as_decided(monkeypatch, tmp_path, has_bf16, given, expected):
+    import negotiate.agents.local as local
+
+    monkeypatch.setattr(local, "cpu_bf16", lambda: has_bf16)
+    monkeypatch.setattr("negotiate.training.server.detect_device", lambda: "cpu")
+    argv = ["--split", "train", "--eval-splits", "train", *([] if given is None else ["--bf16" if given else "--no-bf16"])]
+    config = _config_from(argv)
+    assert config.bf16 is expected and config.to_json()["bf16"] is expected  # loop.json holds the decision, not "auto"

@@ -104,8 +104,9 @@ class LoopConfig:
     aggregate: bool = _help("dagger: learn from the teacher's episodes and every round's rollouts so far (DAgger's aggregated "
                             "dataset), not only this round's", default=False)
     lora_r: int = _help(f"LoRA rank, one of {', '.join(map(str, LORA_RANKS))}", default=16)
-    bf16: bool = _help("train in bfloat16 autocast (2.3x faster per decision than fp32 one at a time on these CPUs, "
-                       "benchmarks/bench_decisions.py)", default=True)
+    bf16: bool | None = _help("train in bfloat16 autocast (default: where the CPU has bf16 instructions, avx512_bf16 or amx_bf16, "
+                              "or on a GPU: there 2.3x faster per decision than fp32; on an AVX2-only CPU 18.6x slower, "
+                              "benchmarks/bench_decisions.py)", default=None)
     micro_batch: int = _help("decisions per training forward pass (they share one pass over their common prompt prefix)", default=8)
     max_tokens: int = _help("most tokens per seller reply", default=48)
     eval_splits: str = _help("comma-separated held-out splits or TOML specs",
@@ -138,6 +139,11 @@ class LoopConfig:
                                  "must match that run's", default=None)
 
     def check(self) -> None:
+        if self.bf16 is None:  # decided once, on the machine the run starts on, and kept in loop.json
+            from negotiate.agents.local import auto_dtype
+            from negotiate.training.server import detect_device
+
+            self.bf16 = auto_dtype(detect_device()) == "bfloat16"
         if self.serve not in SERVE_MODES:
             raise UserError(f"choose from {', '.join(SERVE_MODES)}", field="--serve", value=self.serve)
         if self.round_method not in ROUND_METHODS:
@@ -907,7 +913,8 @@ def add_loop_arguments(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="only errors on the console")
 
 
-_KINDS = {"int": (int,), "int | None": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "str | None": (str,)}
+_KINDS = {"int": (int,), "int | None": (int,), "float": (int, float), "bool": (bool,), "bool | None": (bool,), "str": (str,),
+          "str | None": (str,)}
 
 
 def read_loop_config(path: str | Path) -> dict:
@@ -935,7 +942,8 @@ def read_loop_config(path: str | Path) -> dict:
             raise UserError("is given twice (with - and with _)", source=str(path), field=key)
         allowed = _KINDS.get(kinds[name], (str,))
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            kind = {"int": "an integer", "int | None": "an integer", "float": "a number", "bool": "true or false"}.get(kinds[name], "a string")
+            kind = {"int": "an integer", "int | None": "an integer", "float": "a number", "bool": "true or false",
+                    "bool | None": "true or false"}.get(kinds[name], "a string")
             raise UserError(f"must be {kind}", source=str(path), field=key, value=value)
         values[name] = float(value) if kinds[name] == "float" else value
     return values

@@ -31,7 +31,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_fields_: list[t
         if name == "traces":
             parser.add_argument("--traces", nargs="+", default=[] if not omit_defaults else parsed_default, metavar="DIR",
                                 help=help_text)
-        elif kind == "bool":
+        elif kind in ("bool", "bool | None"):
             parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=parsed_default,
                                 help=_with_default(help_text, default))
         else:

@@ -259,7 +259,8 @@ def _bids_of(obs: SellerObservation) -> dict[str, list[tuple[str, int]]]:
 
 def _buyer_facts(obs: SellerObservation) -> dict[str, str]:
     """Per active buyer, the facts the planner's reasons name (``planner?reasons=1``): its last two bids for the
-    product of its standing bid and whether they rise (``b2 bids $380, $410 (rising)``); that the planner would not
+    product of its standing bid, whether they rise and whether the last covers that product's cost (``b2 bids $380,
+    $410 (rising, covers cost)``); that the planner would not
     deal on that bid, its product promised or sold out or its cost out of reach (``b2 bids $223 for p2, no deal
     there``); or that it has no standing bid."""
     bids = _bids_of(obs)
@@ -274,7 +275,7 @@ def _buyer_facts(obs: SellerObservation) -> dict[str, str]:
             out[b.id] = no_deal_facts(b.id, b.bid)
         else:
             prices = [price for product, price in bids[b.id] if product == b.bid[0]][-2:] or [b.bid[1]]
-            out[b.id] = bid_facts(b.id, prices)
+            out[b.id] = bid_facts(b.id, prices, next(p.cost for p in obs.products if p.id == b.bid[0]))
     return out
 
 
@@ -289,7 +290,8 @@ def render_seller_compact(obs: SellerObservation, facts: bool = False) -> list[d
 
     ``facts=True`` (``prompt=facts``) adds the facts the planner's reasons turn on, read from the same
     observation: the turns left for the buyers still active and the turns each (``10 turns for 3 buyers:
-    3 each``), and per active buyer its last bids and whether they rise (``b2 bids $380, $410 (rising)``),
+    3 each``), and per active buyer its last bids, whether they rise and whether the last covers its product's cost
+    (``b2 bids $380, $410 (rising, covers cost)``),
     that the planner would not deal on its bid (``b2 bids $223 for p2, no deal there``), or that it has not
     bid. A policy taught by ``planner?reasons=1`` then copies the facts of its thought from the prompt and is
     left the verdict.

@@ -75,11 +75,11 @@ def read_reason(thought: str) -> tuple[str, str, str] | None:
     """(facts, turns and buyers, verdict) of a ``reasons=1`` thought, None where it is not one: how a policy trained
     on the planner's reasons is checked against them (``negotiate report --teacher 'planner?reasons=1'``).
 
-    >>> read_reason("b2 bids $380, $410 (rising); 10 turns for 3 buyers: hold out")
-    ('b2 bids $380, $410 (rising)', '10 turns for 3 buyers', 'hold out')
-    >>> read_reason("b1 bids $493 (first bid); 3 turns for 2 buyers: below cost: ask more")[2]
+    >>> read_reason("b2 bids $380, $410 (rising, covers cost); 10 turns for 3 buyers: hold out")
+    ('b2 bids $380, $410 (rising, covers cost)', '10 turns for 3 buyers', 'hold out')
+    >>> read_reason("b1 bids $493 (first bid, below cost); 3 turns for 2 buyers: below cost: ask more")[2]
     'below cost: ask more'
-    >>> read_reason(" b1 bids $400 (first bid); 1 turn for 1 buyer: take it. ")[2]
+    >>> read_reason(" b1 bids $400 (first bid, covers cost); 1 turn for 1 buyer: take it. ")[2]
     'take it'
     >>> read_reason("nothing left to sell: end"), read_reason("I like p1")
     (('nothing left to sell', '', 'end'), None)
@@ -95,15 +95,16 @@ def read_reason(thought: str) -> tuple[str, str, str] | None:
     return facts, counts, verdict
 
 
-def bid_facts(buyer: str, prices: list[int]) -> str:
+def bid_facts(buyer: str, prices: list[int], cost: int) -> str:
     """The facts of a ``reasons=1`` thought about a bidder: its last bids (at most two, oldest first) for the
-    product it bids on now, and whether they rise. The ``facts`` prompt shows the same line per bidder.
+    product it bids on now, whether they rise, and whether the last covers that product's ``cost`` (which a verdict
+    of ``take it`` needs, and ``below cost: ask more`` denies). The ``facts`` prompt shows the same line per bidder.
 
-    >>> bid_facts("b2", [380, 410]), bid_facts("b1", [493]), bid_facts("b3", [400, 400])
-    ('b2 bids $380, $410 (rising)', 'b1 bids $493 (first bid)', 'b3 bids $400, $400 (not rising)')
+    >>> bid_facts("b2", [380, 410], 300), bid_facts("b1", [493], 493), bid_facts("b3", [400, 400], 450)
+    ('b2 bids $380, $410 (rising, covers cost)', 'b1 bids $493 (first bid, covers cost)', 'b3 bids $400, $400 (not rising, below cost)')
     """
     trend = "first bid" if len(prices) < 2 else "rising" if prices[-1] > prices[-2] else "not rising"
-    return f"{buyer} bids {', '.join(f'${p}' for p in prices)} ({trend})"
+    return f"{buyer} bids {', '.join(f'${p}' for p in prices)} ({trend}, {'covers' if prices[-1] >= cost else 'below'} cost)"
 
 
 def no_deal_facts(buyer: str, bid: tuple[str, int]) -> str:
@@ -344,7 +345,7 @@ class PlannerSeller(_Follower):
     def _why(self, facts: str, left: int, active: int, verdict: str) -> str:
         """The thought of a message under ``reasons=1`` ("" otherwise): what the choice turned on, in words a
         model can copy from its prompt (the bids in the thread, the turns left, the buyers still active)
-        before it writes the action: ``b2 bids $380, $410 (rising); 10 turns for 3 buyers: hold out``."""
+        before it writes the action: ``b2 bids $380, $410 (rising, covers cost); 10 turns for 3 buyers: hold out``."""
         if not self.reasons:
             return ""
         return f"{facts}; {turn_facts(left, active)}: {verdict}"
@@ -376,7 +377,7 @@ class PlannerSeller(_Follower):
         rising = len(bids) >= 2 and bids[-1][0] > bids[-2][0]
         facts = ""
         if self.reasons:
-            facts = bid_facts(buyer_id, [p for p, _ in bids])
+            facts = bid_facts(buyer_id, [p for p, _ in bids], cost)
         step = (bids[-1][0] - bids[-2][0]) / max(1, bids[-1][1] - bids[-2][1]) if rising else bid * 0.25
         # Holding out costs turns the other buyers could use: only while each active buyer still has
         # more than ``patience`` turns (1 measured best: 0 and 2 lose 0.36 and 0.09 on conceding buyers).

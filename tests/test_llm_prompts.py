@@ -120,29 +120,30 @@ def test_the_facts_prompt_adds_the_turns_each_and_each_bidders_last_bids():
     _, _, mid, _ = golden_states()
     compact = render_seller_compact(observe(mid, SELLER))[1]["content"].splitlines()
     user = render_seller(observe(mid, SELLER), "tagged", "facts")[1]["content"].splitlines()
-    # By hand: 2 turns left, both buyers active (2 // 2 = 1 each); b1's one bid is $700 for p2; b2 has not bid.
+    # By hand: 2 turns left, both buyers active (2 // 2 = 1 each); b1's one bid is $700 for p2 (cost $500); b2 has not bid.
     # Every other line is the compact prompt's.
     assert user[:2] == ["Turns left: 2 of 6. Values lie in $100-$1000.", "2 turns for 2 buyers: 1 each."]
-    assert "b1: free. b1 bids $700 (first bid)" in user and "b2: owes you a reply. b2 has not bid" in user
+    assert "b1: free. b1 bids $700 (first bid, covers cost)" in user and "b2: owes you a reply. b2 has not bid" in user
     assert [line.split(". b")[0] for line in user if line != user[1]] == compact
-    # A budget of 16: b1 bids $700 then $760 for p2 (rising), then, offered p1, $600 for p1 (its value is $650; its standing bid now:
-    # the trend is of p1's bids, one so far), then $600 for p1 again (not rising); b2 buys p1. 5 turns used,
-    # 1 buyer active.
+    # A budget of 16: b1 bids $700 then $760 for p2 (rising; p2 costs $500), then, offered p1, $600 for p1 (its value is $650;
+    # its standing bid now: the trend is of p1's bids, one so far; p1 costs $300), then $600 for p1 again (not rising),
+    # then $450 for p2, under its cost (the last two of p2's bids: $760, $450); b2 buys p1. 6 turns used, 1 buyer active.
     m = golden_market()
     state = EpisodeState(Market(m.spec, m.seed, m.products, m.buyers, 16, m.price_low, m.price_high))
     shown = []
-    for product, price in (("p2", 700), ("p2", 760), ("p1", 600), ("p1", 600)):
+    for product, price in (("p2", 700), ("p2", 760), ("p1", 600), ("p1", 600), ("p2", 450)):
         state.seller_send(Message(SELLER, "b1", "", Action("offer", product, 990)))
         state.buyer_reply("b1", Message("b1", SELLER, "", Action("bid", product, price)))
         shown.append(render_seller(observe(state, SELLER), "tagged", "facts")[1]["content"].splitlines()[1:])
-    assert [lines[0] for lines in shown] == [f"{left} turns for 2 buyers: {left // 2} each." for left in (15, 14, 13, 12)]
+    assert [lines[0] for lines in shown] == [f"{left} turns for 2 buyers: {left // 2} each." for left in (15, 14, 13, 12, 11)]
     assert [line for lines in shown for line in lines if line.startswith("b1: ")] == [
-        "b1: free. b1 bids $700 (first bid)", "b1: free. b1 bids $700, $760 (rising)", "b1: free. b1 bids $600 (first bid)",
-        "b1: free. b1 bids $600, $600 (not rising)"]
+        "b1: free. b1 bids $700 (first bid, covers cost)", "b1: free. b1 bids $700, $760 (rising, covers cost)",
+        "b1: free. b1 bids $600 (first bid, covers cost)", "b1: free. b1 bids $600, $600 (not rising, covers cost)",
+        "b1: free. b1 bids $760, $450 (not rising, below cost)"]
     state.seller_send(Message(SELLER, "b2", "", Action("offer", "p1", 300)))
     state.buyer_reply("b2", Message("b2", SELLER, "Yes.", Action("accept", "p1", 300)))
     lines = render_seller(observe(state, SELLER), "tagged", "facts")[1]["content"].splitlines()
-    assert lines[1] == "11 turns for 1 buyer: 11 each." and "b2: bought" in lines
+    assert lines[1] == "10 turns for 1 buyer: 10 each." and "b2: bought" in lines
 
 
 def test_the_compact_prompt_shows_the_latest_messages_of_a_long_thread():
@@ -328,7 +329,7 @@ def test_the_grounded_pattern_by_hand():
     # b2 owes a reply to an offer of p1, so p1's one unit is promised. 2 turns left for 2 active buyers.
     _, _, mid, _ = golden_states()
     pattern = grounded_pattern(observe(mid, SELLER))
-    head = "Thought: b1 bids $700 (first bid); 2 turns for 2 buyers: "
+    head = "Thought: b1 bids $700 (first bid, covers cost); 2 turns for 2 buyers: "
 
     def grounded(verdict, action, to="b1"):
         return re.fullmatch(pattern, f"{head}{verdict}\nTo: {to}\nTalk: x\nAction: {action}") is not None

@@ -262,15 +262,16 @@ def test_reasons_state_what_each_choice_turned_on_and_change_no_action():
     assert _messages(episode) == _messages(plain)
     assert _thoughts(plain) == ["", ""]
     assert _thoughts(episode) == ["b1 has not bid; 10 turns for 1 buyer: offer p1",
-                                  "b1 bids $400 (first bid); 9 turns for 1 buyer: hold out"]
+                                  "b1 bids $400 (first bid, covers cost); 9 turns for 1 buyer: hold out"]
 
 
 def test_reasons_name_the_last_turn_when_a_bid_is_taken():
-    # Budget 2: one turn left after the first offer, so the first bid (400) is taken, and the thought says why.
+    # Budget 2: one turn left after the first offer, so the first bid (400, over the cost of 100) is taken, and the
+    # thought says why.
     market = _one_by_one(800, budget=2)
     seller = PlannerSeller.create("planner", {"reasons": 1}, market=_SpecOnly(market.spec), seed=0)
     episode = _play(market, seller, "concession?start=0.5&patience=3")
-    assert _thoughts(episode)[-1] == "b1 bids $400 (first bid); 1 turn for 1 buyer: take it"
+    assert _thoughts(episode)[-1] == "b1 bids $400 (first bid, covers cost); 1 turn for 1 buyer: take it"
     assert _messages(episode)[-1] == ("seller", "b1", ("accept", "p1", 400))
 
 
@@ -280,8 +281,18 @@ def test_reasons_for_a_bid_that_stopped_moving():
     market = _one_by_one(500)
     seller = PlannerSeller.create("planner", {"reasons": 1}, market=_SpecOnly(market.spec), seed=0)
     episode = _play(market, seller, "stubborn?share=0.8")
-    assert _thoughts(episode)[1:] == ["b1 bids $400 (first bid); 9 turns for 1 buyer: hold out",
-                                      "b1 bids $400, $400 (not rising); 8 turns for 1 buyer: take it"]
+    assert _thoughts(episode)[1:] == ["b1 bids $400 (first bid, covers cost); 9 turns for 1 buyer: hold out",
+                                      "b1 bids $400, $400 (not rising, covers cost); 8 turns for 1 buyer: take it"]
+
+
+def test_reasons_say_when_a_bid_is_below_cost():
+    # The buyer above whose first bid (400) is under the cost of 550, budget 3: the planner holds out at 600 with 2
+    # turns left for 1 buyer, then with 1 turn left asks one step up from the rising bids (400, 500) at 599, over cost.
+    market = _one_by_one(800, cost=550, budget=3)
+    seller = PlannerSeller.create("planner", {"reasons": 1}, market=_SpecOnly(market.spec), seed=0)
+    episode = _play(market, seller, "concession?start=0.5&patience=5")
+    assert _thoughts(episode)[1:] == ["b1 bids $400 (first bid, below cost); 2 turns for 1 buyer: hold out",
+                                      "b1 bids $400, $500 (rising, below cost); 1 turn for 1 buyer: ask one step up"]
 
 
 @pytest.mark.parametrize("split", list(SPLITS))

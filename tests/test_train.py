@@ -538,6 +538,23 @@ def test_the_clip_stops_the_push_once_the_ratio_leaves_the_band(tiny, tmp_path):
 
 
 @needs_train
+@pytest.mark.parametrize("fresh", [False, True])
+def test_the_policys_evaluation_episodes_keep_fresh(tiny, traces, tmp_path, fresh):
+    # train --fresh reaches the run the policy plays in (evaluation and online-grpo's rollouts): each episode_start
+    # records it, as serve --fresh does, and only where it is set; the markets are the ones serve --seed 5 plays.
+    from negotiate.training.trainer import evaluate_policy, load_policy
+
+    cfg = config(tiny, tmp_path / "x", fresh=fresh)
+    model, tokenizer = load_policy(cfg, wrap=False)
+    played = evaluate_policy(model, tokenizer, cfg, tmp_path / "eval.jsonl", episodes=2, run_seed=5, split=str(traces / "small.toml"))
+    starts = [events[0] for events in read_episodes(tmp_path / "eval.jsonl")]
+    assert [s.get("fresh") for s in starts] == ([True, True] if fresh else [None, None]) and len(played) == 2
+    assert main(["serve", "--seller", "greedy", "--split", str(traces / "small.toml"), "--episodes", "2", "--seed", "5",
+                 "--out", str(tmp_path / "serve"), "--quiet"]) == 0
+    assert [e[0]["market"] for e in read_episodes(next((tmp_path / "serve").glob("greedy*.jsonl")))] == [s["market"] for s in starts]
+
+
+@needs_train
 def test_offline_grpo_from_collected_groups_and_the_checkpoint_plays_as_a_seller(tiny, traces, tmp_path):
     from negotiate.training.trainer import train
 

@@ -111,6 +111,8 @@ class TrainConfig:
     eval_every: int = _help("steps between evaluations (0: only before and after)", default=0)
     eval_split: str = _help("split (or TOML spec) of the evaluation markets", default="train")
     eval_buyers: str = _help("buyer spec in evaluation and rollouts", default="threshold")
+    fresh: bool = _help("evaluation and rollouts: ask the policy for a message only once every scripted buyer has answered "
+                        "its last one, so it decides on the state its message lands in (as serve --fresh)", default=False)
     eval_seed: int = _help("run seed of the evaluation markets (keep it apart from the training runs' seeds)", default=1_000_003)
     temperature: float = _help("sampling temperature in evaluation and rollouts", default=0.7)
     max_tokens: int = _help("most tokens per seller reply in evaluation and rollouts", default=96)
@@ -456,7 +458,8 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
     """Play one episode per ``(market index, repeat)`` job with the current weights as the seller
     (tagged format), generation batched across episodes; return each episode's events. The market
     of index ``m`` is the one ``negotiate serve --seed RUN_SEED`` plays as episode ``m`` (``group`` 1),
-    so scripted sellers can be compared on exactly these markets."""
+    so scripted sellers can be compared on exactly these markets. With ``config.fresh`` the policy is asked
+    only once every scripted buyer has answered its last message (as ``serve --fresh``)."""
     import anyio
 
     from negotiate.agents.local import HFBackend, HFOptions, _LocalModel
@@ -479,7 +482,7 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
 
     # Market m's episodes are indices m * group + repeat of a run grouped by ``group``, as collect numbers them.
     run = Run(RunConfig(sellers=(label,), buyers=config.eval_buyers, split=split, seed=run_seed, group=group,
-                        seller_timeout=LOCAL_TIMEOUT, reply_timeout=LOCAL_TIMEOUT))
+                        seller_timeout=LOCAL_TIMEOUT, reply_timeout=LOCAL_TIMEOUT, fresh=config.fresh))
     results: list = [None] * len(jobs)
 
     async def one(k: int, index: int, repeat: int) -> None:

@@ -145,6 +145,23 @@ def test_a_rerun_with_other_settings_is_refused_naming_the_flag(world):
         run_loop(config(teacher="posted"), echo=lambda line: None)
 
 
+def test_a_run_started_where_bf16_is_fast_resumes_in_bf16_where_it_is_not(world, monkeypatch):
+    # Killed in SFT on a CPU with bf16 instructions (bf16 left unset: decided there, True), rerun on an AVX2-only one: it
+    # resumes in bf16, as it began; asked explicitly for fp32 there, it is refused, naming the flag.
+    import negotiate.agents.local as local
+
+    config, calls, crash, out = world
+    monkeypatch.setattr("negotiate.training.server.detect_device", lambda: "cpu")
+    monkeypatch.setattr(local, "cpu_bf16", lambda: True)
+    assert cut(world, "round 0 sft")["config"]["bf16"] is True
+    monkeypatch.setattr(local, "cpu_bf16", lambda: False)
+    with pytest.raises(UserError, match=r"--bf16 True; rerun with the same value"):
+        run_loop(config(bf16=False), echo=lambda line: None)
+    data = run_loop(config(), echo=lambda line: None)
+    assert data["config"]["bf16"] is True and all("--bf16" in args for args in crash["train_args"])
+    assert json.loads((out / "loop.json").read_text())["config"]["bf16"] is True
+
+
 def test_offline_grpo_rounds_pass_their_kl_and_steps(world):
     config, calls, crash, out = world
     run_loop(config(round_method="offline-grpo", kl_beta=0.05, grpo_steps=3), echo=lambda line: None)

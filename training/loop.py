@@ -144,6 +144,7 @@ class LoopConfig:
             from negotiate.training.server import detect_device
 
             self.bf16 = auto_dtype(detect_device()) == "bfloat16"
+            self.bf16_decided = True  # not a flag: a resumed run (or --sft-from) keeps the run's own decision
         if self.serve not in SERVE_MODES:
             raise UserError(f"choose from {', '.join(SERVE_MODES)}", field="--serve", value=self.serve)
         if self.round_method not in ROUND_METHODS:
@@ -241,6 +242,7 @@ def take_round0(source: Path, out: Path, config: LoopConfig, state: State) -> No
     except ValueError as error:
         raise UserError(f"not a valid loop.json ({error})", source=str(source / "loop.json")) from None
     theirs = {**BEFORE_FLAGS, **other.get("config", {})}
+    _keep_bf16(config, theirs, state.data["config"])
     name = _first_difference(theirs, config.to_json(), [name for name in SFT_FIELDS if name in theirs])
     if name is not None:
         raise UserError(f"the run in {source} has {_flag(name)} {theirs[name]!r}; round 0 depends on it, so give the same value",
@@ -303,6 +305,13 @@ class LoopError(RuntimeError):
 # -- state -------------------------------------------------------------------------------------------
 
 
+def _keep_bf16(config: LoopConfig, theirs: dict, saved: dict) -> None:
+    """Where ``--bf16`` was left to the machine, take the earlier run's decision (``theirs``, its loop.json config):
+    a run started where bf16 is fast and resumed where it is not trains on as it began, rather than being refused."""
+    if getattr(config, "bf16_decided", False) and isinstance(theirs.get("bf16"), bool):
+        config.bf16 = saved["bf16"] = theirs["bf16"]
+
+
 class State:
     """``loop.json``: written whole and renamed into place after every finished stage."""
 
@@ -315,6 +324,7 @@ class State:
             except ValueError as error:
                 raise UserError(f"not a valid loop.json ({error})", source=str(path)) from None
             theirs = {**BEFORE_FLAGS, **old.get("config", {})}
+            _keep_bf16(config, theirs, self.data["config"])
             key = _first_difference(theirs, self.data["config"], [k for k in theirs if k not in RESUMABLE_CHANGES])
             if key is not None:
                 raise UserError(f"the run in {path.parent} has {_flag(key)} {theirs[key]!r}; rerun with the same value to resume it, "

@@ -289,7 +289,7 @@ def render_seller_compact(obs: SellerObservation, facts: bool = False) -> list[d
     prompt's tokens, for small models trained on many decisions.
 
     ``facts=True`` (``prompt=facts``) adds the facts the planner's reasons turn on, read from the same
-    observation: the turns left for the buyers still active and the turns each (``10 turns for 3 buyers,
+    observation: the turns left for the buyers still active and the turns each (``10 turns for 3 buyers:
     3 each``), and per active buyer its last bids, whether they rise and whether the last covers its product's cost
     (``b2 bids $380, $410 (rising, covers cost)``),
     that the planner would not deal on its bid (``b2 bids $223 for p2, no deal there``), or that it has not
@@ -311,7 +311,7 @@ def render_seller_compact(obs: SellerObservation, facts: bool = False) -> list[d
     turns = ""
     if facts:
         active = sum(1 for b in obs.buyers if b.status == ACTIVE)
-        turns = f"{turn_facts(obs.budget_left, active)}.\n"
+        turns = f"{turn_facts(obs.budget_left, active)}: {obs.budget_left // max(1, active)} each.\n"
     user = _fill(
         "seller_compact_state.md", budget_left=obs.budget_left, budget=obs.budget, price_low=obs.price_low, facts=turns,
         price_high=obs.price_high, catalog="\n".join(f"{p.id} cost ${p.cost}, {_stock(p.stock)}" for p in obs.products),

@@ -75,11 +75,11 @@ def read_reason(thought: str) -> tuple[str, str, str] | None:
     """(facts, turns and buyers, verdict) of a ``reasons=1`` thought, None where it is not one: how a policy trained
     on the planner's reasons is checked against them (``negotiate report --teacher 'planner?reasons=1'``).
 
-    >>> read_reason("b2 bids $380, $410 (rising, covers cost); 10 turns for 3 buyers, 3 each: hold out")
-    ('b2 bids $380, $410 (rising, covers cost)', '10 turns for 3 buyers, 3 each', 'hold out')
-    >>> read_reason("b1 bids $493 (first bid, below cost); 3 turns for 2 buyers, 1 each: below cost: ask more")[2]
+    >>> read_reason("b2 bids $380, $410 (rising, covers cost); 10 turns for 3 buyers: hold out")
+    ('b2 bids $380, $410 (rising, covers cost)', '10 turns for 3 buyers', 'hold out')
+    >>> read_reason("b1 bids $493 (first bid, below cost); 3 turns for 2 buyers: below cost: ask more")[2]
     'below cost: ask more'
-    >>> read_reason(" b1 bids $400 (first bid, covers cost); 1 turn for 1 buyer, 1 each: take it. ")[2]
+    >>> read_reason(" b1 bids $400 (first bid, covers cost); 1 turn for 1 buyer: take it. ")[2]
     'take it'
     >>> read_reason("nothing left to sell: end"), read_reason("I like p1")
     (('nothing left to sell', '', 'end'), None)
@@ -121,13 +121,8 @@ def bid_in_play(bid: tuple[str, int], units: list[int], products) -> bool:
 
 
 def turn_facts(left: int, active: int) -> str:
-    """The turns part of a ``reasons=1`` thought: the turns left, the buyers still active and the turns each, the
-    number ``hold out`` turns on (the planner holds out while each active buyer has more than ``patience``, 1).
-
-    >>> turn_facts(10, 3), turn_facts(1, 2)
-    ('10 turns for 3 buyers, 3 each', '1 turn for 2 buyers, 0 each')
-    """
-    return f"{left} turn{'s' * (left != 1)} for {active} buyer{'s' * (active != 1)}, {left // max(1, active)} each"
+    """The turns part of a ``reasons=1`` thought: ``10 turns for 3 buyers``."""
+    return f"{left} turn{'s' * (left != 1)} for {active} buyer{'s' * (active != 1)}"
 
 
 def reason_action(verdict: str) -> str | None:
@@ -350,7 +345,7 @@ class PlannerSeller(_Follower):
     def _why(self, facts: str, left: int, active: int, verdict: str) -> str:
         """The thought of a message under ``reasons=1`` ("" otherwise): what the choice turned on, in words a
         model can copy from its prompt (the bids in the thread, the turns left, the buyers still active)
-        before it writes the action: ``b2 bids $380, $410 (rising, covers cost); 10 turns for 3 buyers, 3 each: hold out``."""
+        before it writes the action: ``b2 bids $380, $410 (rising, covers cost); 10 turns for 3 buyers: hold out``."""
         if not self.reasons:
             return ""
         return f"{facts}; {turn_facts(left, active)}: {verdict}"

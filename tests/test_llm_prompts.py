@@ -122,7 +122,7 @@ def test_the_facts_prompt_adds_the_turns_each_and_each_bidders_last_bids():
     user = render_seller(observe(mid, SELLER), "tagged", "facts")[1]["content"].splitlines()
     # By hand: 2 turns left, both buyers active (2 // 2 = 1 each); b1's one bid is $700 for p2 (cost $500); b2 has not bid.
     # Every other line is the compact prompt's.
-    assert user[:2] == ["Turns left: 2 of 6. Values lie in $100-$1000.", "2 turns for 2 buyers, 1 each."]
+    assert user[:2] == ["Turns left: 2 of 6. Values lie in $100-$1000.", "2 turns for 2 buyers: 1 each."]
     assert "b1: free. b1 bids $700 (first bid, covers cost)" in user and "b2: owes you a reply. b2 has not bid" in user
     assert [line.split(". b")[0] for line in user if line != user[1]] == compact
     # A budget of 16: b1 bids $700 then $760 for p2 (rising; p2 costs $500), then, offered p1, $600 for p1 (its value is $650;
@@ -135,7 +135,7 @@ def test_the_facts_prompt_adds_the_turns_each_and_each_bidders_last_bids():
         state.seller_send(Message(SELLER, "b1", "", Action("offer", product, 990)))
         state.buyer_reply("b1", Message("b1", SELLER, "", Action("bid", product, price)))
         shown.append(render_seller(observe(state, SELLER), "tagged", "facts")[1]["content"].splitlines()[1:])
-    assert [lines[0] for lines in shown] == [f"{left} turns for 2 buyers, {left // 2} each." for left in (15, 14, 13, 12, 11)]
+    assert [lines[0] for lines in shown] == [f"{left} turns for 2 buyers: {left // 2} each." for left in (15, 14, 13, 12, 11)]
     assert [line for lines in shown for line in lines if line.startswith("b1: ")] == [
         "b1: free. b1 bids $700 (first bid, covers cost)", "b1: free. b1 bids $700, $760 (rising, covers cost)",
         "b1: free. b1 bids $600 (first bid, covers cost)", "b1: free. b1 bids $600, $600 (not rising, covers cost)",
@@ -143,7 +143,7 @@ def test_the_facts_prompt_adds_the_turns_each_and_each_bidders_last_bids():
     state.seller_send(Message(SELLER, "b2", "", Action("offer", "p1", 300)))
     state.buyer_reply("b2", Message("b2", SELLER, "Yes.", Action("accept", "p1", 300)))
     lines = render_seller(observe(state, SELLER), "tagged", "facts")[1]["content"].splitlines()
-    assert lines[1] == "10 turns for 1 buyer, 10 each." and "b2: bought" in lines
+    assert lines[1] == "10 turns for 1 buyer: 10 each." and "b2: bought" in lines
 
 
 def test_the_compact_prompt_shows_the_latest_messages_of_a_long_thread():
@@ -329,7 +329,7 @@ def test_the_grounded_pattern_by_hand():
     # b2 owes a reply to an offer of p1, so p1's one unit is promised. 2 turns left for 2 active buyers.
     _, _, mid, _ = golden_states()
     pattern = grounded_pattern(observe(mid, SELLER))
-    head = "Thought: b1 bids $700 (first bid, covers cost); 2 turns for 2 buyers, 1 each: "
+    head = "Thought: b1 bids $700 (first bid, covers cost); 2 turns for 2 buyers: "
 
     def grounded(verdict, action, to="b1"):
         return re.fullmatch(pattern, f"{head}{verdict}\nTo: {to}\nTalk: x\nAction: {action}") is not None
@@ -342,7 +342,7 @@ def test_the_grounded_pattern_by_hand():
     assert not grounded("below cost: ask more", "[OFFER] p2 $800")  # $700 covers the cost of $500
     assert not grounded("offer p1", "[OFFER] p1 $800")  # a bidder the planner deals with is asked about its bid's product
     assert not grounded("hold out", "[OFFER] p2 $800", to="b2") and not grounded("hold out", "[REJECT]")
-    assert not re.fullmatch(pattern, "Thought: b1 bids $700 for p2, no deal there; 2 turns for 2 buyers, 1 each: offer p2\nTo: b1\nTalk: x\n"
+    assert not re.fullmatch(pattern, "Thought: b1 bids $700 for p2, no deal there; 2 turns for 2 buyers: offer p2\nTo: b1\nTalk: x\n"
                                      "Action: [OFFER] p2 $800")  # not the facts
     assert not re.fullmatch(pattern, "To: b1\nTalk: x\nAction: [OFFER] p2 $800")  # a thought is a reason, always
     # b1's bid is for a product whose one unit b2 is being offered: no deal there, and b1 hears offers of what is left.
@@ -352,9 +352,9 @@ def test_the_grounded_pattern_by_hand():
     state.buyer_reply("b1", Message("b1", SELLER, "", Action("bid", "p1", 400)))
     state.seller_send(Message(SELLER, "b2", "", Action("offer", "p1", 600)))
     pattern = grounded_pattern(observe(state, SELLER))
-    assert re.fullmatch(pattern, "Thought: b1 bids $400 for p1, no deal there; 14 turns for 2 buyers, 7 each: offer p2\nTo: b1\nTalk: x\n"
+    assert re.fullmatch(pattern, "Thought: b1 bids $400 for p1, no deal there; 14 turns for 2 buyers: offer p2\nTo: b1\nTalk: x\n"
                                  "Action: [OFFER] p2 $500")
-    assert not re.fullmatch(pattern, "Thought: b1 bids $400 for p1, no deal there; 14 turns for 2 buyers, 7 each: offer p1\nTo: b1\n"
+    assert not re.fullmatch(pattern, "Thought: b1 bids $400 for p1, no deal there; 14 turns for 2 buyers: offer p1\nTo: b1\n"
                                      "Talk: x\nAction: [OFFER] p1 $500")  # p1's unit is promised to b2
 
 
@@ -403,7 +403,7 @@ def test_every_reply_the_legal_pattern_allows_is_one_the_regulator_accepts(groun
                 assert re.fullmatch(legal_pattern(obs), text)
                 facts, turns, verdict = read_reason(message.thought)
                 prompt = render_seller(obs, "tagged", "facts")[1]["content"]
-                assert verdict == "end" or (f"{message.to}: free. {facts}\n" in prompt and prompt.splitlines()[1] == f"{turns}.")
+                assert verdict == "end" or (f"{message.to}: free. {facts}\n" in prompt and prompt.splitlines()[1].startswith(f"{turns}: "))
                 assert reason_action(verdict) == message.action.kind
             invalid = state.invalid_by[SELLER]
             to = state.seller_send(message)

@@ -261,8 +261,8 @@ def test_reasons_state_what_each_choice_turned_on_and_change_no_action():
     episode = _play(market, seller, "concession?start=0.5&patience=3")
     assert _messages(episode) == _messages(plain)
     assert _thoughts(plain) == ["", ""]
-    assert _thoughts(episode) == ["b1 has not bid; 10 turns for 1 buyer, 10 each: offer p1",
-                                  "b1 bids $400 (first bid, covers cost); 9 turns for 1 buyer, 9 each: hold out"]
+    assert _thoughts(episode) == ["b1 has not bid; 10 turns for 1 buyer: offer p1",
+                                  "b1 bids $400 (first bid, covers cost); 9 turns for 1 buyer: hold out"]
 
 
 def test_reasons_name_the_last_turn_when_a_bid_is_taken():
@@ -271,7 +271,7 @@ def test_reasons_name_the_last_turn_when_a_bid_is_taken():
     market = _one_by_one(800, budget=2)
     seller = PlannerSeller.create("planner", {"reasons": 1}, market=_SpecOnly(market.spec), seed=0)
     episode = _play(market, seller, "concession?start=0.5&patience=3")
-    assert _thoughts(episode)[-1] == "b1 bids $400 (first bid, covers cost); 1 turn for 1 buyer, 1 each: take it"
+    assert _thoughts(episode)[-1] == "b1 bids $400 (first bid, covers cost); 1 turn for 1 buyer: take it"
     assert _messages(episode)[-1] == ("seller", "b1", ("accept", "p1", 400))
 
 
@@ -281,8 +281,8 @@ def test_reasons_for_a_bid_that_stopped_moving():
     market = _one_by_one(500)
     seller = PlannerSeller.create("planner", {"reasons": 1}, market=_SpecOnly(market.spec), seed=0)
     episode = _play(market, seller, "stubborn?share=0.8")
-    assert _thoughts(episode)[1:] == ["b1 bids $400 (first bid, covers cost); 9 turns for 1 buyer, 9 each: hold out",
-                                      "b1 bids $400, $400 (not rising, covers cost); 8 turns for 1 buyer, 8 each: take it"]
+    assert _thoughts(episode)[1:] == ["b1 bids $400 (first bid, covers cost); 9 turns for 1 buyer: hold out",
+                                      "b1 bids $400, $400 (not rising, covers cost); 8 turns for 1 buyer: take it"]
 
 
 def test_reasons_say_when_a_bid_is_below_cost():
@@ -291,8 +291,8 @@ def test_reasons_say_when_a_bid_is_below_cost():
     market = _one_by_one(800, cost=550, budget=3)
     seller = PlannerSeller.create("planner", {"reasons": 1}, market=_SpecOnly(market.spec), seed=0)
     episode = _play(market, seller, "concession?start=0.5&patience=5")
-    assert _thoughts(episode)[1:] == ["b1 bids $400 (first bid, below cost); 2 turns for 1 buyer, 2 each: hold out",
-                                      "b1 bids $400, $500 (rising, below cost); 1 turn for 1 buyer, 1 each: ask one step up"]
+    assert _thoughts(episode)[1:] == ["b1 bids $400 (first bid, below cost); 2 turns for 1 buyer: hold out",
+                                      "b1 bids $400, $500 (rising, below cost); 1 turn for 1 buyer: ask one step up"]
 
 
 @pytest.mark.parametrize("split", list(SPLITS))
@@ -329,7 +329,7 @@ def test_the_facts_prompt_holds_the_facts_of_every_reason(split, buyers):
         anyio.run(lambda: run_episode(market, seller, agents))
     bids = 0
     for (facts, turns, _), prompt in seen:
-        assert f"\n{turns}.\n" in prompt if turns else facts in ("nothing left to sell", "no sale is worth its cost")
+        assert f"\n{turns}: " in prompt if turns else facts in ("nothing left to sell", "no sale is worth its cost")
         if " bids $" in facts or facts.endswith("has not bid"):
             bids += " bids $" in facts
             assert f". {facts}\n" in prompt

@@ -208,15 +208,15 @@ def test_agreement_counts_each_seller_message_against_the_teachers_reply_worked_
 def test_thoughts_are_checked_against_the_planners_reasons_worked_out_by_hand(tmp_path, capsys):
     # One buyer (value 800, conceding from 0.5 over 3 rounds), one unit (cost 100), 10 turns: the planner offers,
     # b1 bids $400, the planner holds out ($600), b1 accepts. Its reasons: "b1 has not bid; 10 turns for 1 buyer:
-    # offer p1", then "b1 bids $400 (first bid, covers cost); 9 turns for 1 buyer, 9 each: hold out".
+    # offer p1", then "b1 bids $400 (first bid, covers cost); 9 turns for 1 buyer: hold out".
     market = Market(spec=SPLITS["train"], seed=0, products=(Product("p1", "A", 100, 1),), buyers=(Buyer("b1", (800,)),),
                     budget=10, price_low=100, price_high=1000)
     events = play("planner?reasons=1", "concession?start=0.5&patience=3", market=market)
     sent = [e for e in events if e["type"] == "message" and e["sender"] == SELLER]
-    assert [e["thought"] for e in sent] == ["b1 has not bid; 10 turns for 1 buyer, 10 each: offer p1",
-                                            "b1 bids $400 (first bid, covers cost); 9 turns for 1 buyer, 9 each: hold out"]
+    assert [e["thought"] for e in sent] == ["b1 has not bid; 10 turns for 1 buyer: offer p1",
+                                            "b1 bids $400 (first bid, covers cost); 9 turns for 1 buyer: hold out"]
     # A policy that read the facts right but says "take it" at its second message, and still offers.
-    sent[1]["thought"] = "b1 bids $400 (first bid, covers cost); 9 turns for 1 buyer, 9 each: take it"
+    sent[1]["thought"] = "b1 bids $400 (first bid, covers cost); 9 turns for 1 buyer: take it"
     trace = tmp_path / "t" / "policy.jsonl"
     trace.parent.mkdir()
     trace.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
@@ -235,7 +235,7 @@ def test_thoughts_are_checked_against_the_planners_reasons_worked_out_by_hand(tm
     assert "| planner?reasons=1 | 2 | 50% | 50% | 50% | 0% | 100% | 100% | 0% |" in table  # the trace's seller label, as played
     # A seller that wrote to another buyer than the teacher's: its facts count as wrong, but not as a misreading.
     tally = Counter()
-    theirs, other = read_reason("b1 bids $400 (first bid); 9 turns for 2 buyers, 4 each: hold out"), "b2 has not bid; 9 turns for 2 buyers, 4 each: offer p1"
+    theirs, other = read_reason("b1 bids $400 (first bid); 9 turns for 2 buyers: hold out"), "b2 has not bid; 9 turns for 2 buyers: offer p1"
     _tally_reasons(tally, theirs, read_reason(other), "offer", same_buyer=False)
     _tally_reasons(tally, theirs, theirs, "offer", same_buyer=True)
     assert dict(tally) == {"states": 2, "buyer": 1, "is_reason": 2, "facts": 1, "turns": 2, "verdict": 1, "buyer_reason": 1,

@@ -91,7 +91,8 @@ class TrainConfig:
     adapter: str | None = _help("continue training this LoRA adapter (a folder with adapter_config.json, trained on --model) "
                                 "instead of a fresh one", default=None)
     epochs: float = _help("passes over the examples", default=1.0)
-    max_steps: int | None = _help("stop after this many optimizer steps", default=None)
+    max_steps: int | None = _help("optimizer steps to take, in place of --epochs (the decisions are reshuffled at each pass)",
+                                  default=None)
     batch_size: int = _help("decisions per optimizer step", default=8)
     micro_batch: int = _help("decisions per forward pass (they share one pass over their common prompt prefix); "
                              "gradients accumulate over the step", default=8)
@@ -585,9 +586,9 @@ def train(config: TrainConfig, *, progress=None) -> dict:
     log.info("train", method=config.method, model=config.model, **counts, load_s=round(time.perf_counter() - began, 1))
     metrics = MetricsLog(out / "metrics.jsonl")
     rng = random.Random(config.seed)
-    total_steps = math.ceil(len(examples) * config.epochs / config.batch_size)
-    if config.max_steps is not None:
-        total_steps = min(total_steps, config.max_steps)
+    # --max-steps is the number of steps, as in transformers' Trainer: fewer than one pass stops early, more
+    # go round the reshuffled decisions again (a dagger round's few hundred labelled states, say).
+    total_steps = config.max_steps or math.ceil(len(examples) * config.epochs / config.batch_size)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
     evals: list[dict] = []

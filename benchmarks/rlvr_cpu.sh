@@ -28,7 +28,7 @@ negotiate collect --seller "hf:$OUT/sft?temperature=1&$HF" --split "$SPECS/compa
     --markets 8 --group 4 --seed 1 --concurrency 32 --out "$OUT/rollouts" --quiet
 
 negotiate train --method offline-grpo --traces "$OUT/rollouts" --model "$OUT/sft" --out "$OUT/grpo" \
-    --max-steps 12 --batch-size 16 --lr 2e-4 --threads 2 --quiet
+    --epochs 1 --batch-size 16 --lr 2e-4 --threads 2 --quiet
 
 SELLERS="hf:$OUT/grpo?$HF,hf:$OUT/sft?$HF,oracle,greedy,posted,dutch,concession,random"
 negotiate eval --sellers "$SELLERS" --splits "$SPECS/compact.toml,$SPECS/compact-correlated.toml" \

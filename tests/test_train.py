@@ -696,6 +696,8 @@ def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, mo
     (["--traces", "x", "--reward", "money"], "--reward: 'money': unknown reward"),
     (["--traces", "x", "--top", "0"], "--top: 0.0: must be in (0, 1]"),
     (["--traces", "x", "--batch-size", "0"], "--batch-size: 0: must be at least 1"),
+    (["--traces", "x", "--max-steps", "0"], "--max-steps: 0: must be at least 1"),
+    (["--traces", "x", "--epochs", "0"], "--epochs: 0.0: must be above 0"),
     (["--traces", "x", "--method", "offline-grpo", "--kl-beta", "0.1", "--no-lora"], "--kl-beta: 0.1: a KL to the reference needs LoRA"),
     (["--traces", "x", "--method", "dagger", "--teacher", "oracle"], "--teacher: 'oracle': this seller cannot follow another seller's"),
     (["--traces", "x", "--action-weights", "bid=2"], "--action-weights: 'bid=2': 'bid' is not a seller action; choose from offer, accept"),

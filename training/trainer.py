@@ -144,8 +144,10 @@ class TrainConfig:
             raise UserError("not a LoRA adapter folder (no adapter_config.json)", field="--adapter", value=self.adapter)
         if not 0 < self.top <= 1:
             raise UserError("must be in (0, 1]", field="--top", value=self.top)
-        for name in ("batch_size", "micro_batch", "max_length", "lora_r", "group", "markets", "max_tokens", "gen_batch"):
-            if getattr(self, name) < 1:
+        if self.epochs <= 0:
+            raise UserError("must be above 0", field="--epochs", value=self.epochs)
+        for name in ("batch_size", "micro_batch", "max_length", "lora_r", "group", "markets", "max_tokens", "gen_batch", "max_steps"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UserError("must be at least 1", field="--" + name.replace("_", "-"), value=getattr(self, name))
 
     def to_json(self) -> dict:

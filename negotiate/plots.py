@@ -31,19 +31,23 @@ def _legend_in(labels, title: str = "") -> float:
 
 
 def _tick_names(sellers: list[str], limit: int = 32) -> list[str]:
-    """Seller names short enough to stand under a bar: a model spec without its URL and options, then at
-    most ``limit`` characters (the middle elided); the full names where shortening would merge two.
+    """Seller names short enough to stand under a bar: a model spec without its URL and options (a local
+    model by its folder's name, with its parent where two share one), then at most ``limit`` characters
+    (the middle elided); the full names where shortening would merge two.
 
     >>> _tick_names(["greedy", "openai:smol@http://localhost:8000/v1?temperature=0.7"])
     ['greedy', 'openai:smol']
-    >>> _tick_names(["hf:" + "a" * 40 + "/checkpoint-1"], limit=20)
-    ['hf:aaaaaaa…ckpoint-1']
+    >>> _tick_names(["hf:/runs/sft/checkpoint-1?format=json", "hf:/runs/rft/checkpoint-1"])
+    ['hf:sft/checkpoint-1', 'hf:rft/checkpoint-1']
+    >>> _tick_names(["hf:/runs/" + "a" * 40], limit=20)
+    ['hf:aaaaaaa…aaaaaaaaa']
     """
-    from negotiate.report import short_label
+    from negotiate.report import short_labels
 
+    labels = short_labels(sellers)
     names = []
     for seller in sellers:
-        name = short_label(seller)
+        name = labels[seller]
         if len(name) > limit:
             head = (limit - 1) // 2 + (limit - 1) % 2
             name = name[:head] + "…" + name[len(name) - (limit - 1 - head):]

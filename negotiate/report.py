@@ -150,14 +150,40 @@ def _longest_word(header: str) -> int:
 
 
 def short_label(value: str) -> str:
-    """A model spec shortened for the terminal: ``openai:MODEL@URL?k=v`` -> ``openai:MODEL``."""
-    head, at, _rest = value.partition("@")
-    return head if at else value
+    """A model spec shortened for the terminal: ``openai:MODEL@URL?k=v`` -> ``openai:MODEL``; a local model's
+    ``hf:PATH?k=v`` or ``vllm:PATH?k=v`` -> its folder's name.
+
+    >>> short_label("vllm:/runs/a/round-01/checkpoint/merged?format=json&max_tokens=64")
+    'vllm:merged'
+    >>> short_label("hf:smollm2"), short_label("greedy?reserve=0.5")
+    ('hf:smollm2', 'greedy?reserve=0.5')
+    """
+    return _local_label(value, 1) or value.partition("@")[0]
+
+
+def _local_label(value: str, parts: int) -> str | None:
+    """``backend:`` and the last ``parts`` names of a local model's path (None: not an ``hf:``/``vllm:`` spec)."""
+    backend, colon, rest = value.partition(":")
+    if not colon or backend not in ("hf", "vllm"):
+        return None
+    names = [name for name in rest.partition("?")[0].split("/") if name]
+    return f"{backend}:{'/'.join(names[-parts:])}" if names else value
+
+
+def _wider_label(value: str) -> str:
+    """The next label to try where :func:`short_label` is ambiguous: the server's host and port, the model's parent folder."""
+    from urllib.parse import urlsplit
+
+    local = _local_label(value, 2)
+    if local is not None:
+        return local
+    return f"{short_label(value)}@{urlsplit(value.partition('@')[2]).netloc}" if "@" in value else value
 
 
 def short_labels(values: Iterable[str]) -> dict[str, str]:
     """Each value's :func:`short_label`, unless it would read like another value's: those keep the server's
-    host and port (two servers of ``openai:round-0`` on other ports are two sellers), or stay whole.
+    host and port (two servers of ``openai:round-0`` on other ports are two sellers) or the model's parent
+    folder, or stay whole.
 
     >>> short_labels(["greedy", "openai:a@http://h:1/v1", "openai:b@http://h:1/v1"])
     {'greedy': 'greedy', 'openai:a@http://h:1/v1': 'openai:a', 'openai:b@http://h:1/v1': 'openai:b'}
@@ -167,12 +193,14 @@ def short_labels(values: Iterable[str]) -> dict[str, str]:
     ['openai:a@http://h:1/v1?t=1', 'openai:a@http://h:1/v1?t=2']
     >>> list(short_labels(["openai:a", "openai:a@http://h:1/v1"]).values())
     ['openai:a', 'openai:a@h:1']
+    >>> list(short_labels(["vllm:/r/x/base?t=1", "vllm:/r/y/base?t=1", "hf:/r/x/sft"]).values())
+    ['vllm:x/base', 'vllm:y/base', 'hf:sft']
+    >>> list(short_labels(["vllm:/r/x/base?t=1", "vllm:/r/x/base?t=0"]).values())
+    ['vllm:/r/x/base?t=1', 'vllm:/r/x/base?t=0']
     """
-    from urllib.parse import urlsplit
-
     values = list(dict.fromkeys(values))
     out = {}
-    for shorten in (short_label, lambda v: f"{short_label(v)}@{urlsplit(v.partition('@')[2]).netloc}" if "@" in v else v, str):
+    for shorten in (short_label, _wider_label, str):
         names = {v: shorten(v) for v in values if v not in out}
         taken = list(names.values())
         out |= {v: name for v, name in names.items() if taken.count(name) == 1 or shorten is str}

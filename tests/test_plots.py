@@ -58,10 +58,13 @@ def test_a_split_given_as_a_spec_file_is_drawn_under_its_name(rows, tmp_path, mo
 
 def test_tick_names_shorten_specs_and_keep_sellers_apart():
     assert plots._tick_names(["openai:smol@http://127.0.0.1:8000/v1?temperature=0.7", "greedy"]) == ["openai:smol", "greedy"]
-    # 3 + 40 + 13 = 56 characters, cut to 20: 10 from the front, the ellipsis, 9 from the back.
-    assert plots._tick_names(["hf:" + "a" * 40 + "/checkpoint-1"], limit=20) == ["hf:aaaaaaa…ckpoint-1"]
-    # Two checkpoints of one run differ only in their middle: shortened they would share a bar, so both stay whole.
-    same = ["hf:" + "a" * 20 + f"/step-{k}/" + "b" * 20 for k in (1, 2)]
+    # A local model by its folder: "hf:" + 40 = 43 characters, cut to 20: 10 from the front, the ellipsis, 9 from the back.
+    assert plots._tick_names(["hf:/runs/x/" + "a" * 40 + "?format=json"], limit=20) == ["hf:aaaaaaa…aaaaaaaaa"]
+    # Two checkpoints of one run share the folder's name: each keeps its parent ("hf:step-1/" + 20 b's, elided).
+    steps = ["hf:/runs/" + "a" * 20 + f"/step-{k}/" + "b" * 20 for k in (1, 2)]
+    assert plots._tick_names(steps, limit=20) == ["hf:step-1/…bbbbbbbbb", "hf:step-2/…bbbbbbbbb"]
+    # Differing only in the middle even with their parents: elided they would share a bar, so both stay whole.
+    same = ["hf:/runs/" + "a" * 20 + f"-{k}-" + "c" * 20 + "/" + "b" * 20 for k in (1, 2)]
     assert plots._tick_names(same, limit=20) == same
 
 

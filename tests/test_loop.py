@@ -199,6 +199,19 @@ def test_aggregated_dagger_rounds_learn_from_the_teachers_episodes_and_every_rou
     assert second[second.index("--adapter") + 1].endswith("round-01/checkpoint/adapter")
 
 
+def test_an_aggregated_dagger_round_has_a_signal_from_the_teachers_episodes_even_where_its_rollouts_have_none(world, tmp_path):
+    config, calls, crash, out = world
+    run_loop(config(round_method="dagger", group=1, markets=3, grpo_steps=2, aggregate=True), echo=lambda line: None)
+    teacher, rollouts, nothing = out / "round-00" / "teacher", out / "round-01" / "rollouts", tmp_path / "no-episodes"
+    nothing.mkdir()  # a round whose every episode was cut short: each trace's first line only, no finished episode
+    for trace in trace_files([rollouts]):
+        (nothing / trace.name).write_text(trace.read_text().splitlines(keepends=True)[0])
+    assert loop.learning_signal([rollouts], "dagger") and loop.learning_signal([teacher], "dagger")
+    assert not loop.learning_signal([nothing], "dagger")
+    assert loop.learning_signal([teacher, nothing], "dagger")  # what the aggregated round trains on
+    assert not loop.learning_signal([nothing], "rft")
+
+
 def test_action_weights_reach_the_sft_and_the_imitation_rounds_and_round_0_depends_on_them(world):
     config, calls, crash, out = world
     run_loop(config(round_method="dagger", group=1, markets=3, grpo_steps=2, action_weights="accept=4"), echo=lambda line: None)

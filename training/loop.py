@@ -700,21 +700,23 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
             def learn(k=k, folder=folder) -> None:
                 serving.before_training()
                 _fresh(folder / "checkpoint")
-                if not learning_signal(folder / "rollouts", config.round_method):
-                    # Every group's episodes scored alike (or none sold at a profit): nothing to prefer, so no gradient.
-                    # The round keeps the previous policy (a copy, so that every round has its checkpoint).
+                traces = [folder / "rollouts"]
+                if config.aggregate:  # DAgger: every state labelled so far, the teacher's own first
+                    traces = [r0 / "teacher", *(out / f"round-{j:02d}" / "rollouts" for j in range(1, k + 1))]
+                if not learning_signal(traces, config.round_method):
+                    # rft, offline-grpo: every group's episodes scored alike (or none sold at a profit), nothing to prefer;
+                    # dagger: no finished episode with a seller message to label. The round keeps the previous policy
+                    # (a copy, so that every round has its checkpoint).
                     shutil.copytree(out / f"round-{k - 1:02d}" / "checkpoint", folder / "checkpoint")
-                    state.data.setdefault("notes", {})[str(k)] = ("no learning signal: no group had an episode better than "
-                                                                  "its others, so the policy is unchanged")
+                    why = ("no finished episode has a seller message for the teacher to label" if config.round_method == "dagger"
+                           else "no group had an episode better than its others")
+                    state.data.setdefault("notes", {})[str(k)] = f"no learning signal: {why}, so the policy is unchanged"
                     log.warning("no learning signal", round=k)
                     return
                 steps = ["--max-steps", str(config.grpo_steps)] if config.grpo_steps else ["--epochs", str(config.round_epochs)]
                 kl = ["--kl-beta", str(config.kl_beta)] if config.round_method == "offline-grpo" else []
                 kl += ["--teacher", config.teacher, "--min-group", "1"] if config.round_method == "dagger" else []
                 kl += round_weights if config.round_method != "offline-grpo" else []
-                traces = [folder / "rollouts"]
-                if config.aggregate:  # DAgger: every state labelled so far, the teacher's own first
-                    traces = [r0 / "teacher", *(out / f"round-{j:02d}" / "rollouts" for j in range(1, k + 1))]
                 run_stage(f"round {k} {config.round_method}", tolerate_failed_episodes=False, args=[
                     "train", "--method", config.round_method, "--traces", *map(str, traces), "--model", str(base),
                     "--adapter", str(out / f"round-{k - 1:02d}" / "checkpoint" / "adapter"), "--out", str(folder / "checkpoint"),
@@ -732,15 +734,19 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
     return state.data
 
 
-def learning_signal(rollouts: Path, method: str = "offline-grpo") -> bool:
-    """Whether the collected episodes give the round's method anything to learn: for offline-grpo a
-    group whose rewards differ (a nonzero advantage), for rft a group with a best episode to imitate, for
-    dagger any seller message (a state for the teacher to label)."""
+def learning_signal(traces: list[Path], method: str = "offline-grpo") -> bool:
+    """Whether the episodes the round trains on (its rollouts; an aggregated dagger round's also the teacher's
+    and every earlier round's) give its method anything to learn: for offline-grpo a group whose rewards differ
+    (a nonzero advantage), for rft a group with a best episode to imitate, for dagger any seller message (a
+    state for the teacher to label)."""
     from negotiate.training.dataset import DataFilter, load_episodes
     from negotiate.training.trainer import TrainConfig, select
 
-    episodes = load_episodes([rollouts], where=DataFilter(min_group=1 if method == "dagger" else 2))
-    return bool(select(TrainConfig(method=method, traces=(str(rollouts),)), episodes))  # what the round's training would learn from
+    def learns_from(folder: Path) -> bool:  # what the round's training would learn from; one folder at a time, where each
+        episodes = load_episodes([folder], where=DataFilter(min_group=1 if method == "dagger" else 2))  # group lies whole
+        return bool(select(TrainConfig(method=method, traces=(str(folder),)), episodes))
+
+    return any(learns_from(folder) for folder in traces)
 
 
 def _fresh(folder: Path) -> None:

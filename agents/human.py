@@ -43,13 +43,22 @@ class DraftError(ValueError):
 
 _WHOLE = re.compile(r"-?[0-9]{1,15}")
 """A whole number as typed (ASCII digits; 15 at most, far above any market's prices)."""
+_GROUPED = re.compile(r"-?[0-9]{1,3}(,[0-9]{3})+(\.[0-9]*)?")
+"""Digits with commas between groups of three (``1,250``), as a price is written."""
+_NO_CENTS = re.compile(r"\.0*$")
+"""A whole number's zero cents (``250.00``, ``250.``)."""
 
 
 def parse_price(text: str | int | None) -> int:
-    """A price as a person types it: a whole number of currency units, ``$`` and ``,`` allowed.
+    """A price as a person types it: a whole number of currency units, with ``$``, commas between groups of three
+    digits and zero cents allowed.
 
-    >>> parse_price(" $1,250 ")
-    1250
+    >>> parse_price(" $1,250 "), parse_price("250.00"), parse_price("$1,250.0")
+    (1250, 250, 1250)
+    >>> parse_price("1,2,5,0")
+    Traceback (most recent call last):
+    ...
+    negotiate.agents.human.DraftError: price '1,2,5,0': commas go between groups of three digits, as in 1,250
     >>> parse_price("12.5")
     Traceback (most recent call last):
     ...
@@ -63,7 +72,13 @@ def parse_price(text: str | int | None) -> int:
         value = text
     else:
         typed = (text or "").strip()
-        cleaned = typed.replace("$", "", 1).replace(",", "").strip()
+        cleaned = typed.replace("$", "", 1).strip()
+        if "," in cleaned:
+            if not _GROUPED.fullmatch(cleaned):
+                raise DraftError(f"price {typed!r}: commas go between groups of three digits, as in 1,250", "price")
+            cleaned = cleaned.replace(",", "")
+        if not cleaned.startswith("."):  # ".0" is no number at all
+            cleaned = _NO_CENTS.sub("", cleaned)
         if not cleaned:
             raise DraftError("give a price", "price")
         if not _WHOLE.fullmatch(cleaned):

@@ -26,7 +26,8 @@ def test_doctests():
     assert doctest.testmod(human_module, optionflags=doctest.ELLIPSIS).failed == 0
 
 
-@pytest.mark.parametrize(("text", "value"), [("450", 450), (" $1,200 ", 1200), (0, 0), ("0", 0)])
+@pytest.mark.parametrize(("text", "value"), [("450", 450), (" $1,200 ", 1200), (0, 0), ("0", 0), ("250.00", 250), ("250.", 250),
+                                                 ("$12,345,678", 12345678), ("1,250.0", 1250)])
 def test_parse_price(text, value):
     assert parse_price(text) == value
 
@@ -35,6 +36,10 @@ def test_parse_price(text, value):
     ("", "give a price"),
     (None, "give a price"),
     ("12.5", "price '12.5' is not a whole number of dollars"),
+    ("1,250.5", "price '1,250.5' is not a whole number of dollars"),
+    (".0", "price '.0' is not a whole number of dollars"),
+    ("1,2,5,0", "price '1,2,5,0': commas go between groups of three digits, as in 1,250"),  # was read as 1250
+    ("12,50", "price '12,50': commas go between groups of three digits, as in 1,250"),
     ("abc", "price 'abc' is not a whole number of dollars"),
     ("1e3", "price '1e3' is not a whole number of dollars"),
     ("\u00b2", "price '\u00b2' is not a whole number of dollars"),  # a digit to str.isdigit, not to int()

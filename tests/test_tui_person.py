@@ -28,7 +28,7 @@ from negotiate.market import SPLITS, MarketSpec
 from negotiate.protocol import SELLER, Action, Message
 from negotiate.training.dataset import load_episodes
 from negotiate.tui.app import SIGTERM_EXIT, NegotiateApp
-from negotiate.tui.play import ConfirmEnd, ResultScreen
+from negotiate.tui.play import ConfirmEnd, ConfirmLeave, ResultScreen
 from negotiate.tui.text import clean, esc
 from negotiate.tui.transcript import Recorded
 from negotiate.tui.widgets import Composer
@@ -180,6 +180,60 @@ async def test_the_buyer_price_field_refuses_a_bid_above_the_value(tmp_path):
         assert play.human.decisions == 0
 
 
+async def test_an_action_key_keeps_the_typed_price(tmp_path):
+    play = session(tmp_path, "seller", spec=SPLITS["train"], seed=3)
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=SIZE) as pilot:
+        await my_turn(pilot, play)
+        await pilot.press("ctrl+o", *"999", "ctrl+r", "ctrl+o")  # typed, then a look at reject, then back
+        composer = app.screen.query_one(Composer)
+        assert composer.kind == "offer" and composer.query_one("#price").value == "999"
+
+
+async def test_after_a_send_the_composer_is_back_on_its_first_action(tmp_path):
+    # A reject sent to b1 must not stay chosen: the next Enter, to another buyer, would reject that one too.
+    play = session(tmp_path, "seller", spec=SPLITS["train"], seed=3)
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=SIZE) as pilot:
+        await my_turn(pilot, play)
+        await pilot.press("ctrl+r", *"no thanks", "enter")
+        await until(pilot, lambda: play.human.decisions == 1)
+        composer = app.screen.query_one(Composer)
+        assert composer.kind == "offer" and composer.query_one("#talk").value == ""
+        assert not composer.query_one("#price").disabled  # the fields follow the action
+    sent = [e for e in play.state.events if e["type"] == "message" and e["sender"] == SELLER]
+    assert [e["action"]["kind"] for e in sent][:1] == ["reject"]
+
+
+async def test_the_buyer_is_not_offered_an_accept_above_its_value(tmp_path):
+    # SOLO seed 7: the seller's first offer is p2 at $911, above b1's value of p2 ($907).
+    play = session(tmp_path, "buyer", spec=SOLO, seed=7, buyers="threshold")
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=SIZE) as pilot:
+        await my_turn(pilot, play)
+        obs = play.view()
+        assert obs.offer == ("p2", 911) and obs.values[1] == 907
+        assert not app.screen.check_action("fill", ("accept",))
+        app.screen.action_fill("accept")
+        assert status(app) == "the offer, p2 at $911, is above your value of it ($907); bid lower instead"
+        assert app.screen.query_one(Composer).kind != "accept" and play.human.decisions == 0
+
+
+async def test_typing_on_as_the_results_open_does_not_quit(tmp_path):
+    # SOLO seed 7, threshold buyers: a bid of $800 is accepted at once and the results open while the person types.
+    play = session(tmp_path, "buyer", spec=SOLO, seed=7, buyers="threshold")
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=SIZE) as pilot:
+        await my_turn(pilot, play)
+        await pilot.press("ctrl+o", *"800", "enter")
+        await until(pilot, lambda: isinstance(app.screen, ResultScreen))
+        await pilot.press(*"quick")  # q within the guard: held back like Esc and v
+        assert app.is_running and isinstance(app.screen, ResultScreen)
+        await pilot.pause(ResultScreen.GRACE + 0.1)
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running)
+
+
 # -- errors stay; toasts keep off the status line ------------------------------------------------------------
 
 
@@ -233,6 +287,9 @@ async def test_after_leaving_the_status_says_so(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await my_turn(pilot, play)
         await pilot.press("ctrl+l", "enter")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmLeave))  # nothing undoes it: the app asks first
+        assert "Leave the market now?" in screen_text(app)
+        await pilot.press("y")
         await until(pilot, lambda: "left" in status(app))
         assert status(app) == "You left the market; it plays out without you, then the results show."
         assert not app.screen.query_one("#spinner").display
@@ -291,6 +348,22 @@ async def test_the_seller_sees_only_bids_it_can_accept_as_acceptable(tmp_path):
         await pilot.press("escape", "1")
         await until(pilot, lambda: b1_row()[3] == "-")
         assert status(app).endswith("Write to b1.") and not app.screen.check_action("fill", ("accept",))
+
+
+async def test_the_sellers_footer_keeps_quit_at_80_columns_with_every_key_on_offer(tmp_path):
+    play = session(tmp_path, "seller", spec=DUO, seed=5)
+    b1 = play.buyers["b1"] = HumanAgent("b1")
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _offer(pilot, app, play, "b1", "p2", 800)
+        await turn_on(pilot, b1)
+        b1.send(Message("b1", SELLER, "", Action("bid", "p2", 300)))  # above p2's cost: ^y is on offer too
+        await until(pilot, lambda: play.human.waiting)
+        await pilot.press("escape", "1")
+        await until(pilot, lambda: "(^y accepts)" in status(app))
+        await pilot.pause(0.1)
+        footer = screen_lines(app)[-1]
+        assert "^y Accept" in footer and "^t End market" in footer and footer.rstrip().endswith("^q Quit"), footer
 
 
 async def test_ending_the_market_asks_first(tmp_path):

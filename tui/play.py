@@ -225,13 +225,14 @@ class PlayScreen(Screen):
         except DraftError as error:
             composer.error(str(error), field=error.field)
             return
-        if message.action.kind == "end":
-            self.app.push_screen(ConfirmEnd(self.session), lambda yes: self._deliver(message) if yes else self._keep_selling())
+        if message.action.kind in ("end", "quit"):  # nothing undoes these: ask first
+            ask = ConfirmEnd if message.action.kind == "end" else ConfirmLeave
+            self.app.push_screen(ask(self.session), lambda yes: self._deliver(message) if yes else self._keep_selling())
             return
         self._deliver(message)
 
     def _keep_selling(self) -> None:
-        """The person said no to ending the market: the composer goes back to its first action."""
+        """The person said no to ending the market (or leaving it): the composer goes back to its first action."""
         composer = self.query_one(Composer)
         composer.fill(composer.kinds[0], focus="talk")
 
@@ -397,6 +398,10 @@ class BuyerScreen(PlayScreen):
             if offer is None:
                 composer.error("there is no standing offer to accept")
                 return
+            value = _value_of(obs, offer[0])
+            if value is not None and offer[1] > value:
+                composer.error(f"the offer, {offer[0]} at ${offer[1]}, is above your value of it (${value}); bid lower instead")
+                return
             composer.fill("accept", offer[0], offer[1], focus="talk")
         elif kind == "bid":
             in_stock = [p.id for p in obs.products if p.stock]
@@ -411,11 +416,19 @@ class BuyerScreen(PlayScreen):
             waiting = self.ready and self.session.human.waiting and self.result is None
             if not waiting:
                 return False
-            if parameters and parameters[0] == "accept":
+            if parameters and parameters[0] == "accept":  # an offer it can take: standing, in stock, within its value
                 obs = self.session.view()
-                return _live(obs.offer, obs.products) is not None
+                offer = _live(obs.offer, obs.products)
+                value = None if offer is None else _value_of(obs, offer[0])
+                return offer is not None and (value is None or offer[1] <= value)
             return True
         return super().check_action(action, parameters)
+
+
+def _value_of(obs, product: str) -> int | None:
+    """The buyer's value of ``product`` in its observation (None: not in the catalog)."""
+    ids = [p.id for p in obs.products]
+    return obs.values[ids.index(product)] if product in ids else None
 
 
 class SellerScreen(PlayScreen):
@@ -423,7 +436,7 @@ class SellerScreen(PlayScreen):
 
     BINDINGS = [
         Binding("ctrl+o", "fill('offer')", "Offer", priority=True),
-        Binding("ctrl+y", "fill('accept')", "Accept bid", priority=True),
+        Binding("ctrl+y", "fill('accept')", "Accept", priority=True),
         Binding("ctrl+r", "fill('reject')", "Reject", priority=True),
         Binding("ctrl+t", "end", "End market", priority=True),
         Binding("ctrl+n", "next_buyer(1)", "Next buyer", priority=True),
@@ -666,13 +679,37 @@ class ConfirmEnd(ModalScreen[bool]):
         out.append("End the market now? It cannot be undone.\n\n", style="bold")
         out.append(f"{units} unit{'s' if units != 1 else ''} unsold, {active} buyer{'s' if active != 1 else ''} still in the market, "
                    f"{left} turn{'s' if left != 1 else ''} left.\n\n")
-        out.append("y", style="bold")
-        out.append(": end it   ")
-        out.append("n", style="bold")
-        out.append(" or ")
-        out.append("Esc", style="bold")
-        out.append(": keep selling")
-        return out
+        return _yes_no(out, "end it", "keep selling")
+
+
+class ConfirmLeave(ConfirmEnd):
+    """Asks before the buyer leaves the market: y leaves, n or Esc goes back."""
+
+    BINDINGS = [
+        Binding("y", "dismiss(True)", "Leave the market"),
+        Binding("n,escape", "dismiss(False)", "Stay"),
+    ]
+
+    def on_mount(self) -> None:
+        self.query_one("#confirm-box").border_title = "Leave the market?"
+
+    def _question(self) -> Text:
+        left, _ = self.session.seller_turns()
+        out = Text()
+        out.append("Leave the market now? It cannot be undone.\n\n", style="bold")
+        out.append(f"You have no deal: leaving, your surplus is $0. The market has {left} turn{'s' if left != 1 else ''} left.\n\n")
+        return _yes_no(out, "leave", "stay")
+
+
+def _yes_no(out: Text, yes: str, no: str) -> Text:
+    """``out`` with the dialog's keys appended: ``y: YES   n or Esc: NO``."""
+    out.append("y", style="bold")
+    out.append(f": {yes}   ")
+    out.append("n", style="bold")
+    out.append(" or ")
+    out.append("Esc", style="bold")
+    out.append(f": {no}")
+    return out
 
 
 class ResultScreen(ModalScreen[None]):
@@ -681,7 +718,7 @@ class ResultScreen(ModalScreen[None]):
     BINDINGS = [
         Binding("escape", "dismiss", "Back to the board"),
         Binding("v", "replay", "Replay this episode"),
-        Binding("q", "app.quit", "Quit"),
+        Binding("q", "quit", "Quit"),  # the screen's own action, so that the typing guard below holds it back too
     ]
     GRACE = 0.8
     """Seconds the keys wait after the results appear: the person may still be typing a message."""
@@ -732,7 +769,7 @@ class ResultScreen(ModalScreen[None]):
             best = [p for b, p in sorted(pairs) if b == session.human_id]
             out.append(f"     OPT would match you with {best[0]}\n" if best else "     OPT would not sell to you\n", style="dim")
             out.append("\nThe market: ", style="bold")
-            out.append(f"{len(deals)} deal{'s' if len(deals) != 1 else ''} for {len(session.market.buyers)} buyers\n")
+            out.append(f"{len(deals)} deal{'s' if len(deals) != 1 else ''} for {len(session.market.buyers)} buyer{'s' if len(session.market.buyers) != 1 else ''}\n")
             out.append(f"  seller profit {money(m.get('profit'))} of OPT {money(opt_value)}: profit/OPT {ratio(m.get('profit_ratio'))}\n")
             out.append(f"  welfare {money(m.get('welfare'))}: welfare/OPT {ratio(m.get('welfare_ratio'))}\n")
             out.append(f"  OPT matching: {', '.join(f'{b}-{p}' for b, p in sorted(pairs)) or 'none'}; "
@@ -759,6 +796,9 @@ class ResultScreen(ModalScreen[None]):
             out.append("\nYour deals: " + (", ".join(f"{d.buyer}-{d.product} ${d.price}" for d in deals) or "none") + "\n")
         out.append(f"\nSaved to {clean(result.trace)} as {clean(episode.id)}", style="dim")
         return out
+
+    def action_quit(self) -> None:
+        self.app.exit()
 
     def action_replay(self) -> None:
         from negotiate.tui.replay import ReplayScreen

@@ -142,20 +142,25 @@ class Composer(Widget):
             self.query_one("#product", Select).value = product
 
     def fill(self, kind: str, product: str | None = None, price: int | None = None, *, focus: str = "talk") -> None:
-        """Set the action (and product and price), then focus one field: ``talk``, ``price`` or ``none``."""
+        """Set the action (and product and price: a price left None keeps what the person typed), then focus one
+        field: ``talk``, ``price`` or ``none``."""
         self.query_one("#kind", Select).value = kind
         if product is not None:
             select = self.query_one("#product", Select)
             if product in [pid for _, pid, _ in self._products]:
                 select.value = product
-        self.query_one("#price", Input).value = "" if price is None else str(price)
+        if price is not None:
+            self.query_one("#price", Input).value = str(price)
         self._sync_fields()
         if focus != "none":
             self.query_one(f"#{focus}", Input).focus()
 
     def clear(self) -> None:
+        """After a send: empty fields and the first action again (a reject or a leave is never carried to the next message)."""
         self.query_one("#talk", Input).value = ""
         self.query_one("#price", Input).value = ""
+        self.query_one("#kind", Select).value = self.kinds[0]
+        self._sync_fields()
         self.clear_error()
 
     def status(self, text: str | Text, *, thinking: bool = False) -> None:

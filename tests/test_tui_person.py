@@ -234,6 +234,25 @@ async def test_typing_on_as_the_results_open_does_not_quit(tmp_path):
         await until(pilot, lambda: not app.is_running)
 
 
+async def test_the_replay_opened_from_the_results_says_q_goes_back_and_does(tmp_path):
+    from negotiate.tui.replay import ReplayScreen
+
+    play = session(tmp_path, "buyer", spec=SOLO, seed=7, buyers="threshold")
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=SIZE) as pilot:
+        await my_turn(pilot, play)
+        await pilot.press("ctrl+o", *"800", "enter")  # accepted at once: the results open
+        await until(pilot, lambda: isinstance(app.screen, ResultScreen))
+        await pilot.pause(ResultScreen.GRACE + 0.1)
+        await pilot.press("v")
+        await until(pilot, lambda: isinstance(app.screen, ReplayScreen) and "Thoughts" in screen_lines(app)[-1])
+        footer = screen_lines(app)[-1]
+        assert "q Back" in footer and not re.search(r"(?<!\^)q Quit", footer), footer  # ^q still quits the app
+        await pilot.press("q")
+        await until(pilot, lambda: not isinstance(app.screen, ReplayScreen))
+        assert app.is_running  # back on the board, not quit
+
+
 # -- errors stay; toasts keep off the status line ------------------------------------------------------------
 
 

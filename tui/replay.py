@@ -32,7 +32,8 @@ class ReplayScreen(Screen):
     EPISODE = Binding.Group("Episode", compact=False)
     # Quit comes first, and related keys share one label, so the footer keeps every key at 80 columns.
     BINDINGS = [
-        Binding("q,escape", "leave", "Quit", priority=True),
+        Binding("q,escape", "leave('quit')", "Quit", priority=True),  # the replay alone: q quits
+        Binding("q,escape", "leave('back')", "Back", priority=True),  # opened from a play's results: back to the board
         Binding("left,h", "step(-1)", "Back", priority=True, key_display="←", group=STEP),
         Binding("right,l", "step(1)", "Next", priority=True, key_display="→", group=STEP),
         Binding("home,g", "jump(0)", "Start", priority=True, key_display="g", group=ENDS),
@@ -186,7 +187,13 @@ class ReplayScreen(Screen):
     # -- keys ------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        return self.ready or action == "leave"
+        if action == "leave":  # one of its two bindings, named for what q does here
+            return (parameters[:1] == ("back",)) == self._nested()
+        return self.ready
+
+    def _nested(self) -> bool:
+        """Opened over another screen (a play's results): leaving goes back to it."""
+        return len(self.app.screen_stack) > 1
 
     def action_step(self, delta: int) -> None:
         self.step = max(0, min(len(self.episode.steps), self.step + delta))
@@ -232,8 +239,8 @@ class ReplayScreen(Screen):
         self.notify("thoughts shown" if self.thoughts else "thoughts hidden", timeout=2)
         self.draw()
 
-    def action_leave(self) -> None:
-        if len(self.app.screen_stack) > 1:
+    def action_leave(self, how: str = "quit") -> None:
+        if self._nested():
             self.app.pop_screen()
         else:
             self.app.exit()

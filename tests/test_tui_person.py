@@ -234,6 +234,13 @@ async def test_typing_on_as_the_results_open_does_not_quit(tmp_path):
         await until(pilot, lambda: not app.is_running)
 
 
+def test_every_end_reason_has_words_in_the_results():
+    from negotiate.trace import EndReason
+    from negotiate.tui.play import _END_WORDS
+
+    assert set(_END_WORDS) == {reason.value for reason in EndReason}
+
+
 async def test_the_replay_opened_from_the_results_says_q_goes_back_and_does(tmp_path):
     from negotiate.tui.replay import ReplayScreen
 
@@ -243,6 +250,7 @@ async def test_the_replay_opened_from_the_results_says_q_goes_back_and_does(tmp_
         await my_turn(pilot, play)
         await pilot.press("ctrl+o", *"800", "enter")  # accepted at once: the results open
         await until(pilot, lambda: isinstance(app.screen, ResultScreen))
+        assert "The market ended: no buyer left, after 2 of 8 turns" in screen_text(app)  # the one buyer bought
         await pilot.pause(ResultScreen.GRACE + 0.1)
         await pilot.press("v")
         await until(pilot, lambda: isinstance(app.screen, ReplayScreen) and "Thoughts" in screen_lines(app)[-1])

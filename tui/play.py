@@ -712,6 +712,11 @@ def _yes_no(out: Text, yes: str, no: str) -> Text:
     return out
 
 
+_END_WORDS = {"sold_out": "every unit sold", "no_buyers": "no buyer left", "seller_end": "the seller ended it",
+              "seller_idle": "the seller waited with no reply to come", "budget": "the turn budget ran out"}
+"""Why an episode ended (``negotiate.trace.EndReason``), in words for the results."""
+
+
 class ResultScreen(ModalScreen[None]):
     """The end of a play: the person's outcome and the market against OPT (and, for a seller, the oracle)."""
 
@@ -755,7 +760,8 @@ class ResultScreen(ModalScreen[None]):
             out.append(f"Nobody's play decided it, so it has no score. It is kept in {clean(result.trace)} as "
                        f"{clean(episode.id)}, marked failed; training skips it.")
             return out
-        out.append(f"{clean(end.outcome)} ({clean(end.reason)}) after {end.turns_used} of {end.budget} turns\n\n", style="bold")
+        why = _END_WORDS.get(end.reason, clean(end.reason))
+        out.append(f"The market ended: {why}, after {end.turns_used} of {end.budget} turns\n\n", style="bold")
         deals = episode.deals()
         opt_value, pairs = session.opt
         if session.role == "buyer":

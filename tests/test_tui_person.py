@@ -431,6 +431,24 @@ async def test_the_end_dialog_closes_when_the_market_ends_while_it_is_open(tmp_p
     assert (play.result.episode.outcome, play.result.episode.reason) == ("terminated", "sold_out")
 
 
+async def test_a_table_with_rows_out_of_sight_takes_the_focus_and_scrolls(tmp_path):
+    play = session(tmp_path, "seller", spec=MarketSpec(name="big", buyers=10, products=10, budget=40), seed=3)
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await my_turn(pilot, play)
+        catalog = app.screen.query_one("#catalog", DataTable)
+        await until(pilot, lambda: catalog.can_focus)  # 10 products do not fit at 80x24
+        catalog.focus()
+        await pilot.press("down", "down")
+        assert catalog.scroll_y == 2
+    small = session(tmp_path / "small", "seller", spec=SPLITS["train"], seed=3)
+    app = NegotiateApp.play(small)
+    async with app.run_test(size=SIZE) as pilot:  # every row in sight: Tab passes the tables by
+        await my_turn(pilot, small)
+        await pilot.pause(0.2)
+        assert not any(table.can_focus for table in app.screen.query(DataTable))
+
+
 # -- focus, the replay footer ------------------------------------------------------------------------------------
 
 

@@ -93,10 +93,17 @@ def _live(standing: tuple[str, int] | None, products) -> tuple[str, int] | None:
 
 
 def _table(ident: str, padding: int = 1) -> DataTable:
-    """A display-only table: no cursor, no focus (the keyboard stays with the composer and the conversation)."""
-    table = DataTable(id=ident, cursor_type="none", zebra_stripes=True, cell_padding=padding)
+    """A display-only table: no cursor, and no focus while it shows every row (the keyboard stays with the composer
+    and the conversation); one that overflows (a big market) takes the focus, so the arrow keys can scroll it."""
+    table = DataTable(id=ident, cursor_type="none", zebra_stripes=True, cell_padding=padding, classes="board-table")
     table.can_focus = False
     return table
+
+
+def _focus_overflowing(screen: Screen) -> None:
+    """Let Tab reach the board's tables that have rows or columns out of sight, and only those."""
+    for table in screen.query(".board-table").results(DataTable):
+        table.can_focus = table.max_scroll_y > 0 or table.max_scroll_x > 0
 
 
 class PlayScreen(Screen):
@@ -188,6 +195,7 @@ class PlayScreen(Screen):
             self.turn_started(obs)
         self._was_waiting = waiting
         self.refresh_bindings()
+        self.call_after_refresh(_focus_overflowing, self)  # once the new rows are laid out
 
     def draw(self, obs) -> None:  # pragma: no cover - every seat overrides it
         raise NotImplementedError

@@ -406,8 +406,8 @@ class BuyerScreen(PlayScreen):
             if offer is None:
                 composer.error("there is no standing offer to accept")
                 return
-            value = _value_of(obs, offer[0])
-            if value is not None and offer[1] > value:
+            if _above_value(obs, offer):
+                value = _value_of(obs, offer[0])
                 composer.error(f"the offer, {offer[0]} at ${offer[1]}, is above your value of it (${value}); bid lower instead")
                 return
             composer.fill("accept", offer[0], offer[1], focus="talk")
@@ -427,10 +427,15 @@ class BuyerScreen(PlayScreen):
             if parameters and parameters[0] == "accept":  # an offer it can take: standing, in stock, within its value
                 obs = self.session.view()
                 offer = _live(obs.offer, obs.products)
-                value = None if offer is None else _value_of(obs, offer[0])
-                return offer is not None and (value is None or offer[1] <= value)
+                return offer is not None and not _above_value(obs, offer)
             return True
         return super().check_action(action, parameters)
+
+
+def _above_value(obs, offer: tuple[str, int]) -> bool:
+    """Whether a buyer's observed offer asks more than its value of the product (a deal the market refuses)."""
+    value = _value_of(obs, offer[0])
+    return value is not None and offer[1] > value
 
 
 def _value_of(obs, product: str) -> int | None:

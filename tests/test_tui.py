@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import html
+import io
 import time
 
 import orjson
 import pytest
+from rich.console import Console
 
 from negotiate.agents.registry import parse_agent
 from negotiate.cli import main
@@ -245,7 +247,33 @@ async def test_replay_shows_model_text_literally(trace):
         assert SHOWN in text and "[link=http://x]click[/link]" in text
         assert "\x1b" not in text and "\x07" not in text
         body = app.screen.query_one("#transcript .body").content
-        assert SHOWN in body.plain and "bold red" not in {str(span.style) for span in body.spans}
+        shown = [(segment.text, str(segment.style)) for segment in app.console.render(body)]
+        assert any(SHOWN in text for text, _ in shown) and not any("bold red" in style for _, style in shown)
+
+
+async def test_replay_wraps_long_lines_under_their_text(trace, tmp_path):
+    """A talk or thought too long for the transcript wraps under its first word, not at the margin."""
+    episodes = list(read_episodes(trace))[:1]
+    first = next(e for e in episodes[0] if e["type"] == "message")
+    first["talk"] = " ".join(f"word{k}" for k in range(40))
+    first["thought"] = " ".join(f"idea{k}" for k in range(40))
+    path = tmp_path / "long.jsonl"
+    with TraceWriter(path) as writer:
+        writer.write(episodes[0])
+    app = NegotiateApp.replay(load_trace(path), str(path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("right")
+        await until(pilot, lambda: "word0" in screen_text(app))
+        body = app.screen.query_one("#transcript .body")
+        console = Console(width=body.content_size.width, file=io.StringIO(), record=True)
+        console.print(body.content)
+        rows = console.export_text().splitlines()
+        talk = [row for row in rows if "word" in row]
+        thought = [row for row in rows if "idea" in row]
+        assert len(talk) >= 2 and len(thought) >= 2  # both wrapped
+        # the marker column, then 7 spaces and the quote; the rest lines up one cell right of the quote
+        assert talk[0].startswith('▌       "word0 ') and all(row.startswith(" " * 9 + "word") for row in talk[1:])
+        assert thought[0].startswith("▌       thought: idea0 ") and all(row.startswith(" " * 17 + "idea") for row in thought[1:])
 
 
 async def test_terminal_too_small(trace):

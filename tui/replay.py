@@ -8,6 +8,8 @@ timer, and switch episode; the list and the transcript work with the mouse too.
 
 from __future__ import annotations
 
+from rich.cells import cell_len
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -18,10 +20,27 @@ from textual.widgets.option_list import Option
 
 from negotiate.trace import DealEvent, MessageEvent, ViolationEvent
 from negotiate.tui.text import clean, esc, money, ratio
-from negotiate.tui.transcript import Recorded, event_lines, price_points
+from negotiate.tui.transcript import Recorded, event_lines, hang_width, price_points
 from negotiate.tui.widgets import Conversation, PriceChart, TooSmall
 
 __all__ = ["ReplayScreen"]
+
+
+_NEVER_WRAPS = 40
+"""Cells a transcript line always has room for: the transcript is 41 cells wide after its marker at 80 columns,
+the smallest terminal the screen draws in. Shorter lines stay plain text (a grid per line costs a redraw time)."""
+
+
+def _hanging(line: str, style: str) -> Text | Table:
+    """A transcript line whose wrapped rest lines up under its text (:func:`hang_width`), not at the margin."""
+    width = hang_width(line)
+    if not width or cell_len(line) <= _NEVER_WRAPS:
+        return Text(line, style=style)
+    cell = Table.grid()
+    cell.add_column(width=width, no_wrap=True)
+    cell.add_column(ratio=1)
+    cell.add_row(Text(line[:width], style=style), Text(line[width:], style=style))
+    return cell
 
 
 class ReplayScreen(Screen):
@@ -143,18 +162,17 @@ class ReplayScreen(Screen):
     def draw(self) -> None:
         episode = self.episode
         steps = episode.steps
-        text = Text()
+        lines = Table.grid(expand=True)
+        lines.add_column(width=1, no_wrap=True)
+        lines.add_column(ratio=1)
         for k, step in enumerate(steps[: self.step]):
-            current = k == self.step - 1
+            mark = Text("▌" if k == self.step - 1 else " ", style="bold magenta")
             for event in step:
                 for style, line in event_lines(event, thoughts=self.thoughts, arrow="→"):
-                    if text:
-                        text.append("\n")
-                    text.append("▌" if current else " ", style="bold magenta")
-                    text.append(line, style=style)
+                    lines.add_row(mark, _hanging(line, style))
         transcript = self.query_one("#transcript", Conversation)
         transcript.border_title = esc(f"Step {self.step} of {len(steps)}" + ("  ▶ playing" if self.playing else ""))
-        transcript.show(text)
+        transcript.show(lines if lines.row_count else None)
         points, deals = price_points(steps[: self.step])
         market = episode.market
         low, high = market.get("price_low", 0), market.get("price_high", 1)

@@ -10,6 +10,7 @@ Traces are data, not code: a missing field shows as ``?``, never as a crash.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -23,7 +24,8 @@ from negotiate.trace import (
 
 from negotiate.tui.text import action_label, clean, money, ratio
 
-__all__ = ["Recorded", "load_trace", "find_episode", "event_lines", "market_lines", "end_lines", "plain_transcript", "price_points"]
+__all__ = ["Recorded", "load_trace", "find_episode", "event_lines", "hang_width", "market_lines", "end_lines", "plain_transcript",
+           "price_points"]
 
 Line = tuple[str, str]
 """(Rich style, text): a line of a transcript."""
@@ -146,6 +148,19 @@ def event_lines(event: Event | dict, *, thoughts: bool = True, arrow: str = "->"
     if isinstance(event, EpisodeEnd):
         return end_lines(event)
     return [(NOTICE_STYLE, f"     ({clean(event.type)} event)")]
+
+
+_HANG = re.compile(r" *(?:t\d+ +|(?:thought|invalid|raw): |\")?")
+
+
+def hang_width(line: str) -> int:
+    """Where a line's text starts, for its wrapped continuation to line up under: its indent, with a turn
+    number, a ``thought:``/``invalid:``/``raw:`` label or a talk's opening quote.
+
+    >>> [hang_width(s) for s in ("t12  seller -> b1  offer", '       "Hello', "       thought: fine", "END done", "     DEAL b1")]
+    [5, 8, 16, 0, 5]
+    """
+    return _HANG.match(line).end()
 
 
 def end_lines(end: EpisodeEnd) -> list[Line]:

@@ -253,13 +253,13 @@ async def test_replay_shows_model_text_literally(trace):
 
 async def test_replay_wraps_long_lines_under_their_text(trace, tmp_path):
     """A talk or thought too long for the transcript wraps under its first word, not at the margin."""
-    episodes = list(read_episodes(trace))[:1]
-    first = next(e for e in episodes[0] if e["type"] == "message")
+    events = next(read_episodes(trace))
+    first = next(e for e in events if e["type"] == "message")
     first["talk"] = " ".join(f"word{k}" for k in range(40))
     first["thought"] = " ".join(f"idea{k}" for k in range(40))
     path = tmp_path / "long.jsonl"
     with TraceWriter(path) as writer:
-        writer.write(episodes[0])
+        writer.write(events)
     app = NegotiateApp.replay(load_trace(path), str(path))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("right")
@@ -274,6 +274,20 @@ async def test_replay_wraps_long_lines_under_their_text(trace, tmp_path):
         # the marker column, then 7 spaces and the quote; the rest lines up one cell right of the quote
         assert talk[0].startswith('▌       "word0 ') and all(row.startswith(" " * 9 + "word") for row in talk[1:])
         assert thought[0].startswith("▌       thought: idea0 ") and all(row.startswith(" " * 17 + "idea") for row in thought[1:])
+
+
+async def test_replay_header_names_a_model_seller_short(trace, tmp_path):
+    """A served model's seller spec (URL, query) and the trace's folder would push the header past 80 columns."""
+    events = next(read_episodes(trace))
+    events[0]["seller"] = "openai:round-1@http://127.0.0.1:50353/v1?format=tagged&server=vllm&temperature=0&max_tokens=80"
+    events[0]["buyers"] = "concession"
+    path = tmp_path / "runs" / "a4r1-t0" / "eval" / "compact" / "round-1.jsonl"
+    path.parent.mkdir(parents=True)
+    with TraceWriter(path) as writer:
+        writer.write(events)
+    app = NegotiateApp.replay(load_trace(path), str(path))
+    async with app.run_test(size=(80, 24)):
+        assert app.screen.sub_title == "greedy-000000 · train " + events[0]["shape"] + " · seller openai:round-1 · buyers concession · round-1.jsonl"
 
 
 async def test_terminal_too_small(trace):

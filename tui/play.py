@@ -30,6 +30,7 @@ from textual.worker import Worker, WorkerState
 
 from negotiate.agents.human import DraftError
 from negotiate.protocol import SELLER, Message, Notice
+from negotiate.report import short_label
 
 from negotiate.tui.session import PlayResult, PlaySession
 from negotiate.tui.text import action_label, clean, esc, money, ratio
@@ -133,7 +134,8 @@ class PlayScreen(Screen):
         market = session.market
         self.sub_title = (f"you are {'the seller' if session.role == 'seller' else 'buyer ' + session.human_id} · "
                           f"seed {session.seed} · {clean(market.spec.name)} {market.shape} · "
-                          + (f"buyers {clean(session.buyers_spec.text)}" if session.role == "seller" else f"seller {clean(session.seller_spec.text)}"))
+                          + (f"buyers {clean(short_label(session.buyers_spec.text))}" if session.role == "seller"
+                             else f"seller {clean(short_label(session.seller_spec.text))}"))
         session.on_change = self._request_sync
         self.ready = True
         self.sync()

@@ -8,6 +8,8 @@ timer, and switch episode; the list and the transcript work with the mouse too.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
@@ -18,6 +20,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
+from negotiate.report import short_label
 from negotiate.trace import DealEvent, MessageEvent, ViolationEvent
 from negotiate.tui.text import clean, esc, money, ratio
 from negotiate.tui.transcript import Recorded, event_lines, hang_width, price_points
@@ -130,7 +133,7 @@ class ReplayScreen(Screen):
         start = episode.start
         self.sub_title = " · ".join(clean(x) for x in (
             episode.id, f"{start.split or '?'} {start.shape or ''}".strip(),
-            f"seller {start.seller or '?'}", f"buyers {start.buyers or '?'}", self.source) if x)
+            f"seller {short_label(start.seller or '?')}", f"buyers {short_label(start.buyers or '?')}", Path(self.source).name) if x)
         table = self.query_one("#market", DataTable)
         table.clear(columns=True)
         numbers = [clean(p.get("cost", "")) for p in episode.market.get("products", []) if isinstance(p, dict)]

@@ -10,6 +10,7 @@ import time
 import orjson
 import pytest
 from rich.console import Console
+from textual.widgets import OptionList
 
 from negotiate.agents.registry import parse_agent
 from negotiate.cli import main
@@ -224,7 +225,7 @@ async def test_replay_steps_and_switches_episodes(trace, monkeypatch):
         await until(pilot, lambda: screen.step == 0)
         await pilot.press("n")
         await until(pilot, lambda: screen.index == 1)
-        assert screen.step == 0 and "greedy-000001" in screen.sub_title
+        assert screen.step == 0 and screen.sub_title.startswith("2/2 · ")
         await pilot.press("p")
         await until(pilot, lambda: screen.index == 0)
         await pilot.press("space")  # autoplay
@@ -277,17 +278,23 @@ async def test_replay_wraps_long_lines_under_their_text(trace, tmp_path):
 
 
 async def test_replay_header_names_a_model_seller_short(trace, tmp_path):
-    """A served model's seller spec (URL, query) and the trace's folder would push the header past 80 columns."""
+    """A served model's seller spec (URL, query), its episode ids (the spec's slug) and the trace's folder would
+    push the header past 80 columns, and the ids would fold over lines of the episode list."""
     events = next(read_episodes(trace))
     events[0]["seller"] = "openai:round-1@http://127.0.0.1:50353/v1?format=tagged&server=vllm&temperature=0&max_tokens=80"
     events[0]["buyers"] = "concession"
+    events[0]["episode"] = "openai-round-1-http-127-0-0-1-50353-v1-format-tagged-temperature-0-max-tokens-80-000000"
     path = tmp_path / "runs" / "a4r1-t0" / "eval" / "compact" / "round-1.jsonl"
     path.parent.mkdir(parents=True)
     with TraceWriter(path) as writer:
         writer.write(events)
     app = NegotiateApp.replay(load_trace(path), str(path))
-    async with app.run_test(size=(80, 24)):
-        assert app.screen.sub_title == "greedy-000000 · train " + events[0]["shape"] + " · seller openai:round-1 · buyers concession · round-1.jsonl"
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert app.screen.sub_title == f"1/1 · train {events[0]['shape']} · openai:round-1 vs concession"
+        await until(pilot, lambda: "openai:round-1 vs concession" in screen_text(app))  # all of it shows
+        assert "…" not in screen_text(app).split("openai:round-1 vs concession")[0][-80:]
+        label = app.screen.query_one("#episodes", OptionList).get_option_at_index(0).prompt.plain
+        assert label.startswith("…-max-tokens-80-000000 ")  # the id's end, where a model's episodes differ, then the score
 
 
 async def test_terminal_too_small(trace):

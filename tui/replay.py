@@ -8,8 +8,6 @@ timer, and switch episode; the list and the transcript work with the mouse too.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
@@ -32,6 +30,15 @@ __all__ = ["ReplayScreen"]
 _NEVER_WRAPS = 40
 """Cells a transcript line always has room for: the transcript is 41 cells wide after its marker at 80 columns,
 the smallest terminal the screen draws in. Shorter lines stay plain text (a grid per line costs a redraw time)."""
+
+
+def _tail(text: str, width: int) -> str:
+    """``text``, or its last ``width - 1`` characters after an ellipsis: a model seller's episode ids differ at the end.
+
+    >>> _tail("greedy-000003", 22), _tail("openai-round-1-http-127-0-0-1-50353-v1-prompt-facts-000002", 22)
+    ('greedy-000003', '…1-prompt-facts-000002')
+    """
+    return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
 def _hanging(line: str, style: str) -> Text | Table:
@@ -99,7 +106,7 @@ class ReplayScreen(Screen):
     @staticmethod
     def _label(episode: Recorded) -> Text:
         m = episode.metrics
-        text = Text(episode.id)
+        text = Text(_tail(episode.id, 22))
         if episode.failed:
             text.append(" failed", style="red")
         elif m is not None:
@@ -131,9 +138,11 @@ class ReplayScreen(Screen):
         self.step = 0
         episode = self.episode
         start = episode.start
-        self.sub_title = " · ".join(clean(x) for x in (
-            episode.id, f"{start.split or '?'} {start.shape or ''}".strip(),
-            f"seller {short_label(start.seller or '?')}", f"buyers {short_label(start.buyers or '?')}", Path(self.source).name) if x)
+        # Within the 50 cells an 80-column header leaves (a split's long name aside): the list and `--text` give the
+        # (long, for a model) id.
+        self.sub_title = " · ".join((
+            f"{index + 1}/{len(self.episodes)}", clean(f"{start.split or '?'} {start.shape or ''}".strip()),
+            f"{clean(short_label(start.seller or '?'))} vs {clean(short_label(start.buyers or '?'))}"))
         table = self.query_one("#market", DataTable)
         table.clear(columns=True)
         numbers = [clean(p.get("cost", "")) for p in episode.market.get("products", []) if isinstance(p, dict)]

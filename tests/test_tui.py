@@ -317,6 +317,8 @@ async def test_play_fits_80x24(tmp_path):
             region = app.screen.query_one(selector).region
             assert region.height > 0 and region.right <= 80 and region.bottom <= 24, selector
         assert app.screen.query_one("#conversation").region.height >= 4
+        shape = play.market.shape
+        assert f"you sell · seed 3 · train {shape} · buyers threshold" in screen_text(app)  # the header, whole
 
 
 def test_replay_text_is_plain(trace, capsys):

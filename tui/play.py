@@ -132,7 +132,8 @@ class PlayScreen(Screen):
         # Textual calls on_mount of every class in the MRO: the seats' own (tables) run first, then this one.
         session = self.session
         market = session.market
-        self.sub_title = (f"you are {'the seller' if session.role == 'seller' else 'buyer ' + session.human_id} · "
+        # Within the 50 cells an 80-column header leaves, for scripted agents.
+        self.sub_title = (f"{'you sell' if session.role == 'seller' else 'you are ' + session.human_id} · "
                           f"seed {session.seed} · {clean(market.spec.name)} {market.shape} · "
                           + (f"buyers {clean(short_label(session.buyers_spec.text))}" if session.role == "seller"
                              else f"seller {clean(short_label(session.seller_spec.text))}"))

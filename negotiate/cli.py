@@ -94,6 +94,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    """A seed: a whole number that fits in 64 bits unsigned (what a trace's JSON keeps exactly)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 0 to {2**64 - 1}")
+    return value
+
+
 def _seconds(text: str) -> float:
     """A deadline in seconds: positive and finite (0, -1, nan and inf are refused)."""
     try:
@@ -105,7 +116,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-_KINDS = {"int": int, "count": _positive, "seconds": _seconds, "shard": _shard}
+_KINDS = {"int": int, "seed": _seed, "count": _positive, "seconds": _seconds, "shard": _shard}
 """How each kind of config flag reads its value (``negotiate.run.Flag.kind``)."""
 
 
@@ -261,7 +272,7 @@ def _parser() -> argparse.ArgumentParser:
                           description="Play one episode in the terminal UI against scripted (or any) agents; the episode is traced like any other.")
     play.add_argument("--role", choices=("buyer", "seller"), default="buyer", help="the part you take (default: buyer)")
     play.add_argument("--split", default="train", help=f"split ({', '.join(SPLITS)}) or a TOML market spec file (default: train)")
-    play.add_argument("--seed", type=int, default=None, help="market seed (default: a fresh one, printed)")
+    play.add_argument("--seed", type=_seed, default=None, help="market seed (default: a fresh one, printed)")
     play.add_argument("--seller", "--sellers", dest="seller", default="greedy",
                       help="the seller agent when you play a buyer (default: greedy)")
     play.add_argument("--buyers", default="concession", help="the other buyers' agent (default: concession)")
@@ -290,6 +301,16 @@ def _list(text: str) -> tuple[str, ...]:
 
 def _by(text: str) -> list[str]:
     return list(_list(text))
+
+
+def _distinct(splits: list[str], key, problem: str) -> None:
+    """Refuse two splits of one evaluation that ``key`` maps to one value (a folder, a split's name): their
+    episodes would land in one trace, or be reported as one split."""
+    seen: dict[str, str] = {}
+    for split in splits:
+        other = seen.setdefault(key(split), split)
+        if other != split:
+            raise UserError(f"{other} and {split} {problem.format(key(split))}", field="--split", value=",".join(splits))
 
 
 def split_dir(split: str) -> str:
@@ -564,8 +585,11 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
                              **_timeouts(args, (*sellers, buyers)))
                    for split in splits]
     check_workers(args.workers, [*configs[0].sellers, configs[0].buyers])
+    _distinct(splits, split_dir, "would share the folder {}; rename one of the files")
     runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None), out / split_dir(config.split))
             for config in configs]  # every spec and agent is checked before anything runs
+    names = {config.split: prepared.spec.name for (prepared, _), config in zip(runs, configs)}
+    _distinct(splits, names.get, "are both named {!r}, the label of their episodes; set another name in one spec file")
     pools = Pools(max_inflight=args.max_inflight)  # the splits share the servers' clients and the loaded models
     _check_models(runs, pools)
     _make_out(out)

@@ -41,13 +41,13 @@ class MarketSpec(BaseModel):
     correlation: float = Field(
         0.7, ge=0.0, le=1.0, description="Share of value variance from common factors (correlated model only)."
     )
-    price_low: float = Field(100.0, ge=0.0, description="Lowest valuation before scaling.")
-    price_high: float = Field(1000.0, gt=0.0, description="Highest valuation before scaling.")
-    price_scale: float = Field(1.0, gt=0.0, description="Multiplies the price range (prices-x10 uses 10).")
+    price_low: float = Field(100.0, allow_inf_nan=False, ge=0.0, description="Lowest valuation before scaling.")
+    price_high: float = Field(1000.0, allow_inf_nan=False, gt=0.0, description="Highest valuation before scaling.")
+    price_scale: float = Field(1.0, allow_inf_nan=False, gt=0.0, description="Multiplies the price range (prices-x10 uses 10).")
     cost_low: float = Field(0.0, ge=0.0, le=1.0, description="Lowest cost, as a fraction of the range above price_low.")
     cost_high: float = Field(0.5, ge=0.0, le=1.0, description="Highest cost, as a fraction of the range above price_low.")
     budget: int | None = Field(None, ge=1, description="Absolute turn budget; overrides budget_per_pair.")
-    budget_per_pair: float = Field(1.5, gt=0.0, description="Turn budget per buyer-product pair, rounded up.")
+    budget_per_pair: float = Field(1.5, allow_inf_nan=False, gt=0.0, description="Turn budget per buyer-product pair, rounded up.")
     personas: tuple[str, ...] = Field(("neutral",), min_length=1, description="Personas drawn for LLM buyers.")
 
     @model_validator(mode="after")
@@ -59,10 +59,19 @@ class MarketSpec(BaseModel):
                 raise ValueError(f"{field}|{value!r}|must be a count or a [lo, hi] range within 1..1000")
         if self.price_low >= self.price_high:
             raise ValueError(f"price_low|{self.price_low}|must be below price_high ({self.price_high})")
+        low, high = round(self.price_low * self.price_scale), round(self.price_high * self.price_scale)
+        if high > MAX_PRICE:
+            raise ValueError(f"price_high|{self.price_high}|times price_scale ({self.price_scale}) must be at most {MAX_PRICE:,}")
+        if low >= high:
+            raise ValueError(f"price_high|{self.price_high}|and price_low ({self.price_low}) times price_scale ({self.price_scale}) "
+                             f"round to whole prices {low} and {high}: widen the range")
         if self.cost_low > self.cost_high:
             raise ValueError(f"cost_low|{self.cost_low}|must not exceed cost_high ({self.cost_high})")
         return self
 
+
+MAX_PRICE = 10**12
+"""The highest price a spec may draw (a trillion): sums of prices stay exact in floats and in the trace's JSON."""
 
 SPLITS: dict[str, MarketSpec] = {
     "train": MarketSpec(name="train"),
@@ -247,6 +256,12 @@ def load_spec(path: str | Path) -> MarketSpec:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise UserError("no such spec file", source=str(path)) from None
+    except IsADirectoryError:
+        raise UserError("is a folder; give a .toml spec file", source=str(path)) from None
+    except UnicodeDecodeError as error:
+        raise UserError(f"not UTF-8 text (byte {error.start}); save the spec as UTF-8", source=str(path)) from None
+    except OSError as error:
+        raise UserError(f"cannot read the spec ({error.strerror or error})", source=str(path)) from None
     except tomllib.TOMLDecodeError as error:
         raise UserError(f"not valid TOML ({error})", source=str(path)) from None
     data = data.get("market", data)

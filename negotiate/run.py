@@ -131,7 +131,7 @@ class Flag:
     aliases: tuple[str, ...] = ()
     metavar: str | None = None
     kind: str = "text"
-    """How the value is read: ``text``, ``int``, ``count`` (a whole number >= 1), ``seconds`` (positive and
+    """How the value is read: ``text``, ``int``, ``seed`` (a whole number from 0 to 2**64 - 1), ``count`` (a whole number >= 1), ``seconds`` (positive and
     finite), ``shard`` (K/N) or ``switch`` (present or not)."""
     default: object = None
     """The command's default, where it is not the field's."""
@@ -213,7 +213,7 @@ class RunConfig:
                        per=(("collect", {"help": "episodes per market", "default": 8}),))
     """Episodes per market instance: episodes ``i`` with the same ``i // group`` play one market,
     the seller sampling with a different seed each time (``negotiate collect``; training groups)."""
-    seed: int = _flag(0, "run seed: market i is seeded from (seed, i)", kind="int")
+    seed: int = _flag(0, "run seed: market i is seeded from (seed, i)", kind="seed")
     """Run seed: market ``i`` is seeded from (seed, i // group)."""
     shard: tuple[int, int] = _flag((1, 1), "run the K-th of N disjoint slices of the episodes", commands=("serve", "collect"),
                                    metavar="K/N", kind="shard", shown="1/1, all of them")

@@ -72,6 +72,16 @@ def test_malformed_spec_file(tmp_path, capsys, text, field):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("seed", [str(2**64), "-1"])
+def test_a_seed_beyond_64_bits_is_refused_before_a_folder_is_made(tmp_path, capsys, seed):
+    # 2**64 used to reach the run's JSON and end in a TypeError traceback, leaving an empty folder
+    with pytest.raises(SystemExit) as stopped:
+        main(["serve", "--seller", "greedy", "--seed", seed, "--out", str(tmp_path / "r"), "--quiet"])
+    assert stopped.value.code == 2
+    assert f"argument --seed: '{seed}' must be from 0 to 18446744073709551615" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
 def test_unknown_split(tmp_path, capsys):
     assert main(["serve", "--split", "nowhere", "--out", str(tmp_path / "r"), "--quiet"]) == 2
     assert "nowhere" in error_line(capsys)

@@ -177,6 +177,23 @@ def test_an_existing_evaluation_is_not_overwritten(evaluation, capsys):
     assert (evaluation / "results.md").read_text() == before
 
 
+def test_two_splits_that_would_share_a_folder_or_a_name_are_refused_before_anything_runs(tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "m.toml").write_text('split = "train"\n')
+    (tmp_path / "b" / "m.toml").write_text('split = "shapes"\n')
+    (tmp_path / "b" / "n.toml").write_text('split = "shapes"\nname = "train"\n')
+    a, b, n = (str(tmp_path / f) for f in ("a/m.toml", "b/m.toml", "b/n.toml"))
+    out = tmp_path / "out"
+    assert main(["eval", "--seller", "greedy", "--split", f"{a},{b}", "--episodes", "2", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{a} and {b} would share the folder m" in err
+    assert main(["eval", "--seller", "greedy", "--split", f"train,{n}", "--episodes", "2", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"train and {n} are both named 'train'" in err
+    assert not out.exists()
+
+
 @pytest.fixture
 def drawn(monkeypatch):
     """Every figure the plots save, kept open for inspection."""

@@ -205,6 +205,12 @@ def test_split_base_with_overrides(tmp_path):
         ("correlation = 1.5\n", "correlation"),
         ("cost_low = 0.6\ncost_high = 0.4\n", "cost_low"),
         ('split = "nope"\n', "split"),
+        ("price_scale = inf\n", "price_scale: inf: Input should be a finite number"),
+        ("price_high = nan\n", "price_high: nan: Input should be a finite number"),
+        ("price_high = 1e20\n", "price_high: 1e+20: times price_scale (1.0) must be at most 1,000,000,000,000"),
+        # 100.2 and 100.4 are apart, but both round to the whole price 100: a market with no price range
+        ("price_low = 100.2\nprice_high = 100.4\n", "round to whole prices 100 and 100"),
+        ("price_scale = 1e-9\n", "round to whole prices 0 and 0"),  # 100e-9 and 1000e-9
     ],
 )
 def test_bad_spec_is_a_user_error_naming_file_and_field(tmp_path, text, field):
@@ -230,6 +236,12 @@ def test_invalid_toml_and_missing_file(tmp_path):
     assert str(path) in str(caught.value)
     with pytest.raises(UserError, match="no such spec file"):
         load_spec(tmp_path / "missing.toml")
+    with pytest.raises(UserError, match="is a folder; give a .toml spec file"):
+        load_spec(tmp_path)
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes("name = 'caf\xe9'\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"not UTF-8 text \(byte 11\)"):
+        load_spec(latin)
 
 
 def test_boolean_count_is_rejected(tmp_path):

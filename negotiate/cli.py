@@ -239,7 +239,8 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="metrics table from trace files or folders alone",
                             description="Recompute every episode's metrics from its trace; merge shards; print a table. Separate "
                                         "runs that played the same episodes (serve, then eval, with one seed) are reported apart, by run.")
-    report.add_argument("traces", nargs="+", help="trace files (*.jsonl) or folders searched recursively; *.log.jsonl files are skipped")
+    report.add_argument("traces", nargs="+", help="trace files (*.jsonl) or folders searched recursively; *.log.jsonl files are "
+                        "skipped, and among several paths (a shell glob) any file that is not *.jsonl")
     report.add_argument("--by", default="seller,split", help=f"breakdown, from {', '.join(GROUP_KEYS)} (default: seller,split)")
     report.add_argument("--format", choices=("table", "markdown", "csv"), default="table",
                         help="table: for the terminal (the headline intervals); markdown and csv: every interval (default: table)")

@@ -695,14 +695,15 @@ def trace_files(paths: Iterable[str | Path]) -> list[Path]:
     """Expand files and folders (searched recursively for ``*.jsonl``) into trace files. Operational logs
     (``*.log.jsonl``) are not traces: they are left out, whether found in a folder or named (a shell glob).
     Neither is a training curve (``metrics.jsonl`` of a checkpoint), left out where a folder holds it, so a
-    loop's run folder reports whole."""
+    loop's run folder reports whole. Among several paths (a shell glob: ``run/*``), a file that is not ``*.jsonl``
+    (the run's ``run.json``, ``results.md``, plots) is left out too; named alone, any file is read."""
     found: list[Path] = []
     paths = list(paths)
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
             found.extend(sorted(p for p in path.rglob("*.jsonl") if not p.name.endswith(".log.jsonl") and p.name != "metrics.jsonl"))
-        elif path.name.endswith(".log.jsonl") and path.exists():
+        elif path.exists() and (path.name.endswith(".log.jsonl") or (len(paths) > 1 and path.suffix != ".jsonl")):
             continue
         elif path.exists():
             found.append(path)

@@ -414,9 +414,10 @@ def test_report_keeps_a_serve_and_an_eval_of_one_seed_apart(tmp_path, capsys):
     runs = {orjson.loads((tmp_path / f / "run.json").read_bytes())["run_id"] for f in ("serve", "eval/train")}
     assert len(runs) == 2 and all(run.startswith(("serve-", "eval-")) for run in runs)
     capsys.readouterr()
-    # logs picked up by a shell glob (traces/*/*) are skipped, not read as traces
-    files = sorted(str(p) for p in tmp_path.rglob("*.jsonl"))
-    assert any(f.endswith(".log.jsonl") for f in files)
+    # logs and the runs' other files picked up by a shell glob (traces/*/*) are skipped, not read as traces
+    files = sorted(str(p) for p in tmp_path.rglob("*") if p.is_file())
+    assert any(f.endswith(".log.jsonl") for f in files) and any(f.endswith("run.json") for f in files)
+    assert any(f.endswith("results.md") for f in files) and any(f.endswith(".png") for f in files)
     assert main(["report", *files, "--format", "csv"]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()

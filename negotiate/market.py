@@ -154,15 +154,27 @@ class Market:
 
     @classmethod
     def from_dict(cls, spec: MarketSpec, data: dict) -> Market:
-        return cls(
-            spec=spec,
-            seed=int(data["seed"]),
-            products=tuple(Product(p["id"], p["name"], int(p["cost"]), int(p["stock"])) for p in data["products"]),
-            buyers=tuple(Buyer(b["id"], tuple(int(v) for v in b["values"]), b.get("persona", "neutral")) for b in data["buyers"]),
-            budget=int(data["budget"]),
-            price_low=int(data["price_low"]),
-            price_high=int(data["price_high"]),
-        )
+        """The market a trace recorded; a ValueError saying what is wrong where the record is not one."""
+        if not isinstance(data, dict):
+            raise ValueError("the episode_start has no market")
+        try:
+            market = cls(
+                spec=spec,
+                seed=int(data["seed"]),
+                products=tuple(Product(p["id"], p["name"], int(p["cost"]), int(p["stock"])) for p in data["products"]),
+                buyers=tuple(Buyer(b["id"], tuple(int(v) for v in b["values"]), b.get("persona", "neutral")) for b in data["buyers"]),
+                budget=int(data["budget"]),
+                price_low=int(data["price_low"]),
+                price_high=int(data["price_high"]),
+            )
+        except KeyError as error:
+            raise ValueError(f"the market lacks {error}") from None
+        except (TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"the market is not one ({error})") from None
+        short = next((b for b in market.buyers if len(b.values) != len(market.products)), None)
+        if short is not None:
+            raise ValueError(f"buyer {short.id} has {len(short.values)} values for {len(market.products)} products")
+        return market
 
 
 _CATEGORIES = ("laptop", "e-bike", "espresso machine", "camera", "sofa", "headphones", "tent", "monitor")

@@ -126,6 +126,10 @@ def metrics_from_events(events: Iterable[Event | dict]) -> dict:
             market = Market.from_dict(MarketSpec.model_validate(event.spec), event.market)
     if market is None:
         raise ValueError("no episode_start event")
+    products, buyers = {p.id for p in market.products}, {b.id for b in market.buyers}
+    for deal in deals:
+        if deal.product not in products or deal.buyer not in buyers:
+            raise ValueError(f"a deal of {deal.buyer!r} for {deal.product!r} names a buyer or product its market lacks")
     return episode_metrics(
         market, deals, turns_used=turns,
         seller_messages=counts[SELLER], seller_invalid=counts[SELLER + "_invalid"],

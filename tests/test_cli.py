@@ -113,6 +113,39 @@ def test_report_of_a_newer_schema_trace(finished_run, tmp_path, capsys):
     assert str(path) in line and "schema" in line and str(SCHEMA_VERSION + 1) in line
 
 
+def _without_market(start):
+    return {k: v for k, v in start.items() if k != "market"}
+
+
+def _short_values(start):
+    market = start["market"]
+    buyers = [{**market["buyers"][0], "values": market["buyers"][0]["values"][:1]}, *market["buyers"][1:]]
+    return start | {"market": market | {"buyers": buyers}}
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    (_without_market, "the episode_start has no market"),
+    (_short_values, "buyer b1 has 1 values for "),
+])
+def test_report_of_an_episode_whose_market_is_broken(finished_run, tmp_path, capsys, change, problem):
+    events = next(iter(read_episodes(finished_run / "greedy.jsonl")))
+    path = tmp_path / "broken.jsonl"
+    _trace(path, [change(events[0]), *events[1:]])
+    assert main(["report", str(path)]) == 2
+    line = error_line(capsys)
+    assert line.startswith(f"negotiate report: error: {path}: episode {events[0]['episode']}: {problem}")
+
+
+def test_report_of_a_deal_for_a_product_the_market_lacks(finished_run, tmp_path, capsys):
+    episodes = list(read_episodes(finished_run / "greedy.jsonl"))
+    events = next(e for e in episodes if any(x["type"] == "deal" for x in e))
+    deal = next(x for x in events if x["type"] == "deal")
+    path = tmp_path / "p99.jsonl"
+    _trace(path, [x | {"product": "p99"} if x is deal else x for x in events])
+    assert main(["report", str(path)]) == 2  # it used to count the deal, and report fewer OPT pairs
+    assert f"a deal of {deal['buyer']!r} for 'p99' names a buyer or product its market lacks" in error_line(capsys)
+
+
 def test_report_of_a_missing_file(tmp_path, capsys):
     assert main(["report", str(tmp_path / "none.jsonl")]) == 2
     assert "none.jsonl" in error_line(capsys)

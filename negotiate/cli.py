@@ -217,9 +217,10 @@ def _parser() -> argparse.ArgumentParser:
     collect.set_defaults(run=_serve)
 
     from negotiate.training.options import add_train_arguments  # no torch: the flags come from the config dataclass
+    from negotiate.training.trainer import FROM_TRACES
 
     train = sub.add_parser(
-        "train", help="post-train a seller from traces (sft, rft, offline-grpo) or from live episodes (online-grpo)",
+        "train", help=f"post-train a seller from traces ({', '.join(FROM_TRACES)}) or from live episodes (online-grpo)",
         description="Turn collected episodes into a better seller: a checkpoint folder that hf:OUT loads. "
                     "Needs the train extra: pip install 'negotiate[train]'.")
     add_train_arguments(train)

@@ -728,3 +728,113 @@ def test_every_train_flag_is_a_config_field_with_help():
 
     for name, _kind, _default, help_text in config_fields():
         assert help_text, f"TrainConfig.{name} has no help text"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lr", "-1"], "--lr: -1.0: must be above 0"),
+    (["--lr", "nan"], "--lr: nan: must be a finite number"),
+    (["--epochs", "nan"], "--epochs: nan: must be a finite number"),
+    (["--kl-beta", "-1"], "--kl-beta: -1.0: must be 0 or more"),
+    (["--weight-decay", "-0.1"], "--weight-decay: -0.1: must be 0 or more"),
+    (["--temperature", "-1"], "--temperature: -1.0: must be from 0 to 2 (0: greedy)"),
+    (["--eval-episodes", "-5"], "--eval-episodes: -5: must be 0 or more (0: none)"),
+    (["--eval-every", "-1"], "--eval-every: -1: must be 0 or more (0: only before and after)"),
+    (["--clip-eps", "-1"], "--clip-eps: -1.0: must be above 0"),
+    (["--max-grad-norm", "0"], "--max-grad-norm: 0.0: must be above 0 (inf: no clipping)"),
+    (["--min-group", "0"], "--min-group: 0: must be at least 1"),
+    (["--threads", "0"], "--threads: 0: must be at least 1"),
+])
+def test_a_number_out_of_its_range_is_one_line_naming_its_flag_and_no_folder_is_made(argv, message, capsys, tmp_path):
+    assert main(["train", "--traces", "x", "--out", str(tmp_path / "o"), *argv]) == 2
+    assert capsys.readouterr().err == f"negotiate train: error: {message}\n"
+    assert not (tmp_path / "o").exists()
+
+
+def test_online_grpo_refuses_greedy_rollouts_and_an_unknown_split_while_documented_zeros_pass():
+    from negotiate.training.trainer import TrainConfig
+
+    # 0 means something for each of these (no eval, no KL, no decay, greedy evaluation); inf is no clipping.
+    TrainConfig(traces=("x",), eval_episodes=0, eval_every=0, kl_beta=0.0, weight_decay=0.0, temperature=0.0, max_grad_norm=math.inf).check()
+    with pytest.raises(UserError, match=re.escape("--temperature: 0.0: online-grpo samples its rollouts: must be above 0")):
+        TrainConfig(method="online-grpo", temperature=0.0).check()
+    with pytest.raises(UserError, match=re.escape("--split: 'nosuch': unknown split; choose from train")):
+        TrainConfig(method="online-grpo", split="nosuch").check()
+
+
+def _no_slow_work(monkeypatch):
+    """Replaying traces and loading the model fail the test: a refusal must come before either."""
+
+    def slow(*args, **kwargs):
+        raise AssertionError("slow work before the refusal")
+
+    monkeypatch.setattr("negotiate.training.trainer.load_episodes", slow)
+    monkeypatch.setattr("negotiate.training.trainer.load_policy", slow)
+
+
+def test_an_unknown_eval_split_is_refused_under_its_own_flag_before_the_traces_are_read(traces, tmp_path, monkeypatch, capsys):
+    _no_slow_work(monkeypatch)
+    spec = tmp_path / "bad.toml"
+    spec.write_text('split = "nosuch"\n')
+    for split, message in [
+        ("nosuch", "--eval-split: 'nosuch': unknown split; choose from train"),
+        (str(tmp_path), f"--eval-split: '{tmp_path}': is a folder; give a split or a .toml spec file"),
+        (str(spec), f"{spec}: split: 'nosuch': unknown split"),
+    ]:
+        argv = ["train", "--traces", str(traces / "run"), "--eval-split", split, "--eval-episodes", "1", "--out", str(tmp_path / "o")]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+        assert not (tmp_path / "o").exists()
+
+
+@needs_train
+def test_an_out_that_is_a_file_is_one_line_and_the_file_is_kept(traces, tmp_path, monkeypatch, capsys):
+    _no_slow_work(monkeypatch)
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    assert main(["train", "--traces", str(traces / "run"), "--out", str(afile)]) == 2
+    assert capsys.readouterr().err == f"negotiate train: error: --out: '{afile}': is a file, not a folder; choose a new folder for the checkpoint\n"
+    assert main(["train", "--traces", str(traces / "run"), "--out", str(afile / "sub")]) == 2
+    assert capsys.readouterr().err == (f"negotiate train: error: --out: '{afile / 'sub'}': is inside '{afile}', a file, not a folder; "
+                                       "choose a new folder for the checkpoint\n")
+    assert afile.read_text() == "keep"
+
+
+@needs_train
+def test_missing_traces_and_an_unknown_model_are_refused_before_any_trace_is_replayed(traces, tmp_path, monkeypatch, capsys):
+    _no_slow_work(monkeypatch)
+    out = tmp_path / "o"
+    assert main(["train", "--traces", str(tmp_path / "nosuch"), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"negotiate train: error: {tmp_path / 'nosuch'}: no such trace file or folder\n"
+    model = tmp_path / "nosuch-model"
+    assert main(["train", "--traces", str(traces / "run"), "--model", str(model), "--out", str(out)]) == 2
+    assert f"--model: '{model}': no model at '{model}'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@needs_train
+def test_a_run_refused_after_reading_the_traces_takes_back_only_what_it_made(traces, tmp_path, monkeypatch, capsys):
+    _no_slow_work(monkeypatch)
+    monkeypatch.setattr("negotiate.training.trainer.load_episodes", load_episodes)  # read the traces: no episode is kept
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # a model folder as --model is checked; never loaded
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "x").write_text("x")
+    (tmp_path / "empty").mkdir()
+    for out in (tmp_path / "new" / "deep" / "o", tmp_path / "keep", tmp_path / "empty"):
+        argv = ["train", "--traces", str(traces / "run"), "--seller", "nosuch", "--model", str(model), "--out", str(out), "--quiet"]
+        assert main(argv) == 2
+        assert "no usable episodes" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in (tmp_path / "keep").iterdir()) == ["x"] and (tmp_path / "keep" / "x").read_text() == "x"
+    assert list((tmp_path / "empty").iterdir()) == []
+
+
+def test_the_help_names_every_method_that_learns_from_traces(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")  # argparse wraps at the terminal's width
+    for argv, line in [(["--help"], "post-train a seller from traces (sft, rft, dagger, offline-grpo) or from live episodes (online-grpo)"),
+                       (["train", "--help"], "trace files or folders to learn from (sft, rft, dagger, offline-grpo)")]:
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert line in " ".join(capsys.readouterr().out.split())

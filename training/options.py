@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import shutil
+from pathlib import Path
 
 from rich.console import Console
 
@@ -66,27 +68,39 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
         missing.append("trl")
     if missing:
         raise UserError(f"{', '.join(missing)} not installed; training needs them: {TRAIN_INSTALL}", field="--method", value=config.method)
+    config.check_inputs()  # before the folder and its log are made: a wrong path leaves nothing behind
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from negotiate.logs import configure
     from negotiate.training.trainer import train
 
-    from pathlib import Path
-
-    Path(config.out).mkdir(parents=True, exist_ok=True)
-    configure(Path(config.out) / "train.log.jsonl", console_level=getattr(args, "console_level", logging.WARNING))
+    out = Path(config.out).absolute()
+    made = next((p for p in reversed((out, *out.parents)) if not p.exists()), None)
+    log_file = out / "train.log.jsonl"
+    had_log = log_file.exists()
+    console_level = getattr(args, "console_level", logging.WARNING)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"cannot be made ({error.strerror})", field="--out", value=config.out) from None
+    configure(log_file, console_level=console_level)
     columns = (TextColumn(f"train {config.method}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, disable=args.quiet, transient=False) as progress:
-        task = progress.add_task("train", total=None, info="loading")
+    try:
+        with Progress(*columns, console=console, disable=args.quiet, transient=False) as progress:
+            task = progress.add_task("train", total=None, info="loading")
 
-        def tick(step: int, total: int, row: dict) -> None:
-            info = f"loss {row['loss']:.4f}" if "loss" in row else ""
-            if row.get("reward") is not None:
-                info += f"  reward {row['reward']:.3f}"
-            progress.update(task, completed=step, total=total, info=info)
+            def tick(step: int, total: int, row: dict) -> None:
+                info = f"loss {row['loss']:.4f}" if "loss" in row else ""
+                if row.get("reward") is not None:
+                    info += f"  reward {row['reward']:.3f}"
+                progress.update(task, completed=step, total=total, info=info)
 
-        summary = train(config, progress=tick)
+            summary = train(config, progress=tick)
+    except UserError:  # refused once the traces were read (no usable episodes, say): take back what this run made
+        configure(None, console_level=console_level)  # closes the log file
+        _take_back(made, log_file, had_log)
+        raise
     for row in summary["evals"]:
         e = row["eval"]
         console.print(f"step {row['step']:>5}: reward {_fmt(e['reward'])}  adherence {_fmt(e['valid_rate'])}  "
@@ -94,6 +108,16 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
     console.print(f"checkpoint: {summary['checkpoint']}  ·  play it: --seller hf:{summary['checkpoint']}  ·  "
                   f"curve: {summary['curve']}  ·  {summary['steps']} steps in {summary['seconds']:.0f}s")
     return 0
+
+
+def _take_back(made: Path | None, log_file: Path, had_log: bool) -> None:
+    """Remove what a refused run made: the folders it created (``made``, the topmost), where they hold nothing but
+    its log, or else its new log alone. A folder that was there before, or anything else written, is kept."""
+    if made is None:
+        if not had_log and log_file.is_file():
+            log_file.unlink()
+    elif all(p == log_file or p.is_dir() for p in made.rglob("*")):
+        shutil.rmtree(made)
 
 
 def _fmt(value) -> str:

@@ -63,24 +63,44 @@ log = structlog.get_logger("negotiate.training")
 METHODS = ("sft", "rft", "dagger", "offline-grpo", "online-grpo")
 IMITATION = ("sft", "rft", "dagger")
 """The methods whose loss is the negative log-likelihood of the kept decisions (each times its weight)."""
+FROM_TRACES = tuple(method for method in METHODS if method != "online-grpo")
+"""The methods that learn from collected traces (``--traces``); online-grpo plays its own episodes."""
 
 
 def _help(text: str, **kw):
     return field(metadata={"help": text}, **kw)
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_split(name: str, flag: str) -> None:
+    """A split name or a TOML spec file (read now: a wrong field names the file), refused under ``flag``, before
+    anything loads, where it is neither (the markets are built only when the policy plays)."""
+    from negotiate.market import SPLITS, resolve_spec
+
+    if name in SPLITS:
+        return
+    if Path(name).is_dir():
+        raise UserError("is a folder; give a split or a .toml spec file", field=flag, value=name)
+    if not name.endswith(".toml") and not Path(name).exists():
+        raise UserError(f"unknown split; choose from {', '.join(SPLITS)} or give a .toml spec file", field=flag, value=name)
+    resolve_spec(name)
+
+
 @dataclass
 class TrainConfig:
     """One training run. Each field is a ``negotiate train`` flag (``--epochs`` for ``epochs``)."""
 
-    traces: tuple[str, ...] = _help("trace files or folders to learn from (sft, rft, offline-grpo)", default=())
+    traces: tuple[str, ...] = _help(f"trace files or folders to learn from ({', '.join(FROM_TRACES)})", default=())
     model: str = _help("the starting model: a folder saved by transformers, a .gguf file, or smollm2", default="smollm2")
     out: str = _help("checkpoint folder to write", default="checkpoints/seller")
     method: str = _help(f"one of {', '.join(METHODS)}", default="sft")
     reward: str = _help(f"reward function, one of {', '.join(REWARDS)}", default=DEFAULT_REWARD)
     split: str | None = _help("use only episodes of this split", default=None)
     seller: str | None = _help("use only episodes of this seller spec (as the trace names it)", default=None)
-    min_group: int = _help("drop groups with fewer episodes (rft and offline-grpo need 2 or more)", default=2)
+    min_group: int = _help("drop groups with fewer episodes (at least 1; rft and offline-grpo need 2 or more)", default=2)
     top: float = _help("sft: the share of episodes kept, best rewards first", default=1.0)
     teacher: str = _help("dagger: the scripted seller whose replies label the episodes' states", default="greedy")
     action_weights: str = _help("sft, rft, dagger: weigh each imitated decision's loss by the kind of its action, e.g. accept=4 "
@@ -99,7 +119,7 @@ class TrainConfig:
     bf16: bool = _help("compute in bfloat16 (torch.autocast; the weights and the optimizer stay float32)", default=False)
     lr: float = _help("AdamW learning rate", default=1e-4)
     weight_decay: float = _help("AdamW weight decay", default=0.0)
-    max_grad_norm: float = _help("gradient clipping", default=1.0)
+    max_grad_norm: float = _help("clip the gradient's norm to this (above 0; inf: no clipping)", default=1.0)
     clip_eps: float = _help("offline-grpo: ratio clip epsilon", default=0.2)
     kl_beta: float = _help("offline-grpo: weight of the KL to the starting model (0: none)", default=0.0)
     scale_advantages: bool = _help("offline-grpo: divide advantages by the group's standard deviation", default=True)
@@ -107,7 +127,7 @@ class TrainConfig:
     prompt: str = _help("the seller's prompt, full, compact or facts: how a scripted teacher's decisions are rendered, and the "
                         "prompt in evaluation and rollouts (a model's own decisions keep the prompt it saw)", default="full")
     seed: int = _help("shuffling and sampling seed", default=0)
-    threads: int | None = _help("torch threads (default: torch's choice)", default=None)
+    threads: int | None = _help("torch threads, 1 or more (default: torch's choice)", default=None)
     eval_episodes: int = _help("held-out episodes the policy plays before, during and after training (0: none)", default=0)
     eval_every: int = _help("steps between evaluations (0: only before and after)", default=0)
     eval_split: str = _help("split (or TOML spec) of the evaluation markets", default="train")
@@ -115,7 +135,8 @@ class TrainConfig:
     fresh: bool = _help("evaluation and rollouts: ask the policy for a message only once every scripted buyer has answered "
                         "its last one, so it decides on the state its message lands in (as serve --fresh)", default=False)
     eval_seed: int = _help("run seed of the evaluation markets (keep it apart from the training runs' seeds)", default=1_000_003)
-    temperature: float = _help("sampling temperature in evaluation and rollouts", default=0.7)
+    temperature: float = _help("sampling temperature in evaluation and rollouts, 0 to 2 (0: greedy, which online-grpo's "
+                               "rollouts cannot be)", default=0.7)
     max_tokens: int = _help("most tokens per seller reply in evaluation and rollouts", default=96)
     gen_batch: int = _help("replies generated together in evaluation and rollouts", default=16)
     markets: int = _help("online-grpo: markets in the prompt dataset", default=64)
@@ -144,11 +165,49 @@ class TrainConfig:
             raise UserError("not a LoRA adapter folder (no adapter_config.json)", field="--adapter", value=self.adapter)
         if not 0 < self.top <= 1:
             raise UserError("must be in (0, 1]", field="--top", value=self.top)
-        if self.epochs <= 0:
-            raise UserError("must be above 0", field="--epochs", value=self.epochs)
-        for name in ("batch_size", "micro_batch", "max_length", "lora_r", "group", "markets", "max_tokens", "gen_batch", "max_steps"):
+        # nan passes every comparison, so each bound is written as what a good value satisfies.
+        for name, zero in (("epochs", False), ("lr", False), ("clip_eps", False), ("weight_decay", True), ("kl_beta", True)):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise UserError("must be a finite number", field=_flag(name), value=value)
+            if not (value >= 0 if zero else value > 0):
+                raise UserError("must be 0 or more" if zero else "must be above 0", field=_flag(name), value=value)
+        if not self.max_grad_norm > 0:  # torch scales the gradient by max_grad_norm / norm: 0 would zero every step
+            raise UserError("must be above 0 (inf: no clipping)", field="--max-grad-norm", value=self.max_grad_norm)
+        if not 0 <= self.temperature <= 2:  # the hf: backend's range
+            raise UserError("must be from 0 to 2 (0: greedy)", field="--temperature", value=self.temperature)
+        if self.method == "online-grpo" and self.temperature == 0:  # TRL divides the logits by it; a greedy group is all alike
+            raise UserError("online-grpo samples its rollouts: must be above 0", field="--temperature", value=self.temperature)
+        for name in ("batch_size", "micro_batch", "max_length", "lora_r", "lora_alpha", "group", "markets", "max_tokens", "gen_batch",
+                     "max_steps", "min_group", "threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UserError("must be at least 1", field="--" + name.replace("_", "-"), value=getattr(self, name))
+                raise UserError("must be at least 1", field=_flag(name), value=getattr(self, name))
+        for name, zero in (("eval_episodes", "none"), ("eval_every", "only before and after")):
+            if getattr(self, name) < 0:
+                raise UserError(f"must be 0 or more (0: {zero})", field=_flag(name), value=getattr(self, name))
+        if self.method == "online-grpo" and self.group < 2:  # as train_online says it, before trl is imported
+            raise UserError("online-grpo compares episodes of one market: --group must be 2 or more", field="--group", value=self.group)
+        if self.method == "online-grpo" and self.batch_size % self.group:
+            raise UserError(f"must be a multiple of --group ({self.group})", field="--batch-size", value=self.batch_size)
+        check_split(self.eval_split, "--eval-split")
+        if self.method == "online-grpo" and self.split is not None:  # the markets of the rollouts (a filter of traces otherwise)
+            check_split(self.split, "--split")
+
+    def check_inputs(self) -> None:
+        """What the run reads and writes, checked on disk without reading a trace or loading a model (so in
+        moments): ``--out`` can take a checkpoint, ``--traces`` name trace files, ``--model`` names a model."""
+        from negotiate.trace import trace_files
+
+        out = Path(self.out)
+        above = next((p for p in (out, *out.absolute().parents) if p.exists()), None)
+        if above is not None and not above.is_dir():
+            where = "is a file" if above == out else f"is inside {str(above)!r}, a file"
+            raise UserError(f"{where}, not a folder; choose a new folder for the checkpoint", field="--out", value=self.out)
+        if (out / "train.json").exists():
+            raise UserError("already holds a trained checkpoint; choose another --out", source=str(out))
+        if self.method != "online-grpo":
+            trace_files(self.traces)
+        resolve_model(self.model)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -558,24 +617,23 @@ class MetricsLog:
 def train(config: TrainConfig, *, progress=None) -> dict:
     """Run ``config``; returns the summary also written to ``OUT/train.json``."""
     config.check()
+    config.check_inputs()
     if config.method == "online-grpo":
         from negotiate.training.online import train_online
 
         return train_online(config, progress=progress)
-    import torch
-
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    torch.manual_seed(config.seed)
     out = Path(config.out)
-    if (out / "train.json").exists():
-        raise UserError("already holds a trained checkpoint; choose another --out", source=str(out))
     grouped = config.method in ("rft", "offline-grpo")
     where = DataFilter(split=config.split, seller=config.seller, min_group=config.min_group if grouped else 1)
     episodes = load_episodes(config.traces, reward=config.reward, where=where, prompt=config.prompt,
                              teacher=config.teacher if config.method == "dagger" else None)
     if not episodes:
         raise UserError("no usable episodes (check --split, --seller and --min-group against the traces)", source=", ".join(config.traces))
+    import torch  # seconds to import: after the traces, so that traces that give nothing are refused at once
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
     began = time.perf_counter()
     model, tokenizer = load_policy(config)
     examples, counts = build_examples(config, episodes, model, tokenizer)

@@ -8,7 +8,8 @@ overwritten. The exit codes, for scripts and CI (also in ``negotiate --help``):
 - 1: one or more episodes failed (a model server's error, say): the run still wrote them all,
   the table counts them and a last line gives the commonest reason;
 - 2: bad input or a refused command: one line on stderr, nothing run;
-- 130: interrupted (Ctrl-C): every finished episode is kept, ``--resume`` runs the rest.
+- 130: interrupted (Ctrl-C): every finished episode is kept, ``--resume`` runs the rest;
+- 143: stopped by SIGTERM (``kill``, a scheduler's time limit): as Ctrl-C.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import logging
 import math
 import os
 import shlex
+import signal
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -42,16 +45,28 @@ from negotiate.report import (
 from negotiate.agents.pools import Pools
 from negotiate.run import RunConfig, RunOptions, command_default, command_flags, default_timeout, flag_help
 from negotiate.runner import Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug
+from negotiate.trace import scan
 from negotiate.workers import check_workers, models_play, run_workers
 
-__all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED"]
+__all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
 
 log = structlog.get_logger("negotiate.cli")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, as Ctrl-C is: a run stops the same way, keeps its finished
+    episodes and says how to resume (Slurm and Kubernetes stop a job with SIGTERM)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated
+
+
 EXIT_CODES = ("exit codes: 0 every episode finished; 1 one or more episodes failed (all written; the last line gives the "
               "commonest reason); 2 bad input, one line on stderr, nothing run; 130 interrupted (finished episodes kept, "
-              "--resume runs the rest)")
+              "--resume runs the rest); 143 the same, stopped by SIGTERM")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -332,9 +347,10 @@ def _print_command(console: Console, label: str, *words: str) -> None:
 
 
 def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, console: Console, label: str,
-             log_file: Path | None, pools: Pools) -> tuple[int, float, bool]:
+             log_file: Path | None, pools: Pools) -> tuple[int, float, int | None]:
     """Play every pending job of ``runs`` under one progress bar (in ``--workers`` processes), each one
-    a :class:`~negotiate.run.Run` on the command's ``pools``. Returns (episodes, seconds, interrupted)."""
+    a :class:`~negotiate.run.Run` on the command's ``pools``. Returns (episodes, seconds, and the exit code of an
+    interruption or None)."""
     total = sum(len(p.jobs) for p, _ in runs)
     progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                         TextColumn("[red]{task.fields[failed]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
@@ -368,10 +384,17 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
                     run_async(main)
                 finally:
                     pools.requests.close()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
+            progress.update(task, completed=counter["n"])  # the bar shows what was kept, not its last refresh
             progress.stop()
-            return counter["n"], time.perf_counter() - began, True
-    return counter["n"], time.perf_counter() - began, False
+            return counter["n"], time.perf_counter() - began, EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
+    return counter["n"], time.perf_counter() - began, None
+
+
+def _kept(runs: list[tuple[Prepared, Path]]) -> int:
+    """The complete episodes in the traces of ``runs``: what an interrupted run keeps (an episode can be written
+    in the instant before the stop, and not yet counted by the progress bar)."""
+    return sum(len(scan(out / prepared.config.trace_name(seller.text)).complete) for prepared, out in runs for seller in prepared.sellers)
 
 
 def _check_models(runs: list[tuple[Prepared, Path]], pools: Pools) -> None:
@@ -526,9 +549,9 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
              shard=f"{config.shard[0]}/{config.shard[1]}")
     done, elapsed, interrupted = _run_all([(prepared, out)], args, console, args.command, log_file, pools)
     if interrupted:
-        console.print(f"[yellow]interrupted:[/] {done + prepared.done} episodes kept in {out}", highlight=False)
+        console.print(f"[yellow]interrupted:[/] {_kept([(prepared, out)])} episodes kept in {out}", highlight=False)
         _print_command(console, "finish with", "negotiate", args.command, "--resume", out)
-        return EXIT_INTERRUPTED
+        return interrupted
     log.info("done", played=done, seconds=round(elapsed, 2), out=str(out))
     rows = rows_from_traces([out])
     console.print(summary_table(summarize(rows, by, {"seller": config.sellers}), by))
@@ -604,9 +627,9 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
              episodes=configs[0].episodes, to_play=sum(len(p.jobs) for p, _ in runs), already_done=sum(p.done for p, _ in runs))
     done, elapsed, interrupted = _run_all(runs, args, console, "eval", log_file, pools)
     if interrupted:
-        console.print(f"[yellow]interrupted:[/] completed episodes kept in {out}", highlight=False)
+        console.print(f"[yellow]interrupted:[/] {_kept(runs)} episodes kept in {out}", highlight=False)
         _print_command(console, "finish with", "negotiate", "eval", "--resume", out)
-        return EXIT_INTERRUPTED
+        return interrupted
     rows = rows_from_traces([out])
     by = ["seller", "split"]
     order = {"seller": sellers, "split": splits}
@@ -760,11 +783,15 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     args.console_level = _console_level(args)
     configure(None, console_level=args.console_level)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
         return args.run(args, console)
     except UserError as error:
         print(f"negotiate {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

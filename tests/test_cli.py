@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import time
 
 import orjson
 import pytest
@@ -257,6 +258,31 @@ def test_serve_then_resume_after_an_interruption(tmp_path, capsys):
     assert sorted(e[0]["index"] for e in read_episodes(out / "random.jsonl")) == [0, 1, 2, 3]
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_resume_finishes_it(tmp_path):
+    """Slurm and Kubernetes stop a job with SIGTERM: the run says what it kept and how to finish (it ended
+    silently with 143), the traces hold exactly that many episodes, and --resume plays the rest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "negotiate", "serve", "--seller", "greedy", "--episodes", "3000", "--out", str(out), "--quiet"]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not ((out / "greedy.jsonl").exists() and (out / "greedy.jsonl").stat().st_size > 0):
+        assert time.monotonic() < deadline and run.poll() is None, "the run wrote no episode"
+        time.sleep(0.05)
+    os.kill(run.pid, signal.SIGTERM)
+    printed, _ = run.communicate(timeout=60)
+    assert run.returncode == 143, printed
+    kept = len(list(read_episodes(out / "greedy.jsonl")))
+    assert 0 < kept < 3000  # stopped after its first episodes: 3000 take about 6 s here
+    assert f"interrupted: {kept} episodes kept in {out}" in printed and f"negotiate serve --resume {out}" in printed
+    assert main(["serve", "--resume", str(out), "--quiet"]) == 0
+    assert sorted(e[0]["index"] for e in read_episodes(out / "greedy.jsonl")) == list(range(3000))
+
+
 def test_agent_deadlines_default_longer_when_a_local_model_plays(tmp_path):
     import argparse
     import json
@@ -291,6 +317,7 @@ def test_help_shows_every_default_and_the_exit_codes(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "market i is seeded from (seed, i) (default: 0)" in text
     assert "exit codes: 0 every episode finished; 1 one or more episodes failed" in text and "130 interrupted" in text
+    assert "143 the same, stopped by SIGTERM" in text
     with pytest.raises(SystemExit):
         main(["report", "--help"])
     text = " ".join(capsys.readouterr().out.split())

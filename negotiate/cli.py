@@ -44,7 +44,9 @@ from negotiate.report import (
 )
 from negotiate.agents.pools import Pools
 from negotiate.run import RunConfig, RunOptions, command_default, command_flags, default_timeout, flag_help
-from negotiate.runner import Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug
+from negotiate.runner import (
+    Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug, take_failed,
+)
 from negotiate.trace import scan
 from negotiate.workers import check_workers, models_play, run_workers
 
@@ -175,6 +177,12 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
 _RUN_SETTINGS = "--resume DIR finishes the run in DIR with its own settings (run.json); "
 
 
+def _retry_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="with --resume: play the run's failed episodes again (a model server that was down, say); they are "
+                             "taken out of the traces once every check has passed, just before they play")
+
+
 def _batch_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """The flags of serve and collect: the run's (generated), where it writes, and what it prints."""
     _run_arguments(parser, command)
@@ -182,6 +190,7 @@ def _batch_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--resume", type=Path, metavar="DIR",
                         help=_RUN_SETTINGS + "a larger --episodes (collect: --markets) extends it; any other run setting that "
                              "differs from the run's is refused")
+    _retry_argument(parser)
     parser.add_argument("--by", default="seller,split", help=f"table breakdown, from {', '.join(GROUP_KEYS)} (default: seller,split)")
     _output_arguments(parser)
 
@@ -282,6 +291,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--resume", type=Path, metavar="DIR",
                           help="finish an interrupted evaluation in DIR with its own settings; a larger --episodes extends it, "
                                "any other setting that differs is refused")
+    _retry_argument(evaluate)
     _output_arguments(evaluate)
     evaluate.set_defaults(run=_eval)
 
@@ -389,6 +399,18 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
             progress.stop()
             return counter["n"], time.perf_counter() - began, EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
     return counter["n"], time.perf_counter() - began, None
+
+
+def _check_retry(args: argparse.Namespace) -> None:
+    if args.retry_failed and args.resume is None:
+        raise UserError("plays a run's failed episodes again: give the run with --resume DIR", field="--retry-failed", value=True)
+
+
+def _take_failed(console: Console, runs: list[Prepared]) -> None:
+    """--retry-failed: the failed episodes out of the traces, now that every check passed; a line says how many."""
+    taken = sum(take_failed(prepared) for prepared in runs)
+    if taken:
+        console.print(f"playing {taken} failed episode{'s' if taken != 1 else ''} again", highlight=False)
 
 
 def _kept(runs: list[tuple[Prepared, Path]]) -> int:
@@ -514,8 +536,8 @@ def _new_config(args: argparse.Namespace) -> RunConfig:
 # -- commands -----------------------------------------------------------------------------------------
 
 
-def _failures(console: Console, rows: list[dict], log_file: Path) -> int:
-    """The exit code of a finished run: 1, with one line, if any episode failed."""
+def _failures(console: Console, rows: list[dict], log_file: Path, command: str) -> int:
+    """The exit code of a finished run: 1, with one line and the command that plays them again, if any episode failed."""
     failed = [row for row in rows if row.get("outcome") == "failed"]
     if not failed:
         return EXIT_OK
@@ -523,6 +545,7 @@ def _failures(console: Console, rows: list[dict], log_file: Path) -> int:
     line = Text(f"{len(failed)} of {len(rows)} episodes failed", style="bold red")
     line.append(f" (commonest reason, {count} of them: {reason}); each one is in {log_file}")
     console.print(line, soft_wrap=True, highlight=False)
+    _print_command(console, "once fixed, play them again with", "negotiate", command, "--resume", log_file.parent, "--retry-failed")
     return EXIT_FAILED
 
 
@@ -537,11 +560,13 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     check_workers(args.workers, [*config.sellers, config.buyers])  # before the specs are parsed: see check_workers
     by = _by(args.by)
     summarize([], by)  # check --by before running anything
-    prepared = prepare(config, out, resume=args.resume is not None)
+    _check_retry(args)
+    prepared = prepare(config, out, resume=args.resume is not None, retry_failed=args.retry_failed)
     pools = Pools(max_inflight=args.max_inflight)
     _check_models([(prepared, out)], pools)
     _make_out(out)
     save_config(config, out)
+    _take_failed(console, [prepared])
     log_file = out / "serve.log.jsonl"
     configure(log_file, console_level=args.console_level)
     log.info("run", out=str(out), run=config.run_id, sellers=list(config.sellers), buyers=config.buyers, split=config.split,
@@ -557,7 +582,7 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     console.print(summary_table(summarize(rows, by, {"seller": config.sellers}), by))
     console.print(f"traces: {out}  ·  {done} episodes in {elapsed:.1f}s", highlight=False, soft_wrap=True)
     _print_command(console, "report again", "negotiate", "report", out)
-    return _failures(console, rows, log_file)
+    return _failures(console, rows, log_file, args.command)
 
 
 def _eval_settings(path: Path) -> dict:
@@ -611,8 +636,9 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
                    for split in splits]
     check_workers(args.workers, [*configs[0].sellers, configs[0].buyers])
     _distinct(splits, split_dir, "would share the folder {}; rename one of the files")
-    runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None), out / split_dir(config.split))
-            for config in configs]  # every spec and agent is checked before anything runs
+    _check_retry(args)
+    runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None, retry_failed=args.retry_failed),
+             out / split_dir(config.split)) for config in configs]  # every spec and agent is checked before anything runs
     names = {config.split: prepared.spec.name for (prepared, _), config in zip(runs, configs)}
     _distinct(splits, names.get, "are both named {!r}, the label of their episodes; set another name in one spec file")
     pools = Pools(max_inflight=args.max_inflight)  # the splits share the servers' clients and the loaded models
@@ -621,6 +647,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     (out / "eval.json").write_text(json.dumps({"sellers": sellers, "splits": splits, "baseline": baseline}, indent=2))
     for (_, run_out), config in zip(runs, configs):
         save_config(config, run_out)
+    _take_failed(console, [prepared for prepared, _ in runs])
     log_file = out / "eval.log.jsonl"
     configure(log_file, console_level=args.console_level)
     log.info("eval", out=str(out), run=configs[0].run_id, sellers=sellers, splits=splits, baseline=baseline,
@@ -650,7 +677,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     console.print(f"results: {out}/results.md, results.csv, paired.csv; plots: {', '.join(p.name for p in plots)}  ·  "
                   f"{done} episodes in {elapsed:.1f}s", highlight=False, soft_wrap=True)
     _print_command(console, "report again", "negotiate", "report", out, "--baseline", baseline)
-    return _failures(console, rows, log_file)
+    return _failures(console, rows, log_file, args.command)
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:

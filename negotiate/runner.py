@@ -31,10 +31,10 @@ from negotiate.errors import UserError
 from negotiate.market import MarketSpec, resolve_spec
 from negotiate.metrics import opt
 from negotiate.run import Run, RunConfig, build_buyers, check_timeout, market_seed, slug
-from negotiate.trace import scan
+from negotiate.trace import Outcome, drop_failed, scan
 
 __all__ = ["RunConfig", "new_run_id", "check_timeout", "market_seed", "prepare", "run_batch", "run_async", "slug", "play", "build_episode", "build_buyers",
-           "save_config", "load_config"]
+           "save_config", "load_config", "take_failed"]
 
 log = structlog.get_logger("negotiate.runner")
 
@@ -56,6 +56,8 @@ class Prepared:
     jobs: list[Job] = field(default_factory=list)
     done: int = 0
     """Episodes already complete in the traces (resume)."""
+    retry: list[Path] = field(default_factory=list)
+    """Trace files whose failed episodes play again (``--retry-failed``): :func:`take_failed` takes them out first."""
 
 
 def new_run_id(command: str) -> str:
@@ -63,8 +65,9 @@ def new_run_id(command: str) -> str:
     return f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def prepare(config: RunConfig, out: Path, *, resume: bool) -> Prepared:
-    """Parse specs and agents, and list the jobs still to run (dropping a half-written tail on resume)."""
+def prepare(config: RunConfig, out: Path, *, resume: bool, retry_failed: bool = False) -> Prepared:
+    """Parse specs and agents, and list the jobs still to run (dropping a half-written tail on resume, and with
+    ``retry_failed`` the failed episodes, which then run again)."""
     if not config.sellers:
         raise UserError("names no seller; give one or more seller specs, comma-separated, like greedy,posted",
                         field="--seller", value=",".join(config.sellers))
@@ -85,12 +88,27 @@ def prepare(config: RunConfig, out: Path, *, resume: bool) -> Prepared:
                 with open(path, "r+b") as handle:
                     handle.truncate(result.good_bytes)
                 log.info("dropped a half-written episode", file=str(path), episode=result.partial)
-            finished = {start.index for start in result.complete}
+            failed = {start.index for start, end in zip(result.complete, result.ends) if end.outcome == Outcome.FAILED}
+            finished = {start.index for start in result.complete} - (failed if retry_failed else set())
+            if retry_failed and failed:
+                prepared.retry.append(path)
         prepared.done += len(finished & set(config.indices()))
         prepared.jobs.extend(Job(seller, i) for i in config.indices() if i not in finished)
     # Interleave sellers so a partial run has comparable coverage of every seller.
     prepared.jobs.sort(key=lambda job: (job.index, sellers.index(job.seller)))
     return prepared
+
+
+def take_failed(prepared: Prepared) -> int:
+    """Take the failed episodes out of the traces of a run prepared with ``retry_failed``, once every check has
+    passed and just before it plays them again; returns how many."""
+    taken = 0
+    for path in prepared.retry:
+        dropped = drop_failed(path, fsync=True)
+        log.info("failed episodes to play again", file=str(path), episodes=dropped)
+        taken += dropped
+    prepared.retry = []
+    return taken
 
 
 def build_episode(spec: MarketSpec, seller: AgentSpec, buyers: AgentSpec, run_seed: int, index: int, group: int = 1):

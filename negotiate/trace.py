@@ -36,7 +36,7 @@ __all__ = [
     "SCHEMA_VERSION", "EventType", "Outcome", "EndReason", "TIMEOUT",
     "EpisodeStart", "MessageEvent", "ViolationEvent", "DealEvent", "NoticeEvent", "EpisodeEnd", "OtherEvent", "Event",
     "EpisodeRecord", "parse_event", "as_events",
-    "TraceWriter", "encode", "read_episodes", "read_records", "scan", "trace_files", "ScanResult", "shown",
+    "TraceWriter", "encode", "read_episodes", "read_records", "scan", "drop_failed", "trace_files", "ScanResult", "shown",
 ]
 
 SCHEMA_VERSION = 2
@@ -689,6 +689,37 @@ def scan(path: str | Path) -> ScanResult:
             start = None
             good = offset
     return ScanResult(complete, good, start.get("episode") if start else None, ends)
+
+
+def drop_failed(path: str | Path, *, fsync: bool = False) -> int:
+    """Take the failed episodes (``episode_end`` outcome ``failed``) out of a complete trace file, so that a resumed
+    run plays them again; returns how many. Every other episode keeps its bytes and its order. The file is replaced
+    whole (a new file renamed over it): a crash leaves the old trace or the new one, never a mix."""
+    path = Path(path)
+    result = scan(path)
+    if not any(end.outcome == Outcome.FAILED for end in result.ends):
+        return 0
+    kept, episode, dropped = bytearray(), bytearray(), 0
+    for _, offset, line in _lines(path):
+        if offset > result.good_bytes:
+            break
+        episode += line
+        event = orjson.loads(line) if line.strip() else {}
+        if event.get("type") == "episode_end":
+            if event.get("outcome") == Outcome.FAILED:
+                dropped += 1
+            else:
+                kept += episode
+            episode = bytearray()
+    kept += episode  # blank lines after the last episode
+    temporary = path.with_name(path.name + ".retry")
+    with open(temporary, "wb") as handle:
+        handle.write(kept)
+        if fsync:
+            handle.flush()
+            os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    return dropped
 
 
 def trace_files(paths: Iterable[str | Path]) -> list[Path]:

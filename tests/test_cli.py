@@ -349,7 +349,7 @@ def test_the_run_commands_flags_keep_their_names_defaults_and_help(capsys):
     defaults and help as when they were written by hand."""
     serve, collect, evaluate = (_options(command, capsys) for command in ("serve", "collect", "eval"))
     shared = ["--seller,--sellers", "--buyers", "--seed", "--seller-timeout", "--reply-timeout", "--concurrency",
-              "--workers", "--max-inflight", "--out", "--resume", "--log-level", "--quiet", "-h,--help", "--fresh"]
+              "--workers", "--max-inflight", "--out", "--resume", "--retry-failed", "--log-level", "--quiet", "-h,--help", "--fresh"]
     assert sorted(serve) == sorted([*shared, "--split", "--episodes", "--group", "--shard", "--fsync", "--by"])
     assert sorted(collect) == sorted([*shared, "--split", "--markets", "--group", "--shard", "--fsync", "--by"])
     assert sorted(evaluate) == sorted([*shared, "--split,--splits", "--episodes", "--baseline"])
@@ -673,6 +673,37 @@ def test_a_run_whose_episodes_fail_exits_1_with_one_line(tmp_path, capsys, monke
     assert "report again:\n  negotiate report " in captured.out
     logged = [orjson.loads(line) for line in (tmp_path / "r" / "serve.log.jsonl").read_bytes().splitlines()]
     assert sum(line["event"] == "episode failed" for line in logged) == 3
+
+
+def test_retry_failed_plays_the_failed_episodes_again_and_keeps_every_other(tmp_path, capsys):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_openai import Fault, serve_in_thread
+
+    out = tmp_path / "r"
+    with serve_in_thread() as server:
+        seller = f"openai:{server.model}@{server.url}?retries=0"
+        server.faults.extend(Fault(status=503) for _ in range(200))  # the server is down for the whole run
+        assert main(["serve", "--seller", f"greedy,{seller}", "--episodes", "3", "--out", str(out), "--quiet"]) == 1
+        assert f"once fixed, play them again with:\n  negotiate serve --resume {out} --retry-failed" in capsys.readouterr().out
+        (model_trace,) = [p for p in out.glob("*.jsonl") if p.name != "greedy.jsonl" and not p.name.endswith(".log.jsonl")]
+        greedy = (out / "greedy.jsonl").read_bytes()
+        assert [e[-1]["outcome"] for e in read_episodes(model_trace)] == ["failed"] * 3
+        server.faults.clear()  # back up
+        assert main(["serve", "--resume", str(out), "--quiet"]) == 1  # a plain resume: failed episodes count as played
+        assert "0 episodes in" in capsys.readouterr().out
+        assert main(["serve", "--retry-failed", "--seller", "greedy", "--out", str(tmp_path / "x"), "--quiet"]) == 2
+        assert "--retry-failed: True: plays a run's failed episodes again: give the run with --resume DIR" in error_line(capsys)
+        assert not (tmp_path / "x").exists()
+        assert main(["serve", "--resume", str(out), "--retry-failed", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "playing 3 failed episodes again" in printed and "3 episodes in" in printed
+    episodes = list(read_episodes(model_trace))
+    assert sorted(e[0]["index"] for e in episodes) == [0, 1, 2] and all(e[-1]["outcome"] != "failed" for e in episodes)
+    assert (out / "greedy.jsonl").read_bytes() == greedy  # the other seller's trace is untouched, byte for byte
+    assert not list(out.glob("*.retry"))
 
 
 def test_the_log_counts_episodes_per_seller_like_the_flag(tmp_path, capsys):

@@ -12,7 +12,7 @@ from negotiate.errors import UserError
 from negotiate.market import SPLITS
 from negotiate.metrics import metrics_from_events
 from negotiate.runner import build_episode
-from negotiate.trace import TraceWriter, read_episodes, read_records, scan, trace_files
+from negotiate.trace import TraceWriter, drop_failed, read_episodes, read_records, scan, trace_files
 
 
 def tiny(episode: str, schema: int = SCHEMA_VERSION, **extra) -> list[dict]:
@@ -171,6 +171,23 @@ def test_scan_of_a_file_with_a_half_written_tail(tmp_path):
     assert [s["episode"] for s in result.complete] == ["a"]
     assert result.good_bytes == good
     assert result.partial == "b"
+
+
+def test_drop_failed_takes_out_the_failed_episodes_and_keeps_every_other_byte(tmp_path):
+    path = tmp_path / "t.jsonl"
+    failed = tiny("b")
+    failed[-1] = failed[-1] | {"outcome": "failed", "reason": "LLMError: down"}
+    _write_lines(path, tiny("a"))
+    a = path.read_bytes()
+    with open(path, "ab") as handle:
+        handle.write(b"".join(orjson.dumps(e) + b"\n" for e in failed))
+    c = b"".join(orjson.dumps(e) + b"\n" for e in tiny("c"))
+    with open(path, "ab") as handle:
+        handle.write(b"\n" + c)  # a blank line between episodes stays with the episode after it
+    assert drop_failed(path) == 1
+    assert path.read_bytes() == a + b"\n" + c
+    assert drop_failed(path) == 0 and path.read_bytes() == a + b"\n" + c  # nothing failed: the file is left alone
+    assert [s["episode"] for s in scan(path).complete] == ["a", "c"]
 
 
 def test_scan_of_a_tail_of_whole_lines(tmp_path):

@@ -6,7 +6,8 @@ overwritten. The exit codes, for scripts and CI (also in ``negotiate --help``):
 
 - 0: every episode finished (terminated or truncated);
 - 1: one or more episodes failed (a model server's error, say): the run still wrote them all,
-  the table counts them and a last line gives the commonest reason;
+  the table counts them and a last line gives the commonest reason; or a trace took no more (a full
+  disk): one line, the episodes before it kept;
 - 2: bad input or a refused command: one line on stderr, nothing run;
 - 130: interrupted (Ctrl-C): every finished episode is kept, ``--resume`` runs the rest;
 - 143: stopped by SIGTERM (``kill``, a scheduler's time limit): as Ctrl-C.
@@ -47,7 +48,7 @@ from negotiate.run import RunConfig, RunOptions, command_default, command_flags,
 from negotiate.runner import (
     Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug, take_failed,
 )
-from negotiate.trace import scan
+from negotiate.trace import TraceWriteError, scan
 from negotiate.workers import check_workers, models_play, run_workers
 
 __all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
@@ -815,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args, console)
     except UserError as error:
         print(f"negotiate {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_FAILED if isinstance(error, TraceWriteError) else EXIT_USAGE
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

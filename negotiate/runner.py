@@ -195,9 +195,21 @@ async def _play_all(run: Run, prepared: Prepared, concurrency: int, on_episode, 
         async with anyio.create_task_group() as tg:
             for _ in range(max(1, min(concurrency, len(prepared.jobs)))):
                 tg.start_soon(worker)
+    except BaseExceptionGroup as group:
+        raise _one_user_error(group) from None
     finally:
         gc.set_threshold(*old_threshold)
     return rows
+
+
+def _one_user_error(group: BaseExceptionGroup) -> BaseException:
+    """What the workers of a batch raised, as the CLI can say it: where every one of them is a :class:`UserError` (a
+    trace that takes no more, say, met by every worker in turn), the first; else the group itself."""
+    leaves, todo = [], [group]
+    while todo:
+        for error in todo.pop().exceptions:
+            (todo if isinstance(error, BaseExceptionGroup) else leaves).append(error)
+    return leaves[0] if leaves and all(isinstance(error, UserError) for error in leaves) else group
 
 
 async def preload_models(specs: list[AgentSpec], pools: Pools | None = None) -> None:

@@ -36,7 +36,7 @@ __all__ = [
     "SCHEMA_VERSION", "EventType", "Outcome", "EndReason", "TIMEOUT",
     "EpisodeStart", "MessageEvent", "ViolationEvent", "DealEvent", "NoticeEvent", "EpisodeEnd", "OtherEvent", "Event",
     "EpisodeRecord", "parse_event", "as_events",
-    "TraceWriter", "encode", "read_episodes", "read_records", "scan", "drop_failed", "trace_files", "ScanResult", "shown",
+    "TraceWriter", "TraceWriteError", "encode", "read_episodes", "read_records", "scan", "drop_failed", "trace_files", "ScanResult", "shown",
 ]
 
 SCHEMA_VERSION = 2
@@ -492,6 +492,10 @@ def encode(events: Iterable[Event | dict]) -> bytes:
     return b"".join([dumps(event.json_data() if type(event) is EpisodeStart else event, option=option) for event in events])
 
 
+class TraceWriteError(UserError):
+    """A trace file that takes no more: the run stops with one line (exit code 1), and what it wrote stays."""
+
+
 class TraceWriter:
     """Appends whole episodes to a JSONL file."""
 
@@ -500,21 +504,37 @@ class TraceWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "ab")
         self._fsync = fsync
+        self._failed = False
         self.episodes = 0
 
     def write(self, events: Iterable[Event | dict]) -> None:
         self.write_encoded(encode(events))
 
     def write_encoded(self, data: bytes) -> None:
-        """Append one episode already encoded by :func:`encode` (a worker process encoded it)."""
-        self._file.write(data)
-        self._file.flush()
-        if self._fsync:
-            os.fsync(self._file.fileno())
+        """Append one episode already encoded by :func:`encode` (a worker process encoded it); a
+        :class:`TraceWriteError` where the file takes no more (a full disk, a file size limit)."""
+        try:
+            self._file.write(data)
+            self._file.flush()
+            if self._fsync:
+                os.fsync(self._file.fileno())
+        except OSError as error:
+            self._failed = True
+            raise self._error(error) from None
         self.episodes += 1
 
+    def _error(self, error: OSError) -> TraceWriteError:
+        return TraceWriteError(f"cannot write the trace ({error.strerror or error}); the episodes before this one are kept, "
+                               "and --resume plays the rest once there is room", source=str(self.path))
+
     def close(self) -> None:
-        self._file.close()
+        """Close the file; after a failed write, what its buffer still holds is the half episode that failed (resume
+        drops it), so a second failure is not news."""
+        try:
+            self._file.close()
+        except OSError as error:
+            if not self._failed:
+                raise self._error(error) from None
 
     def __enter__(self) -> TraceWriter:
         return self

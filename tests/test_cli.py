@@ -283,6 +283,32 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_resume_finishes_it(tmp_path):
     assert sorted(e[0]["index"] for e in read_episodes(out / "greedy.jsonl")) == list(range(3000))
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_trace_that_takes_no_more_stops_the_run_with_one_line_and_resume_finishes(tmp_path, workers):
+    """A full disk (here a 64 KiB file size limit): one line naming the file and the cause, exit code 1, the
+    episodes written before it kept; it was some 260 lines of tracebacks, one per worker task."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "negotiate", "serve", "--seller", "greedy,posted", "--episodes", "60", "--out", str(out),
+               "--quiet", "--workers", workers]
+    limit = 64 * 1024
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert run.returncode == 1, run.stderr
+    (line,) = run.stderr.splitlines()
+    full = re.fullmatch(f"negotiate serve: error: {re.escape(str(out))}/(greedy|posted).jsonl: cannot write the trace \\(File too "
+                        "large\\); the episodes before this one are kept, and --resume plays the rest once there is room", line)
+    assert full is not None, line
+    kept = len(list(read_episodes(out / f"{full[1]}.jsonl", allow_partial=True)))
+    assert 0 < kept < 60
+    assert main(["serve", "--resume", str(out), "--quiet"]) == 0  # room again: the rest is played
+    for seller in ("greedy", "posted"):
+        assert sorted(e[0]["index"] for e in read_episodes(out / f"{seller}.jsonl")) == list(range(60))
+
+
 def test_agent_deadlines_default_longer_when_a_local_model_plays(tmp_path):
     import argparse
     import json

@@ -169,7 +169,8 @@ _NUMBERS: dict[str, tuple[type, float, bool, float]] = {
 """Numeric spec keys: type, low bound, whether the low bound is allowed, high bound."""
 _FLAGS = ("logprobs", "think", "legal", "grounded")
 _CHOICES = {"format": FORMATS, "server": SERVERS, "client": CLIENTS, "prompt": PROMPTS}
-_KEYS = (*_CHOICES, *_NUMBERS, *_FLAGS, "key_env")
+OPENAI_KEYS = (*_CHOICES, *_NUMBERS, *_FLAGS, "key_env")
+"""Every key an ``openai:`` spec takes (``negotiate agents`` lists them)."""
 
 
 def parse_query(query: str, numbers: dict, choices: dict, flags, *, what: str, fail, special=None, keys=None) -> dict:
@@ -239,7 +240,7 @@ def parse_openai_spec(rest: str, *, field: str, text: str) -> OpenAIOptions:
         return True
 
     values.update(parse_query(url.query, _NUMBERS, _CHOICES, _FLAGS, what="an openai agent", fail=fail,
-                              special=special, keys=_KEYS))
+                              special=special, keys=OPENAI_KEYS))
     options = OpenAIOptions(**values)
     # Checked here, like hf:'s torch: the core install has no HTTP client, and a run must not start without one.
     missing = [name for name in ("aiohttp", "openai" if options.client == "openai" else None) if name and not _installed(name)]

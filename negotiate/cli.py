@@ -498,7 +498,9 @@ def _more_episodes(config: RunConfig, episodes: int | None, flag: str, shown: in
     if episodes is None or episodes == config.episodes:
         return config
     if episodes < config.episodes:
-        raise UserError(f"the run already has {config.episodes} episodes per seller; --resume can add episodes, not drop them",
+        has = (f"{config.episodes // config.group} markets ({config.episodes} episodes per seller)" if flag == "--markets"
+               else f"{config.episodes} episodes per seller")
+        raise UserError(f"the run already has {has}; --resume can add {flag[2:]}, not drop them",
                         field=flag, value=shown if shown is not None else episodes)
     return dataclasses.replace(config, episodes=episodes)
 
@@ -550,7 +552,14 @@ def _failures(console: Console, rows: list[dict], log_file: Path, command: str) 
     return EXIT_FAILED
 
 
+def _resume_only(args: argparse.Namespace) -> None:
+    """--resume writes into the run's own folder: an --out beside it is refused, not ignored."""
+    if args.resume is not None and args.out is not None and Path(args.out).resolve() != Path(args.resume).resolve():
+        raise UserError(f"--resume writes into the run's own folder ({args.resume}); drop --out", field="--out", value=str(args.out))
+
+
 def _serve(args: argparse.Namespace, console: Console) -> int:
+    _resume_only(args)
     if args.resume is not None:
         out = args.resume
         config = _resumed_config(args, out)
@@ -598,6 +607,7 @@ def _eval_settings(path: Path) -> dict:
 
 
 def _eval(args: argparse.Namespace, console: Console) -> int:
+    _resume_only(args)
     if args.resume is not None:
         out = args.resume
         path = out / "eval.json"
@@ -696,6 +706,9 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
         print(f"negotiate report: --allow-partial skipped {len(skipped)} incomplete episode{'s' if len(skipped) > 1 else ''}: "
               f"{skipped[0]}{more}", file=sys.stderr)
+    if not rows:
+        raise UserError("no finished episode in " + ("them" if len(args.traces) > 1 else "it") + " yet",
+                        source=", ".join(map(str, args.traces)))
     order: dict[str, list[str]] = run_order(args.traces)
     separate = overlapping_runs(rows)
     if args.baseline_run and not args.baseline:

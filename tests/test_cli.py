@@ -83,6 +83,25 @@ def test_a_seed_beyond_64_bits_is_refused_before_a_folder_is_made(tmp_path, caps
     assert not (tmp_path / "r").exists()
 
 
+def test_resume_refuses_an_out_elsewhere_and_collect_counts_markets(finished_run, tmp_path, capsys):
+    assert main(["serve", "--resume", str(finished_run), "--out", str(tmp_path / "other"), "--quiet"]) == 2
+    assert f"--out: '{tmp_path / 'other'}': --resume writes into the run's own folder ({finished_run}); drop --out" in error_line(capsys)
+    assert not (tmp_path / "other").exists()
+    out = tmp_path / "c"
+    assert main(["collect", "--seller", "greedy", "--markets", "3", "--group", "2", "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["collect", "--resume", str(out), "--markets", "2", "--quiet"]) == 2
+    assert "--markets: 2: the run already has 3 markets (6 episodes per seller); --resume can add markets, not drop them" in error_line(capsys)
+
+
+def test_a_scripted_agent_parameter_given_twice_and_a_trace_with_no_episode(tmp_path, capsys):
+    assert main(["serve", "--seller", "concession?beta=1&beta=2", "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert "parameter 'beta' is given twice" in error_line(capsys)  # it used to play beta=2 without a word
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    assert main(["report", str(tmp_path / "empty.jsonl")]) == 2  # it printed an empty table and exited 0
+    assert f"{tmp_path / 'empty.jsonl'}: no finished episode in it yet" in error_line(capsys)
+
+
 def test_unknown_split(tmp_path, capsys):
     assert main(["serve", "--split", "nowhere", "--out", str(tmp_path / "r"), "--quiet"]) == 2
     assert "nowhere" in error_line(capsys)

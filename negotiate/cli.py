@@ -831,6 +831,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"negotiate {args.command}: error: {error}", file=sys.stderr)
         return EXIT_FAILED if isinstance(error, TraceWriteError) else EXIT_USAGE
+    except KeyboardInterrupt as stop:  # a command without its own interrupted line (loop, train, report): one line, no traceback
+        print(f"negotiate {args.command}: {'stopped by SIGTERM' if isinstance(stop, Terminated) else 'interrupted'}", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

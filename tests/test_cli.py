@@ -328,6 +328,22 @@ def test_a_trace_that_takes_no_more_stops_the_run_with_one_line_and_resume_finis
         assert sorted(e[0]["index"] for e in read_episodes(out / f"{seller}.jsonl")) == list(range(60))
 
 
+def test_ctrl_c_or_sigterm_in_any_command_is_one_line_not_a_traceback(finished_run, capsys, monkeypatch):
+    from negotiate import cli
+
+    def stop(kind):
+        def raise_it(*args, **kwargs):
+            raise kind
+        return raise_it
+
+    monkeypatch.setattr(cli, "rows_from_traces", stop(KeyboardInterrupt))
+    assert main(["report", str(finished_run)]) == 130
+    assert capsys.readouterr().err == "negotiate report: interrupted\n"
+    monkeypatch.setattr(cli, "rows_from_traces", stop(cli.Terminated))
+    assert main(["report", str(finished_run)]) == 143
+    assert capsys.readouterr().err == "negotiate report: stopped by SIGTERM\n"
+
+
 def test_agent_deadlines_default_longer_when_a_local_model_plays(tmp_path):
     import argparse
     import json

@@ -516,6 +516,11 @@ def test_the_readmes_loop_runs_are_config_files_that_check():
     # the weighted run is the planner/conceding run with accept=4, one round and the conceding column only
     assert {k for k in a if a[k] != b[k]} == {"action_weights", "rounds", "eval_buyers"}
     assert configs["accept4-rounds"].action_weights == "accept=4" and configs["accept4-rounds"].round_weights == ""
+    # the best run so far (runs/cost-grounded, then runs/dagger64-a4, their loop.json), evaluated greedily
+    fresh, grounded = configs["planner-fresh"].to_json(), configs["grounded-dagger"].to_json()
+    assert {k: grounded[k] for k in grounded if grounded[k] != fresh[k]} == {
+        "sft_steps": 80, "grounded": True, "rounds": 2, "aggregate": False, "markets": 64, "group": 1,
+        "round_action_weights": "accept=4", "eval_temperature": 0.0}
 
 
 @pytest.mark.parametrize("text, message", [

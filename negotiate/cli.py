@@ -6,9 +6,9 @@ overwritten. The exit codes, for scripts and CI (also in ``negotiate --help``):
 
 - 0: every episode finished (terminated or truncated);
 - 1: one or more episodes failed (a model server's error, say): the run still wrote them all,
-  the table counts them and a last line gives the commonest reason; or a trace took no more (a full
-  disk): one line, the episodes before it kept;
+  the table counts them and a last line gives the commonest reason;
 - 2: bad input or a refused command: one line on stderr, nothing run;
+- 3: stopped because a trace took no more (a full disk): one line, the episodes before it kept;
 - 130: interrupted (Ctrl-C): every finished episode is kept, ``--resume`` runs the rest;
 - 143: stopped by SIGTERM (``kill``, a scheduler's time limit): as Ctrl-C.
 """
@@ -51,11 +51,11 @@ from negotiate.runner import (
 from negotiate.trace import TraceWriteError, scan
 from negotiate.workers import check_workers, models_play, run_workers
 
-__all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
+__all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_STOPPED", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
 
 log = structlog.get_logger("negotiate.cli")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
 
 
 class Terminated(KeyboardInterrupt):
@@ -68,8 +68,8 @@ def _on_sigterm(signum, frame) -> None:
 
 
 EXIT_CODES = ("exit codes: 0 every episode finished; 1 one or more episodes failed (all written; the last line gives the "
-              "commonest reason); 2 bad input, one line on stderr, nothing run; 130 interrupted (finished episodes kept, "
-              "--resume runs the rest); 143 the same, stopped by SIGTERM")
+              "commonest reason); 2 bad input, one line on stderr, nothing run; 3 a trace took no more (full disk; episodes kept); "
+              "130 interrupted (finished episodes kept, --resume runs the rest); 143 the same, stopped by SIGTERM")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -546,7 +546,7 @@ def _failures(console: Console, rows: list[dict], log_file: Path, command: str) 
         return EXIT_OK
     reason, count = Counter(str(row.get("reason")) for row in failed).most_common(1)[0]
     line = Text(f"{len(failed)} of {len(rows)} episodes failed", style="bold red")
-    line.append(f" (commonest reason, {count} of them: {reason}); each one is in {log_file}")
+    line.append(f" (commonest reason, {count} of them: {reason}); each one is in {log_file}")  # what `negotiate loop` reads
     console.print(line, soft_wrap=True, highlight=False)
     _print_command(console, "once fixed, play them again with", "negotiate", command, "--resume", log_file.parent, "--retry-failed")
     return EXIT_FAILED
@@ -830,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args, console)
     except UserError as error:
         print(f"negotiate {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_FAILED if isinstance(error, TraceWriteError) else EXIT_USAGE
+        return EXIT_STOPPED if isinstance(error, TraceWriteError) else EXIT_USAGE
     except KeyboardInterrupt as stop:  # a command without its own interrupted line (loop, train, report): one line, no traceback
         print(f"negotiate {args.command}: {'stopped by SIGTERM' if isinstance(stop, Terminated) else 'interrupted'}", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED

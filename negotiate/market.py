@@ -46,7 +46,7 @@ class MarketSpec(BaseModel):
     price_scale: float = Field(1.0, allow_inf_nan=False, gt=0.0, description="Multiplies the price range (prices-x10 uses 10).")
     cost_low: float = Field(0.0, ge=0.0, le=1.0, description="Lowest cost, as a fraction of the range above price_low.")
     cost_high: float = Field(0.5, ge=0.0, le=1.0, description="Highest cost, as a fraction of the range above price_low.")
-    budget: int | None = Field(None, ge=1, description="Absolute turn budget; overrides budget_per_pair.")
+    budget: int | None = Field(None, ge=1, le=1_000_000_000, description="Absolute turn budget; overrides budget_per_pair.")
     budget_per_pair: float = Field(1.5, allow_inf_nan=False, gt=0.0, description="Turn budget per buyer-product pair, rounded up.")
     personas: tuple[str, ...] = Field(("neutral",), min_length=1, description="Personas drawn for LLM buyers.")
 
@@ -59,17 +59,24 @@ class MarketSpec(BaseModel):
                 raise ValueError(f"{field}|{value!r}|must be a count or a [lo, hi] range within 1..1000")
         if self.price_low >= self.price_high:
             raise ValueError(f"price_low|{self.price_low}|must be below price_high ({self.price_high})")
-        low, high = round(self.price_low * self.price_scale), round(self.price_high * self.price_scale)
-        if high > MAX_PRICE:
+        if not self.price_high * self.price_scale <= MAX_PRICE:  # compared before rounding: round(inf) raises
             raise ValueError(f"price_high|{self.price_high}|times price_scale ({self.price_scale}) must be at most {MAX_PRICE:,}")
+        low, high = round(self.price_low * self.price_scale), round(self.price_high * self.price_scale)
         if low >= high:
             raise ValueError(f"price_high|{self.price_high}|and price_low ({self.price_low}) times price_scale ({self.price_scale}) "
                              f"round to whole prices {low} and {high}: widen the range")
+        most = max(self.buyers if isinstance(self.buyers, int) else self.buyers[1], 1) * max(
+            self.products if isinstance(self.products, int) else self.products[1], 1)
+        if self.budget is None and not self.budget_per_pair * most <= MAX_BUDGET:
+            raise ValueError(f"budget_per_pair|{self.budget_per_pair}|times the most buyer-product pairs ({most}) must be at most "
+                             f"{MAX_BUDGET:,} turns")
         if self.cost_low > self.cost_high:
             raise ValueError(f"cost_low|{self.cost_low}|must not exceed cost_high ({self.cost_high})")
         return self
 
 
+MAX_BUDGET = 10**9
+"""The most turns a spec may give a market: a budget an episode could never use, and whose rounding stays exact."""
 MAX_PRICE = 10**12
 """The highest price a spec may draw (a trillion): sums of prices stay exact in floats and in the trace's JSON."""
 

@@ -19,7 +19,7 @@ import numpy as np
 from scipy import stats
 from scipy.optimize import linear_sum_assignment
 
-from negotiate.market import Market, MarketSpec
+from negotiate.market import Market, spec_from_dict
 from negotiate.protocol import SELLER
 from negotiate.regulator import Deal
 from negotiate.trace import DealEvent, EpisodeStart, Event, MessageEvent, ViolationEvent, as_events
@@ -123,7 +123,9 @@ def metrics_from_events(events: Iterable[Event | dict]) -> dict:
         elif isinstance(event, ViolationEvent):
             violations[SELLER if event.who == SELLER else "buyer"][event.kind] += 1
         elif isinstance(event, EpisodeStart):
-            market = Market.from_dict(MarketSpec.model_validate(event.spec), event.market)
+            if not isinstance(event.spec, dict):
+                raise ValueError("the episode_start has no spec")
+            market = Market.from_dict(spec_from_dict(event.spec, "its spec"), event.market)
     if market is None:
         raise ValueError("no episode_start event")
     products, buyers = {p.id for p in market.products}, {b.id for b in market.buyers}

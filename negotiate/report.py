@@ -53,7 +53,7 @@ def rows_from_traces(paths: Iterable[str | Path], *, allow_partial: bool = False
             seen[key] = path
             try:
                 metrics = None if episode.failed else metrics_from_events(episode.events)
-            except ValueError as error:  # a record that parses but is not an episode this runtime could have played
+            except (ValueError, UserError) as error:  # a record that parses but is not an episode this runtime could have played
                 raise UserError(f"episode {start.episode}: {error}", source=str(path)) from None
             rows.append({k: getattr(start, k) for k in GROUP_KEYS + ("index", "episode", "seed", "run_seed", "repeat")} | {
                 "run": run,

@@ -203,12 +203,16 @@ async def _play_all(run: Run, prepared: Prepared, concurrency: int, on_episode, 
 
 
 def _one_user_error(group: BaseExceptionGroup) -> BaseException:
-    """What the workers of a batch raised, as the CLI can say it: where every one of them is a :class:`UserError` (a
-    trace that takes no more, say, met by every worker in turn), the first; else the group itself."""
+    """What the workers of a batch raised, as the CLI can say it: a stop (SIGTERM raises in whichever task runs, as
+    :class:`KeyboardInterrupt`); where every one of them is a :class:`UserError` (a trace that takes no more, say,
+    met by every worker in turn), the first; else the group itself."""
     leaves, todo = [], [group]
     while todo:
         for error in todo.pop().exceptions:
             (todo if isinstance(error, BaseExceptionGroup) else leaves).append(error)
+    stop = next((error for error in leaves if isinstance(error, KeyboardInterrupt)), None)
+    if stop is not None:
+        return stop
     return leaves[0] if leaves and all(isinstance(error, UserError) for error in leaves) else group
 
 

@@ -493,7 +493,7 @@ def encode(events: Iterable[Event | dict]) -> bytes:
 
 
 class TraceWriteError(UserError):
-    """A trace file that takes no more: the run stops with one line (exit code 1), and what it wrote stays."""
+    """A trace file that takes no more: the run stops with one line (exit code 3), and what it wrote stays."""
 
 
 class TraceWriter:
@@ -512,7 +512,10 @@ class TraceWriter:
 
     def write_encoded(self, data: bytes) -> None:
         """Append one episode already encoded by :func:`encode` (a worker process encoded it); a
-        :class:`TraceWriteError` where the file takes no more (a full disk, a file size limit)."""
+        :class:`TraceWriteError` where the file takes no more (a full disk, a file size limit), and for every write
+        after that one (an episode appended after a half-written one would corrupt the file's middle)."""
+        if self._failed:
+            raise self._error(OSError("an earlier write failed"))
         try:
             self._file.write(data)
             self._file.flush()

@@ -390,6 +390,25 @@ def test_the_real_stage_runner_reports_the_commands_last_line(tmp_path):
                        tmp_path / "loop.out")
 
 
+@pytest.mark.parametrize("printed, tolerated", [
+    ("2 of 6 episodes failed (commonest reason, 2 of them: LLMError: down); each one is in x/serve.log.jsonl", True),
+    ("Traceback (most recent call last):\nMemoryError", False),  # a crash exits 1 too: the stage is not finished
+])
+def test_a_stage_that_exits_1_is_finished_only_when_it_says_episodes_failed(tmp_path, monkeypatch, printed, tolerated):
+    import sys
+
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nprintf '%b\\n' {printed!r}\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    (tmp_path / "loop.out").write_text("2 of 6 episodes failed (commonest reason, ...) from an earlier stage\n")
+    if tolerated:
+        loop.run_stage("round 1 collect", ["collect"], tmp_path / "loop.out")
+    else:
+        with pytest.raises(LoopError, match=r"^round 1 collect failed \(exit 1\): MemoryError"):
+            loop.run_stage("round 1 collect", ["collect"], tmp_path / "loop.out")
+
+
 @pytest.mark.parametrize("change, flag", [
     ({"eval_seed": 1}, "--eval-seed"),
     ({"serve": "merged", "server_url": "http://127.0.0.1:8000/v1"}, "--serve"),

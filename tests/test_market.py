@@ -211,6 +211,9 @@ def test_split_base_with_overrides(tmp_path):
         # 100.2 and 100.4 are apart, but both round to the whole price 100: a market with no price range
         ("price_low = 100.2\nprice_high = 100.4\n", "round to whole prices 100 and 100"),
         ("price_scale = 1e-9\n", "round to whole prices 0 and 0"),  # 100e-9 and 1000e-9
+        ("price_high = 1e308\nprice_scale = 10.0\n", "price_high: 1e+308: times price_scale (10.0) must be at most"),  # inf
+        ("budget_per_pair = 1e307\nbuyers = 10\nproducts = 10\n", "times the most buyer-product pairs (100) must be at most 1,000,000,000"),
+        ("budget = 100000000000000000000\n", "budget"),
     ],
 )
 def test_bad_spec_is_a_user_error_naming_file_and_field(tmp_path, text, field):

@@ -355,6 +355,10 @@ def _die_with_parent() -> None:
         pass
 
 
+FAILED_EPISODES = " episodes failed (commonest reason"
+"""What a serve, collect or eval prints when it finished with failed episodes (exit 1, as a crash exits too)."""
+
+
 def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_episodes: bool = True) -> float:
     """Run ``negotiate ARGS`` as a child; its output goes to ``out_file``. Returns seconds; raises LoopError."""
     out_file.parent.mkdir(parents=True, exist_ok=True)
@@ -364,15 +368,20 @@ def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_epi
     with open(out_file, "ab") as out:
         out.write(f"\n$ negotiate {' '.join(args)}\n".encode())
         out.flush()
+        start = out.tell()
         code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     seconds = time.perf_counter() - began
-    if code == 1 and tolerate_failed_episodes:
-        # Exit 1: the run finished, and some episodes failed (each is in the trace with its reason); they count as
-        # missing markets in the tables. Every episode failing is caught by the stage that reads the results.
+    with open(out_file, "rb") as out:
+        out.seek(start)
+        printed = out.read().decode(errors="replace")
+    if code == 1 and tolerate_failed_episodes and FAILED_EPISODES in printed:
+        # Exit 1 with that line: the run finished, and some episodes failed (each is in the trace with its reason); they
+        # count as missing markets in the tables. Every episode failing is caught by the stage that reads the results.
+        # Exit 1 without it is a crash (a Python traceback exits 1 too): the stage is not finished.
         log.warning("stage had failed episodes", stage=name, output=str(out_file))
         return seconds
     if code != 0:
-        lines = [line.strip() for line in out_file.read_text(errors="replace").splitlines() if line.strip()]
+        lines = [line.strip() for line in printed.splitlines() if line.strip()]
         reason = lines[-1] if lines else "(no output)"
         raise LoopError(f"{name} failed (exit {code}): {reason[:400]} (output: {out_file})")
     log.info("stage done", stage=name, seconds=round(seconds, 1))

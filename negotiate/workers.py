@@ -26,7 +26,7 @@ import structlog
 
 from negotiate.errors import UserError
 from negotiate.logs import configure
-from negotiate.trace import TraceWriter
+from negotiate.trace import TraceWriteError, TraceWriter
 
 __all__ = ["run_workers", "check_workers", "models_play"]
 
@@ -190,7 +190,7 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
                 try:
                     if not conn.poll(0) or not receive(conn):
                         break
-                except (EOFError, OSError):
+                except (EOFError, OSError, TraceWriteError):  # a trace that takes no more: the error on its way out says so
                     break
             conn.close()
         for process in processes:

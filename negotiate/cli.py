@@ -402,11 +402,6 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
     return counter["n"], time.perf_counter() - began, None
 
 
-def _check_retry(args: argparse.Namespace) -> None:
-    if args.retry_failed and args.resume is None:
-        raise UserError("plays a run's failed episodes again: give the run with --resume DIR", field="--retry-failed", value=True)
-
-
 def _take_failed(console: Console, runs: list[Prepared]) -> None:
     """--retry-failed: the failed episodes out of the traces, now that every check passed; a line says how many."""
     taken = sum(take_failed(prepared) for prepared in runs)
@@ -552,14 +547,16 @@ def _failures(console: Console, rows: list[dict], log_file: Path, command: str) 
     return EXIT_FAILED
 
 
-def _resume_only(args: argparse.Namespace) -> None:
-    """--resume writes into the run's own folder: an --out beside it is refused, not ignored."""
+def _check_resume(args: argparse.Namespace) -> None:
+    """--resume writes into the run's own folder: an --out beside it is refused, not ignored; --retry-failed needs it."""
     if args.resume is not None and args.out is not None and Path(args.out).resolve() != Path(args.resume).resolve():
         raise UserError(f"--resume writes into the run's own folder ({args.resume}); drop --out", field="--out", value=str(args.out))
+    if args.retry_failed and args.resume is None:
+        raise UserError("plays a run's failed episodes again: give the run with --resume DIR", field="--retry-failed", value=True)
 
 
 def _serve(args: argparse.Namespace, console: Console) -> int:
-    _resume_only(args)
+    _check_resume(args)
     if args.resume is not None:
         out = args.resume
         config = _resumed_config(args, out)
@@ -570,7 +567,6 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     check_workers(args.workers, [*config.sellers, config.buyers])  # before the specs are parsed: see check_workers
     by = _by(args.by)
     summarize([], by)  # check --by before running anything
-    _check_retry(args)
     prepared = prepare(config, out, resume=args.resume is not None, retry_failed=args.retry_failed)
     pools = Pools(max_inflight=args.max_inflight)
     _check_models([(prepared, out)], pools)
@@ -607,7 +603,7 @@ def _eval_settings(path: Path) -> dict:
 
 
 def _eval(args: argparse.Namespace, console: Console) -> int:
-    _resume_only(args)
+    _check_resume(args)
     if args.resume is not None:
         out = args.resume
         path = out / "eval.json"
@@ -647,7 +643,6 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
                    for split in splits]
     check_workers(args.workers, [*configs[0].sellers, configs[0].buyers])
     _distinct(splits, split_dir, "would share the folder {}; rename one of the files")
-    _check_retry(args)
     runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None, retry_failed=args.retry_failed),
              out / split_dir(config.split)) for config in configs]  # every spec and agent is checked before anything runs
     names = {config.split: prepared.spec.name for (prepared, _), config in zip(runs, configs)}

@@ -52,11 +52,13 @@ class MarketSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> MarketSpec:
+        most = 1  # buyer-product pairs, at the most
         for field in ("buyers", "products"):
             value = getattr(self, field)
             lo, hi = (value, value) if isinstance(value, int) else value
             if not 1 <= lo <= hi <= 1000:
                 raise ValueError(f"{field}|{value!r}|must be a count or a [lo, hi] range within 1..1000")
+            most *= hi
         if self.price_low >= self.price_high:
             raise ValueError(f"price_low|{self.price_low}|must be below price_high ({self.price_high})")
         if not self.price_high * self.price_scale <= MAX_PRICE:  # compared before rounding: round(inf) raises
@@ -65,8 +67,6 @@ class MarketSpec(BaseModel):
         if low >= high:
             raise ValueError(f"price_high|{self.price_high}|and price_low ({self.price_low}) times price_scale ({self.price_scale}) "
                              f"round to whole prices {low} and {high}: widen the range")
-        most = max(self.buyers if isinstance(self.buyers, int) else self.buyers[1], 1) * max(
-            self.products if isinstance(self.products, int) else self.products[1], 1)
         if self.budget is None and not self.budget_per_pair * most <= MAX_BUDGET:
             raise ValueError(f"budget_per_pair|{self.budget_per_pair}|times the most buyer-product pairs ({most}) must be at most "
                              f"{MAX_BUDGET:,} turns")
@@ -293,10 +293,10 @@ def load_spec(path: str | Path) -> MarketSpec:
     return spec_from_dict(data, str(path))
 
 
-def resolve_spec(name_or_path: str) -> MarketSpec:
-    """A split name (``train``, ``shapes``, ...) or a path to a TOML spec file."""
+def resolve_spec(name_or_path: str, field: str = "--split") -> MarketSpec:
+    """A split name (``train``, ``shapes``, ...) or a path to a TOML spec file; ``field`` names the flag it came from."""
     if name_or_path in SPLITS:
         return SPLITS[name_or_path]
     if name_or_path.endswith(".toml") or Path(name_or_path).exists():
         return load_spec(name_or_path)
-    raise UserError(f"unknown split; choose from {', '.join(SPLITS)} or give a .toml spec file", field="--split", value=name_or_path)
+    raise UserError(f"unknown split; choose from {', '.join(SPLITS)} or give a .toml spec file", field=field, value=name_or_path)

@@ -717,23 +717,21 @@ def scan(path: str | Path) -> ScanResult:
 def drop_failed(path: str | Path, *, fsync: bool = False) -> int:
     """Take the failed episodes (``episode_end`` outcome ``failed``) out of a complete trace file, so that a resumed
     run plays them again; returns how many. Every other episode keeps its bytes and its order. The file is replaced
-    whole (a new file renamed over it): a crash leaves the old trace or the new one, never a mix."""
+    whole (a new file renamed over it): a crash leaves the old trace or the new one, never a mix; with nothing
+    failed it is left alone."""
     path = Path(path)
-    result = scan(path)
-    if not any(end.outcome == Outcome.FAILED for end in result.ends):
-        return 0
     kept, episode, dropped = bytearray(), bytearray(), 0
-    for _, offset, line in _lines(path):
-        if offset > result.good_bytes:
-            break
+    for _, _, line in _lines(path):
         episode += line
-        event = orjson.loads(line) if line.strip() else {}
+        event = orjson.loads(line) if line.endswith(b"\n") and line.strip() else {}  # not a half-written last line
         if event.get("type") == "episode_end":
             if event.get("outcome") == Outcome.FAILED:
                 dropped += 1
             else:
                 kept += episode
             episode = bytearray()
+    if not dropped:
+        return 0
     kept += episode  # blank lines after the last episode
     temporary = path.with_name(path.name + ".retry")
     with open(temporary, "wb") as handle:

@@ -12,16 +12,12 @@ from rich.console import Console
 
 from negotiate.errors import UserError
 
-from negotiate.training.trainer import TrainConfig, config_fields
+from negotiate.training.trainer import TrainConfig, config_fields, flag_of
 
 __all__ = ["add_train_arguments", "config_from_args", "run_train", "TRAIN_INSTALL"]
 
 TRAIN_INSTALL = "pip install 'negotiate[train]'"
 _NEEDS = ("torch", "transformers", "peft")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, config_fields_: list[tuple], *, omit_defaults: bool = False) -> None:
@@ -34,11 +30,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_fields_: list[t
             parser.add_argument("--traces", nargs="+", default=[] if not omit_defaults else parsed_default, metavar="DIR",
                                 help=help_text)
         elif kind in ("bool", "bool | None"):
-            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=parsed_default,
+            parser.add_argument(flag_of(name), action=argparse.BooleanOptionalAction, default=parsed_default,
                                 help=_with_default(help_text, default))
         else:
             convert = {"int": int, "int | None": int, "float": float}.get(kind, str)
-            parser.add_argument(_flag(name), type=convert, default=parsed_default, help=_with_default(help_text, default))
+            parser.add_argument(flag_of(name), type=convert, default=parsed_default, help=_with_default(help_text, default))
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:

@@ -71,22 +71,19 @@ def _help(text: str, **kw):
     return field(metadata={"help": text}, **kw)
 
 
-def _flag(name: str) -> str:
+def flag_of(name: str) -> str:
+    """The ``negotiate train`` flag of a config field: ``eval_split`` -> ``--eval-split``."""
     return "--" + name.replace("_", "-")
 
 
 def check_split(name: str, flag: str) -> None:
     """A split name or a TOML spec file (read now: a wrong field names the file), refused under ``flag``, before
     anything loads, where it is neither (the markets are built only when the policy plays)."""
-    from negotiate.market import SPLITS, resolve_spec
+    from negotiate.market import resolve_spec
 
-    if name in SPLITS:
-        return
     if Path(name).is_dir():
         raise UserError("is a folder; give a split or a .toml spec file", field=flag, value=name)
-    if not name.endswith(".toml") and not Path(name).exists():
-        raise UserError(f"unknown split; choose from {', '.join(SPLITS)} or give a .toml spec file", field=flag, value=name)
-    resolve_spec(name)
+    resolve_spec(name, flag)
 
 
 @dataclass
@@ -169,9 +166,9 @@ class TrainConfig:
         for name, zero in (("epochs", False), ("lr", False), ("clip_eps", False), ("weight_decay", True), ("kl_beta", True)):
             value = getattr(self, name)
             if not math.isfinite(value):
-                raise UserError("must be a finite number", field=_flag(name), value=value)
+                raise UserError("must be a finite number", field=flag_of(name), value=value)
             if not (value >= 0 if zero else value > 0):
-                raise UserError("must be 0 or more" if zero else "must be above 0", field=_flag(name), value=value)
+                raise UserError("must be 0 or more" if zero else "must be above 0", field=flag_of(name), value=value)
         if not self.max_grad_norm > 0:  # torch scales the gradient by max_grad_norm / norm: 0 would zero every step
             raise UserError("must be above 0 (inf: no clipping)", field="--max-grad-norm", value=self.max_grad_norm)
         if not 0 <= self.temperature <= 2:  # the hf: backend's range
@@ -181,10 +178,10 @@ class TrainConfig:
         for name in ("batch_size", "micro_batch", "max_length", "lora_r", "lora_alpha", "group", "markets", "max_tokens", "gen_batch",
                      "max_steps", "min_group", "threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UserError("must be at least 1", field=_flag(name), value=getattr(self, name))
+                raise UserError("must be at least 1", field=flag_of(name), value=getattr(self, name))
         for name, zero in (("eval_episodes", "none"), ("eval_every", "only before and after")):
             if getattr(self, name) < 0:
-                raise UserError(f"must be 0 or more (0: {zero})", field=_flag(name), value=getattr(self, name))
+                raise UserError(f"must be 0 or more (0: {zero})", field=flag_of(name), value=getattr(self, name))
         if self.method == "online-grpo" and self.group < 2:  # as train_online says it, before trl is imported
             raise UserError("online-grpo compares episodes of one market: --group must be 2 or more", field="--group", value=self.group)
         if self.method == "online-grpo" and self.batch_size % self.group:

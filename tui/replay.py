@@ -35,8 +35,8 @@ the smallest terminal the screen draws in. Shorter lines stay plain text (a grid
 def _tail(text: str, width: int) -> str:
     """``text``, or its last ``width - 1`` characters after an ellipsis: a model seller's episode ids differ at the end.
 
-    >>> _tail("greedy-000003", 22), _tail("openai-round-1-http-127-0-0-1-50353-v1-prompt-facts-000002", 22)
-    ('greedy-000003', '…1-prompt-facts-000002')
+    >>> _tail("greedy-000003", 20), _tail("openai-round-1-http-127-0-0-1-50353-v1-prompt-facts-000002", 20)
+    ('greedy-000003', '…prompt-facts-000002')
     """
     return text if len(text) <= width else "…" + text[-(width - 1):]
 
@@ -106,7 +106,7 @@ class ReplayScreen(Screen):
     @staticmethod
     def _label(episode: Recorded) -> Text:
         m = episode.metrics
-        text = Text(_tail(episode.id, 22))
+        text = Text(_tail(episode.id, 20))
         if episode.failed:
             text.append(" failed", style="red")
         elif m is not None:

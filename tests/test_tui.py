@@ -294,7 +294,7 @@ async def test_replay_header_names_a_model_seller_short(trace, tmp_path):
         await until(pilot, lambda: "openai:round-1 vs concession" in screen_text(app))  # all of it shows
         assert "…" not in screen_text(app).split("openai:round-1 vs concession")[0][-80:]
         label = app.screen.query_one("#episodes", OptionList).get_option_at_index(0).prompt.plain
-        assert label.startswith("…max-tokens-80-000000 ")  # the id's end, where a model's episodes differ, then the score
+        assert label.startswith("…ax-tokens-80-000000 ")  # the id's end, where a model's episodes differ, then the score
 
 
 async def test_terminal_too_small(trace):

@@ -89,9 +89,9 @@ log = structlog.get_logger("negotiate.llm")
 
 FORMATS = ("json", "tagged")
 """How a model writes its message: a JSON object under the four-part schema, or tagged text."""
-PROMPTS = ("full", "compact", "facts")
+PROMPTS = ("full", "compact", "facts", "advice")
 """The seller's prompt (``negotiate.agents.llm.render_seller`` or ``render_seller_compact``; ``facts`` is the
-compact one with the facts the planner's reasons name)."""
+compact one with the facts the planner's reasons name; ``advice`` adds the message the planner would send)."""
 SERVERS = ("auto", "vllm", "openai", "llamacpp", "generic")
 """Server kinds, by how each takes a JSON schema for structured output."""
 CLIENTS = ("http", "aiohttp", "openai")
@@ -148,10 +148,11 @@ class OpenAIOptions:
     legal: bool = False
     """Decode the seller's tagged reply under a regex of the replies the rules allow (vLLM only)."""
     grounded: bool = False
-    """With ``legal`` and ``prompt=facts``: decode under a regex whose thought is a reason stating the prompt's facts."""
+    """With ``legal`` and ``prompt=facts`` (or ``advice``): decode under a regex whose thought is a reason stating the prompt's facts."""
     prompt: str = "full"
     """The seller's prompt: ``full``, ``compact`` (each buyer's thread of actions, no talk; tagged replies) or ``facts``
-    (compact, with the turns each buyer has and each bidder's last bids and trend)."""
+    (compact, with the turns each buyer has and each bidder's last bids and trend) or ``advice`` (facts, and the message
+    the planner would send: ``Advice: to b2, [OFFER] p1 $450 (hold out)``)."""
 
     def to_params(self) -> dict:
         return asdict(self)

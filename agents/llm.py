@@ -41,7 +41,7 @@ from negotiate.protocol import (
 from negotiate.regulator import ACTIVE, GONE, MALFORMED, SERVED, TIMEOUT, BuyerObservation, SellerObservation
 
 from negotiate.agents.backends import Completion
-from negotiate.agents.planner import bid_facts, bid_in_play, no_deal_facts, turn_facts
+from negotiate.agents.planner import bid_facts, bid_in_play, no_deal_facts, read_reason, turn_facts
 from negotiate.agents.scripted import units_left
 from negotiate.agents.pools import current_pools
 
@@ -51,6 +51,10 @@ __all__ = [
     "LLMBuyer",
     "render_seller",
     "render_seller_compact",
+    "ADVISER",
+    "Adviser",
+    "advice_line",
+    "adviser_for",
     "render_buyer",
     "parse_reply",
     "build_llm_agent",
@@ -220,11 +224,12 @@ def _seller_threads(obs: SellerObservation, *, talk: bool) -> tuple[dict[str, li
     return threads, notices, latest
 
 
-def render_seller(obs: SellerObservation, fmt: str = "json", prompt: str = "full") -> list[dict]:
+def render_seller(obs: SellerObservation, fmt: str = "json", prompt: str = "full", advice: Message | None = None) -> list[dict]:
     """The seller's chat messages (system, user), from its observation alone: the full prompt, or the compact one
-    (``prompt=compact``, or ``prompt=facts``: :func:`render_seller_compact`)."""
-    if prompt in ("compact", "facts"):
-        return render_seller_compact(obs, facts=prompt == "facts")
+    (``prompt=compact``, or ``prompt=facts``: :func:`render_seller_compact`); ``prompt=advice`` adds to the facts
+    the message :data:`ADVISER` would send there (``advice``, from an :class:`Adviser` walking the episode)."""
+    if prompt in ("compact", "facts", "advice"):
+        return render_seller_compact(obs, facts=prompt != "compact", advice=advice_line(advice) if prompt == "advice" else None)
     catalog = "\n".join(f"- {p.id} {p.name}: cost ${p.cost}, {_stock(p.stock)}" for p in obs.products)
     threads, notices, _ = _seller_threads(obs, talk=True)
     blocks = []
@@ -279,7 +284,48 @@ def _buyer_facts(obs: SellerObservation) -> dict[str, str]:
     return out
 
 
-def render_seller_compact(obs: SellerObservation, facts: bool = False) -> list[dict]:
+ADVISER = "planner?reasons=1"
+"""The seller whose next message the ``advice`` prompt shows: the planner, with the verdict its reason names."""
+
+
+def advice_line(message: Message | None) -> str:
+    """The ``advice`` prompt's line: the message :data:`ADVISER` would send (None: it would wait for a reply).
+
+    >>> advice_line(Message("seller", "b2", "", Action("offer", "p1", 450), "b2 bids $380, $410 (rising, covers cost); 9 turns for 3 buyers: hold out"))
+    'Advice: to b2, [OFFER] p1 $450 (hold out)'
+    >>> advice_line(Message("seller", "", "", Action("end"), "nothing left to sell: end")), advice_line(None)
+    ('Advice: [END] (nothing left to sell)', 'Advice: wait for a reply')
+    """
+    if message is None:
+        return "Advice: wait for a reply"
+    reason = read_reason(message.thought)
+    why = "" if reason is None else f" ({reason[2] if reason[2] != 'end' else reason[0]})"
+    to = f"to {message.to}, " if message.to else ""
+    return f"Advice: {to}{message.action}{why}"
+
+
+class Adviser:
+    """:data:`ADVISER` walking an LLM seller's episode beside it, as a teacher walks a trace
+    (``negotiate.training.dataset``): before each decision a copy of it decides (:meth:`advise`, its
+    choice leaves no trace), then it takes the seller's message as if it had sent it (:meth:`follow`).
+    It sees what the seller sees: the market's public spec, never its drawn values."""
+
+    def __init__(self, market, seed):
+        from negotiate.agents.planner import PlannerSeller
+
+        self.agent = PlannerSeller.create(ADVISER, {"reasons": 1}, market=market, seed=seed)
+
+    def advise(self, obs: SellerObservation) -> Message | None:
+        import copy
+
+        return copy.deepcopy(self.agent).decide(obs)
+
+    def follow(self, obs: SellerObservation, message: Message | None) -> None:
+        """``message``: what the seller sent on ``obs`` (None: nothing, or nothing that parsed)."""
+        self.agent.follow(obs, message)
+
+
+def render_seller_compact(obs: SellerObservation, facts: bool = False, advice: str | None = None) -> list[dict]:
     """The seller's chat messages in the compact form (``prompt=compact``): a short system prompt, one line
     per product, and per buyer its state and its thread of actions, without talk or thoughts.
 
@@ -294,7 +340,7 @@ def render_seller_compact(obs: SellerObservation, facts: bool = False) -> list[d
     (``b2 bids $380, $410 (rising, covers cost)``),
     that the planner would not deal on its bid (``b2 bids $223 for p2, no deal there``), or that it has not
     bid. A policy taught by ``planner?reasons=1`` then copies the facts of its thought from the prompt and is
-    left the verdict.
+    left the verdict. ``advice`` (``prompt=advice``: :func:`advice_line`) follows the turns line.
     """
     threads, _, notice = _seller_threads(obs, talk=False)
     known = _buyer_facts(obs) if facts else {}
@@ -312,6 +358,8 @@ def render_seller_compact(obs: SellerObservation, facts: bool = False) -> list[d
     if facts:
         active = sum(1 for b in obs.buyers if b.status == ACTIVE)
         turns = f"{turn_facts(obs.budget_left, active)}: {obs.budget_left // max(1, active)} each.\n"
+    if advice:
+        turns += f"{advice}\n"
     user = _fill(
         "seller_compact_state.md", budget_left=obs.budget_left, budget=obs.budget, price_low=obs.price_low, facts=turns,
         price_high=obs.price_high, catalog="\n".join(f"{p.id} cost ${p.cost}, {_stock(p.stock)}" for p in obs.products),
@@ -485,12 +533,16 @@ class LLMAgent:
     role: ClassVar[str] = ""
 
     def __init__(self, backend, *, fmt: str = "json", reask: int = 0, seed: int | None = None, legal: bool = False,
-                 prompt: str = "full", grounded: bool = False):
+                 prompt: str = "full", grounded: bool = False, adviser: Adviser | None = None):
         self.backend = backend
         """The model boundary: ``await backend.complete(messages, role=..., seed=...)`` -> Completion."""
         self.format = fmt
         self.prompt = prompt
-        """``full``, ``compact`` or ``facts`` (the seller only: :func:`render_seller_compact`)."""
+        """``full``, ``compact``, ``facts`` or ``advice`` (the seller only: :func:`render_seller_compact`)."""
+        if prompt == "advice" and adviser is None:
+            raise ValueError("prompt=advice needs an Adviser walking the episode (adviser=)")
+        self.adviser = adviser
+        """``prompt=advice``: the planner beside the seller, whose next message the prompt shows."""
         self.legal = legal
         """Decode each reply under :func:`legal_pattern` (the backend takes ``constraint=``)."""
         self.grounded = grounded
@@ -506,8 +558,7 @@ class LLMAgent:
         pools = pools or current_pools()
         options = pools.openai_options(spec.params)
         return cls(pools.openai_backend(options), fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=options.legal,
-                   grounded=options.grounded,
-                   prompt=options.prompt)
+                   grounded=options.grounded, prompt=options.prompt, adviser=adviser_for(options.prompt, market, seed))
 
     def describe(self) -> dict:
         out = {"kind": "llm", **self.backend.describe(), "format": self.format}
@@ -519,9 +570,22 @@ class LLMAgent:
         return out
 
     def render(self, obs) -> list[dict]:
-        return render_seller(obs, self.format, self.prompt) if self.role == SELLER else render_buyer(obs, self.format)
+        if self.role != SELLER:
+            return render_buyer(obs, self.format)
+        return render_seller(obs, self.format, self.prompt, self.adviser.advise(obs) if self.adviser else None)
 
     async def act(self, obs) -> Generated:
+        if self.adviser is None:
+            return await self._act(obs)
+        sent = None
+        try:  # a timeout or a closing market cancels the call: the adviser still reads what this observation held
+            generated = await self._act(obs)
+            sent = generated.result if isinstance(generated.result, Message) else None
+            return generated
+        finally:
+            self.adviser.follow(obs, sent)
+
+    async def _act(self, obs) -> Generated:
         messages = self.render(obs)
         sender = SELLER if self.role == SELLER else obs.buyer
         constraint = grounded_pattern(obs) if self.grounded else legal_pattern(obs) if self.legal else None
@@ -566,6 +630,12 @@ class LLMBuyer(LLMAgent):
     """A buyer, played by a model; the regulator's buyer guard still judges every reply."""
 
     role = BUYER
+
+
+def adviser_for(prompt: str, market, seed) -> Adviser | None:
+    """The :class:`Adviser` a seller with ``prompt=advice`` walks its episode with (None for other prompts);
+    ``seed``: the seller's, as the run gives a scripted seller."""
+    return Adviser(market, seed) if prompt == "advice" else None
 
 
 def build_llm_agent(spec, market, seed, pools=None):

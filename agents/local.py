@@ -175,7 +175,7 @@ class HFOptions:
     dtype: str = "float32"
     reask: int = 0
     prompt: str = "full"
-    """The seller's prompt: ``full``, ``compact`` or ``facts``."""
+    """The seller's prompt: ``full``, ``compact``, ``facts`` or ``advice``."""
 
     def to_params(self) -> dict:
         return asdict(self)
@@ -259,7 +259,7 @@ class VLLMOptions:
     legal: bool = False
     """Decode the seller's tagged reply under a regex of the replies the rules allow."""
     prompt: str = "full"
-    """The seller's prompt: ``full``, ``compact`` or ``facts``."""
+    """The seller's prompt: ``full``, ``compact``, ``facts`` or ``advice``."""
 
     def to_params(self) -> dict:
         return asdict(self)
@@ -799,13 +799,13 @@ def completion_from_vllm(final, *, model: str, latency_s: float, prompt_ids: lis
 def build_local_agent(spec, market, seed, pools=None):
     """The agent for a parsed ``hf:`` or ``vllm:`` spec (``AgentSpec.build`` calls this); its backend is
     the run's (``pools``; by default the current context's), one per spec."""
-    from negotiate.agents.llm import LLMBuyer, LLMSeller, request_seed
+    from negotiate.agents.llm import LLMBuyer, LLMSeller, adviser_for, request_seed
 
     options = (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
     cls = LLMSeller if spec.role == SELLER else LLMBuyer
     backend = (pools or current_pools()).local_backend(spec.backend, options)
     return cls(backend, fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=getattr(options, "legal", False),
-               prompt=options.prompt)
+               prompt=options.prompt, adviser=adviser_for(options.prompt, market, seed) if spec.role == SELLER else None)
 
 
 async def preload(spec, pools=None) -> None:

@@ -24,7 +24,7 @@ model behind any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); its
 ``think``         1/0: vLLM ``enable_thinking`` for models that think (default: unset)
 ``legal``         1/0: decode the seller's reply under a regex of the replies the rules allow now
                   (vLLM ``structured_outputs``; needs ``format=tagged`` and a vLLM server; default 0)
-``grounded``      1/0: with ``legal=1`` and ``prompt=facts`` (``openai:`` only), the reply's thought is a reason
+``grounded``      1/0: with ``legal=1`` and ``prompt=facts`` or ``advice`` (``openai:`` only), the reply's thought is a reason
                   stating that prompt's facts, and its action the one the reason's verdict names (default 0)
 ``client``        ``aiohttp`` (default: a lean client, about 2x less CPU per request) or ``openai``
                   (the openai package's client)
@@ -113,15 +113,15 @@ class AgentSpec:
 
 def _check_seller_options(options, role: str, field_name: str, text: str) -> None:
     """``legal=1`` constrains a seller's tagged replies, on vLLM only (the regex goes to its ``structured_outputs``);
-    ``prompt=compact`` and ``prompt=facts`` are the seller's, and ask for tagged replies."""
+    ``prompt=compact``, ``facts`` and ``advice`` are the seller's, and ask for tagged replies."""
     if options.prompt != "full":
         if role != "seller":
             raise UserError(f"prompt={options.prompt} is a seller's prompt; a buyer's prompt is always the full one",
                             field=field_name, value=text)
         if options.format != "tagged":
             raise UserError(f"prompt={options.prompt} asks for tagged replies; add format=tagged", field=field_name, value=text)
-    if getattr(options, "grounded", False) and not (options.legal and options.prompt == "facts"):
-        raise UserError("grounded=1 binds the thought to the facts prompt under legal=1; add legal=1&prompt=facts",
+    if getattr(options, "grounded", False) and not (options.legal and options.prompt in ("facts", "advice")):
+        raise UserError("grounded=1 binds the thought to the facts prompt under legal=1; add legal=1&prompt=facts (or prompt=advice)",
                         field=field_name, value=text)
     if not getattr(options, "legal", False):
         return

@@ -18,6 +18,7 @@ compare strategies on the same market, not luck of the draw.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -158,22 +159,33 @@ def _completion(event: MessageEvent) -> str:
     return render_tagged(_message(event))
 
 
+def _advised(episode: EpisodeRecord, prompt: str):
+    """(observation, the seller's message event, the advice there) for each seller message of ``episode``: the
+    message the ``advice`` prompt's planner would send (:data:`~negotiate.agents.llm.ADVISER`, walking the
+    episode as a teacher does), None under any other prompt."""
+    if prompt != "advice":
+        return ((obs, event, None) for obs, event in replay(episode)[0])
+    from negotiate.agents.llm import ADVISER
+
+    return _teacher_walk(episode, ADVISER)
+
+
 def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, group: str, *, fmt: str = "tagged",
               prompt: str = "full") -> list[Decision]:
     """The seller decisions of one episode (timeouts skipped: the seller wrote nothing). A model's decisions keep
-    the prompt it saw; a scripted seller's are rendered with the ``full``, ``compact`` or ``facts`` prompt."""
+    the prompt it saw; a scripted seller's are rendered with the ``full``, ``compact``, ``facts`` or ``advice`` prompt."""
     from negotiate.agents.llm import render_seller  # prompt files: loaded only when building data
 
     episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
     out: list[Decision] = []
     sent = episode.seller_messages()
     logged = any((e.extra or {}).get("prompt") for e in sent)
-    source = ((None, e) for e in sent) if logged else replay(episode)[0]
-    for obs, event in source:
+    source = ((None, e, None) for e in sent) if logged else _advised(episode, prompt)
+    for obs, event, advice in source:
         if event.timed_out:
             continue
         extra = event.extra or {}
-        messages = extra.get("prompt") if logged else render_seller(obs, fmt, prompt)
+        messages = extra.get("prompt") if logged else render_seller(obs, fmt, prompt, advice)
         if not messages:
             continue
         tokens = {"prompt_ids": extra.get("prompt_token_ids"), "completion_ids": extra.get("token_ids"), "logprobs": extra.get("logprobs")}
@@ -273,11 +285,13 @@ def teacher_decisions(events: Sequence[Event | dict] | EpisodeRecord, teacher: s
 
     episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
     out: list[Decision] = []
+    advised = (advice for _, _, advice in _advised(episode, prompt)) if prompt == "advice" else itertools.repeat(None)
     for obs, event, label in _teacher_walk(episode, teacher):
+        advice = next(advised)
         if label is None or event.timed_out:
             continue
         extra = event.extra or {}
-        messages = list(extra["prompt"][:2]) if extra.get("prompt") else render_seller(obs, fmt, prompt)
+        messages = list(extra["prompt"][:2]) if extra.get("prompt") else render_seller(obs, fmt, prompt, advice)
         out.append(Decision(episode=episode.id, group=group, turn=int(event.turn or 0), prompt=messages,
                             completion=render_tagged(label), reward=reward, valid=True, action=label.action.kind))
     return out

@@ -119,7 +119,7 @@ class LoopConfig:
     untrained: bool = _help("evaluate the untrained model too", default=True)
     legal: bool = _help("decode the policy's replies (rollouts and evaluations) under a regex of the replies the rules allow "
                         "(the seller spec's legal=1)", default=False)
-    grounded: bool = _help("with --legal and --prompt facts: decode each reply's thought as a reason in the planner's words that "
+    grounded: bool = _help("with --legal and --prompt facts (or advice): decode each reply's thought as a reason in the planner's words that "
                            "states the prompt's facts, and its action as the one the reason's verdict names (grounded=1)",
                            default=False)
     fresh: bool = _help("ask every seller (the teacher, the policy, the ladder) for a message only once every scripted buyer has "
@@ -153,8 +153,8 @@ class LoopConfig:
             raise UserError(f"choose from {', '.join(PROMPTS)}", field="--prompt", value=self.prompt)
         if self.round_epochs <= 0:
             raise UserError("must be above 0", field="--round-epochs", value=self.round_epochs)
-        if self.grounded and not (self.legal and self.prompt == "facts"):
-            raise UserError("binds the thought to the facts prompt under --legal; add --legal --prompt facts", field="--grounded",
+        if self.grounded and not (self.legal and self.prompt in ("facts", "advice")):
+            raise UserError("binds the thought to the facts prompt under --legal; add --legal --prompt facts (or advice)", field="--grounded",
                             value=True)
         if self.sft_from is not None and not (Path(self.sft_from) / "loop.json").is_file():
             raise UserError("not a loop run folder (no loop.json)", field="--sft-from", value=self.sft_from)

@@ -522,7 +522,7 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
     import anyio
 
     from negotiate.agents.local import HFBackend, HFOptions, _LocalModel
-    from negotiate.agents.llm import LLMSeller, request_seed
+    from negotiate.agents.llm import LLMSeller, adviser_for, request_seed
     from negotiate.run import LOCAL_TIMEOUT, Run, RunConfig
 
     was_training = model.training
@@ -537,7 +537,8 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
         text = label
 
         def build(self, market, seed, pools=None):
-            return LLMSeller(backend, fmt="tagged", seed=request_seed(seed), prompt=config.prompt)
+            return LLMSeller(backend, fmt="tagged", seed=request_seed(seed), prompt=config.prompt,
+                             adviser=adviser_for(config.prompt, market, seed))
 
     # Market m's episodes are indices m * group + repeat of a run grouped by ``group``, as collect numbers them.
     run = Run(RunConfig(sellers=(label,), buyers=config.eval_buyers, split=split, seed=run_seed, group=group,

@@ -1,0 +1,129 @@
+"""``prompt=advice``: the facts prompt with the message the planner would send there.
+
+The planner walks the LLM seller's episode beside it (:class:`~negotiate.agents.llm.Adviser`), as a
+teacher walks a trace; the trainer renders the same line for a scripted seller's episode. A model
+that copies the advice plays the planner's game: checked here with a fake server that copies it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import anyio
+import pytest
+
+pytest.importorskip("aiohttp")  # the fake OpenAI server
+
+from fake_openai import FakeOpenAI  # noqa: E402
+
+from negotiate.agents.backends import aclose_clients  # noqa: E402
+from negotiate.agents.llm import ADVISER, Adviser, LLMSeller, advice_line, render_seller  # noqa: E402
+from negotiate.agents.registry import parse_agent  # noqa: E402
+from negotiate.episode import run_episode  # noqa: E402
+from negotiate.errors import UserError  # noqa: E402
+from negotiate.market import SPLITS, generate, load_spec  # noqa: E402
+from negotiate.protocol import SELLER, Action, Message  # noqa: E402
+from negotiate.regulator import EpisodeState, observe  # noqa: E402
+from negotiate.run import seller_seed  # noqa: E402
+from negotiate.training.dataset import decisions, teacher_decisions  # noqa: E402
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+_ADVICE = re.compile(r"^Advice: (?:to (b\d+), )?(\[[A-Z]+\][^(\n]*?)(?: \((.+)\))?$", re.M)
+
+
+def copy_the_advice(body: dict) -> str:
+    """A model that writes, in the tagged form, the message its prompt's advice names."""
+    found = _ADVICE.search(body["messages"][1]["content"])
+    assert found and found.group(2) != "wait for a reply", body["messages"][1]["content"]
+    to, action, verdict = found.groups()
+    return f"Thought: {verdict or ''}\nTo: {to or ''}\nTalk: As advised.\nAction: {action.strip()}"
+
+
+def deals(events) -> list[tuple]:
+    return [(e["buyer"], e["product"], e["price"]) for e in events if e["type"] == "deal"]
+
+
+def conceding(market):
+    spec = parse_agent("concession", "buyer")
+    return {b.id: spec.build(market, [market.seed, k]) for k, b in enumerate(market.buyers)}
+
+
+@pytest.mark.parametrize("split", ["compact", "compact-shapes"])
+async def test_a_seller_that_copies_the_advice_makes_the_planners_deals(split):
+    spec = load_spec(SPECS / f"{split}.toml")
+    async with FakeOpenAI(copy_the_advice) as server:
+        try:
+            checked = 0
+            for seed in range(6):
+                market = generate(spec, 9000 + seed)
+                planner = parse_agent(ADVISER, "seller").build(market, seller_seed(market.seed))
+                model = parse_agent(f"openai:{server.model}@{server.url}?format=tagged&prompt=advice&retries=1&timeout=5",
+                                    "seller").build(market, seller_seed(market.seed))
+                assert isinstance(model, LLMSeller) and model.adviser is not None
+                with anyio.fail_after(30):
+                    theirs = await run_episode(market, planner, conceding(market), fresh=True)
+                    ours = await run_episode(market, model, conceding(market), fresh=True, seller_timeout=10, reply_timeout=10)
+                assert deals(ours.events) == deals(theirs.events)
+                assert ours.metrics["profit"] == theirs.metrics["profit"] and ours.metrics["valid_rate"] == 1.0
+                checked += bool(deals(theirs.events))
+            assert checked >= 3  # most of these markets end in deals: the equality is not of two empty lists
+        finally:
+            await aclose_clients()
+
+
+def test_the_advice_line_names_the_planners_message_and_its_verdict():
+    offer = Message(SELLER, "b2", "", Action("offer", "p1", 450), "b2 bids $380, $410 (rising, covers cost); 9 turns for 3 buyers: hold out")
+    assert advice_line(offer) == "Advice: to b2, [OFFER] p1 $450 (hold out)"
+    take = Message(SELLER, "b1", "", Action("accept", "p2", 321), "b1 bids $321 (first bid, covers cost); 3 turns for 2 buyers: take it")
+    assert advice_line(take) == "Advice: to b1, [ACCEPT] p2 $321 (take it)"
+    assert advice_line(Message(SELLER, "b1", "", Action("offer", "p1", 700))) == "Advice: to b1, [OFFER] p1 $700"  # no reason given
+    assert advice_line(None) == "Advice: wait for a reply"
+
+
+def test_the_advice_follows_the_turns_line_of_the_facts_prompt():
+    market = generate(SPLITS["train"], 5)
+    obs = observe(EpisodeState(market), SELLER)
+    adviser = Adviser(market, seller_seed(market.seed))
+    advice = adviser.advise(obs)
+    facts = render_seller(obs, "tagged", "facts")[1]["content"].splitlines()
+    advised = render_seller(obs, "tagged", "advice", advice)[1]["content"].splitlines()
+    turns = next(k for k, line in enumerate(facts) if " each." in line)
+    assert advised == facts[:turns + 1] + [advice_line(advice)] + facts[turns + 1:]
+    assert advice is not None and advice.action.kind == "offer" and advised[turns + 1].startswith(f"Advice: to {advice.to}, [OFFER] ")
+    # Advising leaves no trace: the adviser is asked again on the same observation and says the same.
+    assert adviser.advise(obs) == advice
+
+
+def test_an_advice_prompt_needs_an_adviser():
+    with pytest.raises(ValueError, match="adviser"):
+        LLMSeller(object(), fmt="tagged", prompt="advice")
+
+
+def test_the_advice_prompt_asks_for_tagged_replies_and_is_the_sellers():
+    with pytest.raises(UserError, match="format=tagged"):
+        parse_agent("openai:m@http://127.0.0.1:1/v1?prompt=advice", "seller")
+    with pytest.raises(UserError, match="seller's prompt"):
+        parse_agent("openai:m@http://127.0.0.1:1/v1?format=tagged&prompt=advice", "buyer")
+    # grounded decoding binds the thought to the facts, which the advice prompt has too
+    parse_agent("openai:m@http://127.0.0.1:1/v1?format=tagged&prompt=advice&legal=1&grounded=1", "seller")
+
+
+async def test_sft_data_from_a_scripted_episode_shows_the_planners_advice(tmp_path):
+    """A scripted seller's episode is rendered with the advice the planner would have given in each state:
+    for the planner's own episode that is its own message, for greedy's the planner's other choice."""
+    market = generate(load_spec(SPECS / "compact.toml"), 77)
+    for seller, same in ((ADVISER, True), ("greedy", False)):
+        agent = parse_agent(seller, "seller").build(market, seller_seed(market.seed))
+        ep = await run_episode(market, agent, conceding(market), fresh=True)
+        made = decisions(ep.events, 0.0, "g", prompt="advice")
+        assert made
+        copied = 0
+        for decision in made:
+            (line,) = [x for x in decision.prompt[1]["content"].splitlines() if x.startswith("Advice: ")]
+            action = decision.completion.rsplit("Action: ", 1)[1]
+            copied += action in line
+        assert (copied == len(made)) if same else (copied < len(made))
+        # dagger labels on the same episode carry the same prompts: the advice of the state, whatever the label
+        labelled = teacher_decisions(ep.events, "greedy", 0.0, "g", prompt="advice")
+        assert labelled and all(d.prompt == next(m.prompt for m in made if m.turn == d.turn) for d in labelled)

@@ -30,6 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 import structlog
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -465,8 +466,18 @@ def _make_out(out: Path) -> None:
 # -- run settings: new, or resumed -----------------------------------------------------------------------
 
 
+def _items(text: str, field: str) -> tuple[str, ...]:
+    """The comma-separated items of ``field``; an empty one (``greedy,``, ``a,,b``) is refused, not dropped: it is
+    most often a spec cut short."""
+    items = tuple(part.strip() for part in text.split(","))
+    if len(items) > 1 and not all(items):
+        example = "train,shapes" if field == "--split" else "greedy,posted"
+        raise UserError(f"has an empty item between commas; give each item once, like {example}", field=field, value=text)
+    return tuple(item for item in items if item)
+
+
 def _sellers(text: str) -> tuple[str, ...]:
-    sellers = _list(text)
+    sellers = _items(text, "--seller")
     if not sellers:
         raise UserError("names no seller; give one or more seller specs, comma-separated, like greedy,posted", field="--seller",
                         value=text)
@@ -613,7 +624,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
         sellers, splits, baseline = settings["sellers"], settings["splits"], settings["baseline"]
         saved = {"sellers": tuple(sellers), "splits": tuple(splits), "baseline": baseline}
         _refuse_conflicts({"sellers": ("--seller", _sellers(args.seller) if args.seller is not None else None),
-                           "splits": ("--split", _list(args.split) if args.split is not None else None),
+                           "splits": ("--split", _items(args.split, "--split") if args.split is not None else None),
                            "baseline": ("--baseline", args.baseline)}, saved, out, "--episodes")
         configs = []
         for split in splits:
@@ -625,7 +636,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
             configs.append(_more_episodes(config, args.episodes, "--episodes"))
     else:
         sellers = list(_sellers(_setting(args, "sellers", "seller")))
-        splits = list(_list(_setting(args, "split")))
+        splits = list(_items(_setting(args, "split"), "--split"))
         if not splits:
             raise UserError("names no split", field="--split", value=args.split)
         baseline = args.baseline or sellers[0]
@@ -786,14 +797,16 @@ def _range(value) -> str:
 
 
 def _splits(_args: argparse.Namespace, console: Console) -> int:
-    table = Table(title="splits (--split NAME)", title_justify="left")
+    # Light borders and no wrapping: the whole table fits 80 columns, a pipe's width (names were cut there).
+    table = Table(title="splits (--split NAME)", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  collapse_padding=True)
     for name in ("split", "buyers", "products", "valuation", "values", "costs", ""):
-        table.add_column(name)
+        table.add_column(name, no_wrap=True)
     for name, spec in SPLITS.items():
         low, high = spec.price_low * spec.price_scale, spec.price_high * spec.price_scale
         span = high - low
         table.add_row(name, _range(spec.buyers), _range(spec.products),
-                      spec.valuation + (f" ({spec.correlation:g})" if spec.valuation == "correlated" else ""),
+                      spec.valuation + (f" {spec.correlation:g}" if spec.valuation == "correlated" else ""),
                       f"{low:g}-{high:g}", f"{low + spec.cost_low * span:g}-{low + spec.cost_high * span:g}",
                       "training" if name == "train" else "held out")
     console.print(table)

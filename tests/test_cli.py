@@ -102,6 +102,15 @@ def test_a_scripted_agent_parameter_given_twice_and_a_trace_with_no_episode(tmp_
     assert f"{tmp_path / 'empty.jsonl'}: no finished episode in it yet" in error_line(capsys)
 
 
+@pytest.mark.parametrize("command, flag, value", [("serve", "--seller", "greedy,"), ("eval", "--seller", ",greedy"),
+                                                   ("eval", "--split", "train,,shapes")])
+def test_an_empty_item_in_a_list_is_refused_not_dropped(tmp_path, capsys, command, flag, value):
+    out = tmp_path / "r"
+    assert main([command, flag, value, "--episodes", "2", "--out", str(out), "--quiet"]) == 2  # it played one seller or split fewer
+    line = error_line(capsys)
+    assert f"{flag}: {value!r}: has an empty item between commas" in line and not out.exists()
+
+
 def test_unknown_split(tmp_path, capsys):
     assert main(["serve", "--split", "nowhere", "--out", str(tmp_path / "r"), "--quiet"]) == 2
     assert "nowhere" in error_line(capsys)
@@ -464,6 +473,18 @@ def test_agents_and_splits_are_listed_with_their_parameters(capsys):
     assert all(name in out for name in SPLITS)
     assert "1000-10000" in out  # prices-x10's values
     assert "budget_per_pair" in out and "personas" in out  # every spec field
+
+
+def test_the_splits_table_fits_80_columns_whole(monkeypatch, capsys):
+    from negotiate.market import SPLITS
+
+    monkeypatch.setenv("COLUMNS", "80")  # a pipe's width: names and ranges were cut there ("correlat…", "1000-100…")
+    assert main(["splits"]) == 0
+    table = capsys.readouterr().out.split("fields of a TOML spec file")[0].splitlines()
+    assert max(len(line) for line in table) <= 80 and not any("…" in line for line in table)
+    row = {line.split()[0]: line.split() for line in table[3:] if line.strip()}
+    assert set(row) == set(SPLITS)
+    assert row["correlated"][3:5] == ["correlated", "0.7"] and row["prices-x10"][4:] == ["1000-10000", "1000-5500", "held", "out"]
 
 
 def test_a_bad_flag_value_is_one_line_naming_the_flag_once(tmp_path, capsys):

@@ -295,6 +295,20 @@ async def test_replay_header_names_a_model_seller_short(trace, tmp_path):
         assert "…" not in screen_text(app).split("openai:round-1 vs concession")[0][-80:]
         label = app.screen.query_one("#episodes", OptionList).get_option_at_index(0).prompt.plain
         assert label.startswith("…ax-tokens-80-000000 ")  # the id's end, where a model's episodes differ, then the score
+    # A failed episode's mark is longer than a score: its id gives way, and the label still takes one line.
+    events[-1] = {**events[-1], "outcome": "failed", "reason": "LLMError: boom", "metrics": None}
+    path.unlink()
+    with TraceWriter(path) as writer:  # more episodes than the list shows: its scroll bar takes 2 of its cells
+        for k in range(12):
+            writer.write([{**event, "episode": events[0]["episode"][:-2] + f"{k:02d}"} for event in events])
+    app = NegotiateApp.replay(load_trace(path), str(path))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "failed" in screen_text(app))
+        label = app.screen.query_one("#episodes", OptionList).get_option_at_index(0).prompt.plain
+        episodes = app.screen.query_one("#episodes", OptionList)
+        room = episodes.scrollable_content_region.width - episodes.get_component_styles("option-list--option").padding.width
+        assert len(label) <= room  # one line, not two (the old label, 27 cells, wrapped in 26)
+        assert label == "…-tokens-80-000000 failed"
 
 
 async def test_terminal_too_small(trace):

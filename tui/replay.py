@@ -32,6 +32,10 @@ _NEVER_WRAPS = 40
 the smallest terminal the screen draws in. Shorter lines stay plain text (a grid per line costs a redraw time)."""
 
 
+LABEL = 25
+"""Cells of an episode's label in the episode list, its id's end and its score or mark: one line at 80 columns."""
+
+
 def _tail(text: str, width: int) -> str:
     """``text``, or its last ``width - 1`` characters after an ellipsis: a model seller's episode ids differ at the end.
 
@@ -106,11 +110,10 @@ class ReplayScreen(Screen):
     @staticmethod
     def _label(episode: Recorded) -> Text:
         m = episode.metrics
-        text = Text(_tail(episode.id, 20))
-        if episode.failed:
-            text.append(" failed", style="red")
-        elif m is not None:
-            text.append(f" {ratio(m.get('profit_ratio'))}", style="dim")
+        mark, style = (" failed", "red") if episode.failed else (f" {ratio(m.get('profit_ratio'))}", "dim") if m is not None else ("", "")
+        # The id's end and the mark on one line of the 80-column episode list (LABEL cells; " failed" used to wrap)
+        text = Text(_tail(episode.id, LABEL - len(mark)))
+        text.append(mark, style=style)
         return text
 
     def on_mount(self) -> None:

@@ -126,7 +126,8 @@ class LoopConfig:
                         "answered it, so the policy decides on the state its message lands in, as the teacher did (eval --fresh)",
                         default=False)
     prompt: str = _help("the policy's prompt: full; compact (each buyer's thread of actions without talk, under half the "
-                        "tokens); or facts (compact, with the turns each buyer has and each bidder's last bids and trend). "
+                        "tokens); facts (compact, with the turns each buyer has and each bidder's last bids and trend); or advice "
+                        "(facts, and the message the planner would send). "
                         "SFT renders the teacher's decisions with it, and the policy is served with it", default="full")
     serve: str = _help(f"how a new policy goes into service: {', '.join(SERVE_MODES)}", default="auto")
     server_url: str | None = _help("use this running vLLM server (started with --enable-lora on the base model) instead of starting one",

@@ -17,7 +17,7 @@ from negotiate.cli import main
 from negotiate.errors import UserError
 from negotiate.trace import read_records, trace_files
 from negotiate.training import loop
-from negotiate.training.loop import LoopConfig, LoopError, results_table, run_loop
+from negotiate.training.loop import EVAL_FIELDS, SFT_FIELDS, LoopConfig, LoopError, results_table, run_loop
 
 SPEC = 'split = "train"\nname = "tiny"\nbuyers = 2\nproducts = 2\n'
 
@@ -540,6 +540,13 @@ def test_the_readmes_loop_runs_are_config_files_that_check():
     assert {k: grounded[k] for k in grounded if grounded[k] != fresh[k]} == {
         "sft_steps": 80, "grounded": True, "rounds": 2, "aggregate": False, "markets": 64, "group": 1,
         "round_action_weights": "accept=4", "eval_temperature": 0.0}
+    # the advised SFT is the grounded run's with the advice prompt and no round; its rounds reuse that SFT (--sft-from)
+    advice, rft = configs["advice"].to_json(), configs["advice-rft"].to_json()
+    assert {k: advice[k] for k in advice if advice[k] != grounded[k]} == {"prompt": "advice", "rounds": 0}
+    assert {k: rft[k] for k in rft if rft[k] != advice[k]} == {
+        "rounds": 2, "round_method": "rft", "group": 4, "temperature": 1.5, "round_epochs": 2.0, "grpo_steps": None,
+        "round_action_weights": None}  # the rounds weigh as the SFT did: every decision 1
+    assert all(advice[name] == rft[name] for name in SFT_FIELDS + EVAL_FIELDS)  # so --sft-from takes its SFT and evaluations
 
 
 @pytest.mark.parametrize("text, message", [

@@ -150,7 +150,7 @@ class OpenAIOptions:
     grounded: bool = False
     """With ``legal`` and ``prompt=facts`` (or ``advice``): decode under a regex whose thought is a reason stating the prompt's facts."""
     prompt: str = "full"
-    """The seller's prompt: ``full``, ``compact`` (each buyer's thread of actions, no talk; tagged replies) or ``facts``
+    """The seller's prompt: ``full``, ``compact`` (each buyer's thread of actions, no talk; tagged replies), ``facts``
     (compact, with the turns each buyer has and each bidder's last bids and trend) or ``advice`` (facts, and the message
     the planner would send: ``Advice: to b2, [OFFER] p1 $450 (hold out)``)."""
 

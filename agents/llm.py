@@ -25,6 +25,7 @@ buyers said, never a valuation (tests/test_llm_prompts.py checks this).
 
 from __future__ import annotations
 
+import copy
 import re
 import string
 import tomllib
@@ -316,8 +317,6 @@ class Adviser:
         self.agent = PlannerSeller.create(ADVISER, {"reasons": 1}, market=market, seed=seed)
 
     def advise(self, obs: SellerObservation) -> Message | None:
-        import copy
-
         return copy.deepcopy(self.agent).decide(obs)
 
     def follow(self, obs: SellerObservation, message: Message | None) -> None:

@@ -390,6 +390,36 @@ def test_the_real_stage_runner_reports_the_commands_last_line(tmp_path):
                        tmp_path / "loop.out")
 
 
+def test_a_stopped_loop_stops_its_stage_as_the_stage_would_stop_alone(tmp_path):
+    """SIGTERM to the loop (a scheduler's time limit) reaches its running stage as SIGTERM, not SIGKILL: the stage
+    ends as ``serve`` does when stopped (exit 143, its episodes whole, the --resume line), then the loop stops."""
+    import signal
+
+    from negotiate.cli import Terminated
+    from negotiate.trace import read_records, trace_files
+
+    out = tmp_path / "x"
+
+    def terminate(signum, frame):  # every 0.5 s; once the stage has written an episode, the loop is stopped
+        if (out / "greedy.jsonl").is_file() and (out / "greedy.jsonl").stat().st_size > 0:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # once
+            raise Terminated
+
+    previous = signal.signal(signal.SIGALRM, terminate)
+    signal.setitimer(signal.ITIMER_REAL, 1.0, 0.5)
+    try:
+        with pytest.raises(Terminated):
+            loop.run_stage("teacher", ["serve", "--seller", "greedy", "--split", "train", "--episodes", "2000000", "--out", str(out)],
+                           tmp_path / "loop.out")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    printed = (tmp_path / "loop.out").read_text()
+    assert "negotiate serve --resume" in printed  # what serve prints when stopped; SIGKILL left no line
+    records = [r for path in trace_files([out]) for r in read_records(path, allow_partial=True)]
+    assert records and all(r.complete for r in records)  # every episode in the trace is whole
+
+
 @pytest.mark.parametrize("printed, tolerated", [
     ("2 of 6 episodes failed (commonest reason, 2 of them: LLMError: down); each one is in x/serve.log.jsonl", True),
     ("Traceback (most recent call last):\nMemoryError", False),  # a crash exits 1 too: the stage is not finished

@@ -356,6 +356,27 @@ def _die_with_parent() -> None:
         pass
 
 
+STOP_GRACE = 30.0
+"""Seconds a stage has to stop by itself once the loop is interrupted, before it is killed."""
+
+
+def _stop(child: subprocess.Popen) -> None:
+    """Stop a stage when the loop itself is stopped (Ctrl-C, SIGTERM): as the stage would stop alone, keeping its
+    finished episodes whole (``subprocess.call`` killed it outright). Ctrl-C at a terminal reached it too; a SIGTERM
+    or a signal sent to the loop alone is passed on as SIGTERM."""
+    try:
+        child.wait(timeout=2.0)  # Ctrl-C from a terminal: the stage got it too and is stopping
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
 FAILED_EPISODES = " episodes failed (commonest reason"
 """What a serve, collect or eval prints when it finished with failed episodes (exit 1, as a crash exits too)."""
 
@@ -370,7 +391,12 @@ def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_epi
         out.write(f"\n$ negotiate {' '.join(args)}\n".encode())
         out.flush()
         start = out.tell()
-        code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        try:
+            code = child.wait()
+        except BaseException:
+            _stop(child)
+            raise
     seconds = time.perf_counter() - began
     with open(out_file, "rb") as out:
         out.seek(start)

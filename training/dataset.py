@@ -285,7 +285,10 @@ def teacher_decisions(events: Sequence[Event | dict] | EpisodeRecord, teacher: s
 
     episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
     out: list[Decision] = []
-    advised = (advice for _, _, advice in _advised(episode, prompt)) if prompt == "advice" else itertools.repeat(None)
+    logged = any((e.extra or {}).get("prompt") for e in episode.seller_messages())
+    # The advice prompt of a state nobody logged: the adviser walks the episode too (a policy's episodes log theirs)
+    rendered = prompt == "advice" and not logged
+    advised = (advice for _, _, advice in _advised(episode, prompt)) if rendered else itertools.repeat(None)
     for obs, event, label in _teacher_walk(episode, teacher):
         advice = next(advised)
         if label is None or event.timed_out:

@@ -387,6 +387,13 @@ def render_buyer(obs: BuyerObservation, fmt: str = "json") -> list[dict]:
 
 # -- legal replies ---------------------------------------------------------------------------
 
+LEGAL_TALK = 80
+"""The longest talk line (characters) the ``legal=1`` regexes allow. Every scripted seller's talk is under 60;
+unbounded (``[^\n]*``), a model sampled hot ran its talk line to ``max_tokens`` and the reply did not parse."""
+LEGAL_THOUGHT = 160
+"""The longest free thought (characters) :func:`legal_pattern` allows; the planner's reasons are under 100."""
+_TALK = rf"\nTalk: [^\n]{{0,{LEGAL_TALK}}}\nAction: "
+
 def number_range(low: int, high: int) -> str:
     """A regex of the whole numbers from ``low`` to ``high`` (0 <= low <= high), written without leading zeros.
 
@@ -433,8 +440,10 @@ def legal_pattern(obs: SellerObservation) -> str | None:
     from its cost to the top of the public value range (no buyer takes more), accepts that buyer's standing
     bid (when its product is in stock and the bid covers the cost), rejects, or ends. Decoding under it
     (``legal=1``) leaves the model every choice the rules leave, but for offers no buyer can take; the
-    price is still the model's. One race stays: a buyer's accept that lands while the reply is being
-    written can sell the unit first, and the regulator records that reply as refused.
+    price is still the model's. The thought is at most :data:`LEGAL_THOUGHT` characters and the talk
+    :data:`LEGAL_TALK`, so that a model sampled hot cannot run a line to ``max_tokens``. One race stays: a
+    buyer's accept that lands while the reply is being written can sell the unit first, and the regulator
+    records that reply as refused.
     """
     stocked = {p.id: p.cost for p in obs.products if p.stock > 0}
     offers = "|".join(rf"{product} \${number_range(cost, obs.price_high)}" for product, cost in stocked.items()
@@ -447,10 +456,10 @@ def legal_pattern(obs: SellerObservation) -> str | None:
         if buyer.bid is not None and buyer.bid[0] in stocked and buyer.bid[1] >= stocked[buyer.bid[0]]:
             actions.append(rf"\[ACCEPT\] {buyer.bid[0]} \${buyer.bid[1]}")
         actions += [r"\[REJECT\]", r"\[END\]"]
-        branches.append(rf"To: {buyer.id}\nTalk: [^\n]*\nAction: ({'|'.join(actions)})")
+        branches.append(rf"To: {buyer.id}{_TALK}({'|'.join(actions)})")
     if not branches:
         return None
-    return rf"(Thought: [^\n]*\n)?({'|'.join(branches)})"
+    return rf"(Thought: [^\n]{{0,{LEGAL_THOUGHT}}}\n)?({'|'.join(branches)})"
 
 
 def _literal(text: str) -> str:
@@ -482,7 +491,7 @@ def grounded_pattern(obs: SellerObservation) -> str | None:
     for buyer in obs.buyers:
         if buyer.status != ACTIVE or buyer.awaiting:
             continue
-        head, tail = rf"Thought: {_literal(facts[buyer.id])}; {turns}: ", rf"\nTo: {buyer.id}\nTalk: [^\n]*\nAction: "
+        head, tail = rf"Thought: {_literal(facts[buyer.id])}; {turns}: ", rf"\nTo: {buyer.id}{_TALK}"
         bid = buyer.bid
         if bid is not None and bid_in_play(bid, units, obs.products):
             product, price = bid

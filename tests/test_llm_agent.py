@@ -137,7 +137,7 @@ async def test_legal_sends_the_regex_of_the_replies_the_rules_allow(server):
     await agent.act(obs)
     body = server.requests[-1]
     assert body["structured_outputs"] == {"regex": legal_pattern(obs)}
-    assert body["structured_outputs"]["regex"].startswith(r"(Thought: [^\n]*\n)?(To: b2\nTalk: ")
+    assert body["structured_outputs"]["regex"].startswith(r"(Thought: [^\n]{0,160}\n)?(To: b2\nTalk: ")
     assert "To: b1" not in body["structured_outputs"]["regex"]
     assert agent.describe()["params"]["legal"] is True
 

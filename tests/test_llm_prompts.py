@@ -320,6 +320,10 @@ def test_legal_pattern_by_hand():
     assert not legal("To: b2\nTalk: x\nAction: [REJECT]")  # owes a reply
     assert not legal("To: b1\nTalk: x\nAction: [REJECT]")  # has bought
     assert not legal("To: b3\nTalk: two\nlines\nAction: [END]")
+    # Bounded lines (a model sampled hot ran an unbounded talk line to max_tokens): 80 characters of talk, 160 of thought.
+    assert legal(f"To: b3\nTalk: {'x' * 80}\nAction: [END]") and not legal(f"To: b3\nTalk: {'x' * 81}\nAction: [END]")
+    assert legal(f"Thought: {'y' * 160}\nTo: b3\nTalk: \nAction: [END]")
+    assert not legal(f"Thought: {'y' * 161}\nTo: b3\nTalk: \nAction: [END]")
     everyone_waits = tuple(b._replace(awaiting=True) for b in buyers)
     assert legal_pattern(SellerObservation(4, 14, 100, 1000, products, everyone_waits, (), ())) is None
 
@@ -337,6 +341,8 @@ def test_the_grounded_pattern_by_hand():
     assert grounded("hold out", "[OFFER] p2 $701") and grounded("ask one step up", "[OFFER] p2 $1000")
     assert grounded("take it", "[ACCEPT] p2 $700")
     assert re.fullmatch(pattern, "Thought: no sale is worth its cost: end\nTo: b1\nTalk: \nAction: [END]")
+    assert re.fullmatch(pattern, f"{head}take it\nTo: b1\nTalk: {'x' * 80}\nAction: [ACCEPT] p2 $700")
+    assert not re.fullmatch(pattern, f"{head}take it\nTo: b1\nTalk: {'x' * 81}\nAction: [ACCEPT] p2 $700")  # talk is bounded
     assert not grounded("hold out", "[OFFER] p2 $700")  # holding out asks above the bid
     assert not grounded("take it", "[OFFER] p2 $800") and not grounded("hold out", "[ACCEPT] p2 $700")  # the verdict's action
     assert not grounded("below cost: ask more", "[OFFER] p2 $800")  # $700 covers the cost of $500

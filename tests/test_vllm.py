@@ -59,6 +59,7 @@ from tiny_model import small_market  # noqa: E402
 from negotiate.agents.backends import aclose_clients  # noqa: E402
 from negotiate.agents.registry import parse_agent  # noqa: E402
 from negotiate.agents.planner import read_reason, reason_action  # noqa: E402
+from negotiate.agents.llm import LEGAL_TALK  # noqa: E402
 from negotiate.episode import run_episode  # noqa: E402
 from negotiate.protocol import SELLER, json_schema  # noqa: E402
 from negotiate.training.server import ServerError, ServerSpec, VLLMServer, load_adapter, served_models, unload_adapter  # noqa: E402
@@ -153,6 +154,7 @@ async def test_legal_replies_follow_the_rules_on_a_real_vllm_server(server, clos
     assert finished, [e["raw"] for e in sent]
     assert all(e["valid"] or e.get("error_kind") == "sold_out" for e in finished), [(e["raw"], e.get("error")) for e in finished]
     assert all(e["raw"].splitlines()[-1].startswith("Action: [") for e in finished), [e["raw"] for e in finished]
+    assert all(len(e["talk"]) <= LEGAL_TALK for e in sent if e["valid"]), [e["talk"] for e in sent]  # the regex's bound held
 
 
 async def test_grounded_replies_state_the_prompts_facts_on_a_real_vllm_server(server, closing):

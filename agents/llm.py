@@ -309,19 +309,34 @@ class Adviser:
     """:data:`ADVISER` walking an LLM seller's episode beside it, as a teacher walks a trace
     (``negotiate.training.dataset``): before each decision a copy of it decides (:meth:`advise`, its
     choice leaves no trace), then it takes the seller's message as if it had sent it (:meth:`follow`).
-    It sees what the seller sees: the market's public spec, never its drawn values."""
+    It sees what the seller sees: the market's public spec, never its drawn values. Like the teacher walk,
+    it takes only the messages the regulator accepted: whether it did shows in the next observation (a
+    violation notice), so each message is taken then."""
 
     def __init__(self, market, seed):
         from negotiate.agents.planner import PlannerSeller
 
         self.agent = PlannerSeller.create(ADVISER, {"reasons": 1}, market=market, seed=seed)
+        self._pending: tuple[SellerObservation, Message | None] | None = None
 
     def advise(self, obs: SellerObservation) -> Message | None:
+        self._settle(obs)
         return copy.deepcopy(self.agent).decide(obs)
 
     def follow(self, obs: SellerObservation, message: Message | None) -> None:
         """``message``: what the seller sent on ``obs`` (None: nothing, or nothing that parsed)."""
-        self.agent.follow(obs, message)
+        self._settle(obs)
+        self._pending = (obs, message)
+
+    def _settle(self, obs: SellerObservation) -> None:
+        """Follow the last observation and message, the message only if ``obs`` (a later observation) shows
+        no violation notice since."""
+        if self._pending is None or self._pending[0] is obs:
+            return
+        before, message = self._pending
+        refused = any(isinstance(item, Notice) and item.kind == "violation" for item in obs.new)
+        self.agent.follow(before, None if refused else message)
+        self._pending = None
 
 
 def render_seller_compact(obs: SellerObservation, facts: bool = False, advice: str | None = None) -> list[dict]:

@@ -127,3 +127,41 @@ async def test_sft_data_from_a_scripted_episode_shows_the_planners_advice(tmp_pa
         # dagger labels on the same episode carry the same prompts: the advice of the state, whatever the label
         labelled = teacher_decisions(ep.events, "greedy", 0.0, "g", prompt="advice")
         assert labelled and all(d.prompt == next(m.prompt for m in made if m.turn == d.turn) for d in labelled)
+
+
+async def test_the_adviser_takes_only_the_messages_the_regulator_accepted():
+    """A model that, every other time, offers the advised buyer a product at $1, under its cost (refused), and
+    else copies the advice. The advice its prompts showed is the advice the trainer renders for the same
+    episode, whose teacher walk takes only accepted messages: had the adviser taken the refused offers, it
+    would count offers nobody received (the planner's ``sent``, which times its ask above a rising bid)."""
+    from negotiate.episode import EpisodeRecord
+    from negotiate.training.dataset import _teacher_walk
+
+    calls = []
+
+    def refuse_sometimes(body: dict) -> str:
+        calls.append(body)
+        found = _ADVICE.search(body["messages"][1]["content"])
+        if len(calls) % 2 == 1 and found and found.group(1):
+            return f"To: {found.group(1)}\nTalk: A bargain.\nAction: [OFFER] p1 $1"
+        return copy_the_advice(body)
+
+    spec = load_spec(SPECS / "compact.toml")
+    async with FakeOpenAI(refuse_sometimes) as server:
+        try:
+            refused = 0
+            for seed in (9114, 9116, 9119, 9129):  # of 9100-9129, where an adviser taking the refused offers departs
+                market = generate(spec, seed)
+                model = parse_agent(f"openai:{server.model}@{server.url}?format=tagged&prompt=advice&retries=1&timeout=5",
+                                    "seller").build(market, seller_seed(market.seed))
+                with anyio.fail_after(30):
+                    ep = await run_episode(market, model, conceding(market), fresh=True, seller_timeout=10, reply_timeout=10)
+                record = EpisodeRecord.of(ep.events)
+                shown = [next(x for x in e.extra["prompt"][1]["content"].splitlines() if x.startswith("Advice: "))
+                         for e in record.seller_messages()]
+                walked = [advice_line(advice) for _, _, advice in _teacher_walk(record, ADVISER)]
+                assert shown == walked
+                refused += sum(not e.valid for e in record.seller_messages())
+            assert refused >= 3  # the refusals happened
+        finally:
+            await aclose_clients()

@@ -895,3 +895,31 @@ def test_report_pairs_each_repeat_of_a_group_and_each_buyer_column_with_its_own_
     capsys.readouterr()
     assert main(["report", *folders, str(tmp_path / "again"), "--baseline", "planner"]) == 2
     assert "--baseline: 'planner': played the same markets against buyers threshold in 2 separate runs" in error_line(capsys)
+
+
+_INTERRUPT_ON_SCIPY = """
+import importlib.abc, os, signal, sys
+
+class Interrupt(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "scipy":  # the heaviest of the command line's imports: Ctrl-C comes while it loads
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["negotiate", "splits"]
+from importlib.metadata import entry_points
+(script,) = [e for e in entry_points(group="console_scripts") if e.name == "negotiate"]
+sys.exit(script.load()())
+"""
+
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line():
+    """A real SIGINT, sent while the installed ``negotiate`` script imports scipy: one line and exit 130, no
+    traceback (the script imported the command line's every module before anything could catch it)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _INTERRUPT_ON_SCIPY], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr, done.stdout) == (130, "negotiate: interrupted\n", "")

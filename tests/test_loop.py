@@ -128,6 +128,46 @@ def test_each_eval_buyer_type_is_a_column_of_its_own_paired_on_its_own_markets(w
     assert threshold.split("| greedy |")[1].split("\n")[0] != concession.split("| greedy |")[1].split("\n")[0]
 
 
+def test_a_rerun_may_add_a_buyer_column_and_evaluates_only_that(world):
+    config, calls, crash, out = world
+    run_loop(config(), echo=lambda line: None)  # threshold buyers only
+    seconds = json.loads((out / "loop.json").read_text())["seconds"]["round 1 eval"]
+    calls.clear()
+    data = run_loop(config(eval_buyers="threshold,concession"), echo=lambda line: None)
+    # The baselines and every finished round, against the new column alone; nothing is trained or collected again.
+    assert calls == ["baselines (concession)", "round 0 eval (concession)", "round 1 eval (concession)"]
+    assert data["columns"] == {stage: ["threshold", "concession"] for stage in ("baselines", "round 0 eval", "round 1 eval")}
+    assert set(data["rounds"]["0"]) == set(data["rounds"]["1"]) == {"threshold", "concession"}
+    assert data["done"].count("round 1 eval") == 1 and data["seconds"]["round 1 eval"] > seconds
+    results = (out / "results.md").read_text()
+    assert "### buyers: threshold" in results and "### buyers: concession" in results
+    assert "| round 1 − SFT (round 0) (paired) |" in results.split("### buyers: concession")[1]
+    calls.clear()
+    run_loop(config(eval_buyers="threshold,concession"), echo=lambda line: None)
+    assert calls == []
+    # A column cannot be taken away (the results would lose it); the run is left as it was.
+    with pytest.raises(UserError, match=r"--eval-buyers 'threshold,concession'; rerun with the same value"):
+        run_loop(config(eval_buyers="concession"), echo=lambda line: None)
+    # A run from before the columns were kept: each finished evaluation counts as done against the run's own buyers.
+    data = json.loads((out / "loop.json").read_text())
+    del data["columns"]
+    (out / "loop.json").write_text(json.dumps(data))
+    run_loop(config(eval_buyers="threshold,concession"), echo=lambda line: None)
+    assert calls == []
+
+
+def test_a_run_from_another_runs_sft_takes_the_columns_both_have(world):
+    config, calls, crash, out = world
+    run_loop(config(rounds=0), echo=lambda line: None)
+    calls.clear()
+    other = out.parent / "wider"
+    data = run_loop(config(out=str(other), sft_from=str(out), eval_buyers="concession,threshold"), echo=lambda line: None)
+    assert calls == ["baselines (concession)", "round 0 eval (concession)", "round 1 collect", "round 1 rft",
+                     "round 1 eval (concession)", "round 1 eval (threshold)"]
+    assert set(data["rounds"]["0"]) == {"threshold", "concession"}
+    assert data["rounds"]["0"]["threshold"] == json.loads((out / "loop.json").read_text())["rounds"]["0"]["threshold"]
+
+
 def test_a_round_whose_groups_all_scored_alike_keeps_the_previous_policy(world):
     config, calls, crash, out = world
     crash["policy"] = "concession"  # deterministic: every repeat of a market plays the same episode

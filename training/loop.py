@@ -223,7 +223,8 @@ BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from":
 """What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained, the full prompt, each round
 on its own rollouts only, every imitated decision weighing 1, the rounds weighing as the SFT."""
 RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
-"""Flags a rerun may change; any other change to a run's config is refused."""
+"""Flags a rerun may change; any other change to a run's config is refused, but for ``--eval-buyers``, to which a rerun
+may add buyer specs (columns: the baselines and every finished round are then evaluated against them too)."""
 
 SFT_FIELDS = ("model", "teacher", "split", "buyers", "seed", "teacher_episodes", "sft_steps", "sft_batch", "sft_lr", "lora_r", "bf16",
               "micro_batch", "max_tokens", "serve", "server_url", "prompt", "action_weights", "fresh")
@@ -252,7 +253,8 @@ def take_round0(source: Path, out: Path, config: LoopConfig, state: State) -> No
     if missing:
         raise UserError(f"round 0 of that run is not finished ({', '.join(missing)} missing): finish it first", field="--sft-from",
                         value=str(source))
-    same_eval = _first_difference(theirs, config.to_json(), [name for name in EVAL_FIELDS if name in theirs]) is None
+    # Other buyer columns do not change an evaluation: those both runs have are taken, the others run here.
+    same_eval = _first_difference(theirs, config.to_json(), [name for name in EVAL_FIELDS if name in theirs and name != "eval_buyers"]) is None
     stages = ROUND0_STAGES if same_eval else SFT_STAGES
     skip = None if same_eval else source / "round-00" / "eval"  # evaluated again here, under this run's flags
     for name in ("base", "round-00", "baselines"):
@@ -265,7 +267,9 @@ def take_round0(source: Path, out: Path, config: LoopConfig, state: State) -> No
     data = state.data
     data["done"] = list(stages)
     if same_eval:
-        data["rounds"]["0"] = other["rounds"]["0"]
+        shared = [buyers for buyers in state.buyers if buyers in _list(theirs.get("eval_buyers", "threshold"))]
+        data["columns"] = {stage: shared for stage in stages if _is_eval_stage(stage)}
+        data["rounds"]["0"] = {buyers: summary for buyers, summary in other["rounds"]["0"].items() if buyers in shared}
     # Not the source's port: this run's server is its own (two runs from one SFT may run at once), and its policies
     # are told apart from the source's in cross-run reports by their URL.
     data["serving"] = other.get("serving")
@@ -313,12 +317,19 @@ def _keep_bf16(config: LoopConfig, theirs: dict, saved: dict) -> None:
         config.bf16 = saved["bf16"] = theirs["bf16"]
 
 
+def _is_eval_stage(stage: str) -> bool:
+    """The stages that evaluate against each ``--eval-buyers`` column: ``baselines``, ``round K eval``."""
+    return stage == "baselines" or (stage.startswith("round ") and stage.endswith(" eval"))
+
+
 class State:
-    """``loop.json``: written whole and renamed into place after every finished stage."""
+    """``loop.json``: written whole and renamed into place after every finished stage. ``columns``: for each
+    finished evaluation stage, the ``--eval-buyers`` it evaluated against (a rerun may add some)."""
 
     def __init__(self, path: Path, config: LoopConfig):
         self.path = path
-        self.data = {"config": config.to_json(), "done": [], "rounds": {}, "serving": None, "port": None}
+        self.buyers = _list(config.eval_buyers)
+        self.data = {"config": config.to_json(), "done": [], "rounds": {}, "serving": None, "port": None, "columns": {}}
         if path.exists():
             try:
                 old = json.loads(path.read_text())
@@ -326,18 +337,31 @@ class State:
                 raise UserError(f"not a valid loop.json ({error})", source=str(path)) from None
             theirs = {**BEFORE_FLAGS, **old.get("config", {})}
             _keep_bf16(config, theirs, self.data["config"])
-            key = _first_difference(theirs, self.data["config"], [k for k in theirs if k not in RESUMABLE_CHANGES])
+            key = _first_difference(theirs, self.data["config"], [k for k in theirs if k not in (*RESUMABLE_CHANGES, "eval_buyers")])
+            before = _list(theirs.get("eval_buyers", "threshold"))
+            if key is None and not set(before) <= set(self.buyers):
+                key = "eval_buyers"  # a column may be added, not taken away: the run's results would lose it
             if key is not None:
                 raise UserError(f"the run in {path.parent} has {_flag(key)} {theirs[key]!r}; rerun with the same value to resume it, "
                                 f"or choose another --out", field=_flag(key), value=self.data["config"].get(key))
+            # A run from before columns were kept evaluated each finished stage against its own --eval-buyers.
+            old.setdefault("columns", {stage: before for stage in old["done"] if _is_eval_stage(stage)})
             old["config"] = self.data["config"]
             self.data = old
 
+    def missing(self, stage: str) -> list[str]:
+        """The ``--eval-buyers`` columns evaluation ``stage`` has not evaluated against yet."""
+        have = self.data["columns"].get(stage, []) if stage in self.data["done"] else []
+        return [buyers for buyers in self.buyers if buyers not in have]
+
     def done(self, stage: str) -> bool:
-        return stage in self.data["done"]
+        return stage in self.data["done"] and not (_is_eval_stage(stage) and self.missing(stage))
 
     def finish(self, stage: str) -> None:
-        self.data["done"].append(stage)
+        if stage not in self.data["done"]:
+            self.data["done"].append(stage)
+        if _is_eval_stage(stage):
+            self.data["columns"][stage] = list(self.buyers)
         self.save()
 
     def save(self) -> None:
@@ -670,7 +694,8 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
         echo(f"loop: {name} ...")
         began = time.perf_counter()
         work()
-        state.data.setdefault("seconds", {})[name] = round(time.perf_counter() - began, 1)
+        seconds = state.data.setdefault("seconds", {})
+        seconds[name] = round(seconds.get(name, 0.0) + time.perf_counter() - began, 1)  # a column added later adds its time
         state.finish(name)
         echo(f"loop: {name} done in {time.perf_counter() - began:.0f}s")
 
@@ -681,7 +706,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
 
     def evaluate(round_no: int) -> None:
         folder = out / f"round-{round_no:02d}" / "eval"
-        for buyers in buyers_list:
+        for buyers in state.missing(f"round {round_no} eval"):
             url, name = serving.policy(round_no)
             spec = _policy_spec(url, name, config, config.eval_temperature)
             target = folder / _slug(buyers)
@@ -692,7 +717,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
         write_report(out, config, state)
 
     def baselines() -> None:
-        for buyers in buyers_list:
+        for buyers in state.missing("baselines"):
             target = out / "baselines" / _slug(buyers)
             sellers = _list(config.ladder)
             if config.untrained:

@@ -154,6 +154,11 @@ def test_a_rerun_may_add_a_buyer_column_and_evaluates_only_that(world):
     (out / "loop.json").write_text(json.dumps(data))
     run_loop(config(eval_buyers="threshold,concession"), echo=lambda line: None)
     assert calls == []
+    # A run folder moved elsewhere resumes there.
+    moved = out.parent / "moved"
+    out.rename(moved)
+    run_loop(config(out=str(moved), eval_buyers="threshold,concession"), echo=lambda line: None)
+    assert calls == [] and (moved / "results.md").is_file()
 
 
 def test_a_run_from_another_runs_sft_takes_the_columns_both_have(world):

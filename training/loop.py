@@ -224,7 +224,8 @@ BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from":
 on its own rollouts only, every imitated decision weighing 1, the rounds weighing as the SFT."""
 RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 """Flags a rerun may change; any other change to a run's config is refused, but for ``--eval-buyers``, to which a rerun
-may add buyer specs (columns: the baselines and every finished round are then evaluated against them too)."""
+may add buyer specs (columns: the baselines and every finished round are then evaluated against them too), and ``--out``
+(a run folder moved or copied elsewhere resumes there)."""
 
 SFT_FIELDS = ("model", "teacher", "split", "buyers", "seed", "teacher_episodes", "sft_steps", "sft_batch", "sft_lr", "lora_r", "bf16",
               "micro_batch", "max_tokens", "serve", "server_url", "prompt", "action_weights", "fresh")
@@ -337,7 +338,7 @@ class State:
                 raise UserError(f"not a valid loop.json ({error})", source=str(path)) from None
             theirs = {**BEFORE_FLAGS, **old.get("config", {})}
             _keep_bf16(config, theirs, self.data["config"])
-            key = _first_difference(theirs, self.data["config"], [k for k in theirs if k not in (*RESUMABLE_CHANGES, "eval_buyers")])
+            key = _first_difference(theirs, self.data["config"], [k for k in theirs if k not in (*RESUMABLE_CHANGES, "eval_buyers", "out")])
             before = _list(theirs.get("eval_buyers", "threshold"))
             if key is None and not set(before) <= set(self.buyers):
                 key = "eval_buyers"  # a column may be added, not taken away: the run's results would lose it

@@ -761,6 +761,7 @@ class ResultScreen(ModalScreen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self._opened = time.monotonic()  # the guard runs from when the results are there to see, not from when they were built
         self.query_one("#result-box").border_title = "Episode over"
         self.set_timer(self.GRACE + 0.05, self.refresh_bindings)
 

@@ -146,7 +146,7 @@ def test_a_rerun_may_add_a_buyer_column_and_evaluates_only_that(world):
     run_loop(config(eval_buyers="threshold,concession"), echo=lambda line: None)
     assert calls == []
     # A column cannot be taken away (the results would lose it); the run is left as it was.
-    with pytest.raises(UserError, match=r"--eval-buyers 'threshold,concession'; rerun with the same value"):
+    with pytest.raises(UserError, match=r"--eval-buyers 'threshold,concession'; rerun with every one of them \(columns may be added\)"):
         run_loop(config(eval_buyers="concession"), echo=lambda line: None)
     # A run from before the columns were kept: each finished evaluation counts as done against the run's own buyers.
     data = json.loads((out / "loop.json").read_text())

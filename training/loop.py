@@ -343,7 +343,8 @@ class State:
             if key is None and not set(before) <= set(self.buyers):
                 key = "eval_buyers"  # a column may be added, not taken away: the run's results would lose it
             if key is not None:
-                raise UserError(f"the run in {path.parent} has {_flag(key)} {theirs[key]!r}; rerun with the same value to resume it, "
+                same = "every one of them (columns may be added)" if key == "eval_buyers" else "the same value"
+                raise UserError(f"the run in {path.parent} has {_flag(key)} {theirs[key]!r}; rerun with {same} to resume it, "
                                 f"or choose another --out", field=_flag(key), value=self.data["config"].get(key))
             # A run from before columns were kept evaluated each finished stage against its own --eval-buyers.
             old.setdefault("columns", {stage: before for stage in old["done"] if _is_eval_stage(stage)})

@@ -12,9 +12,12 @@ an interrupted run keeps every completed episode and ``resume`` runs only the re
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import secrets
+import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -248,7 +251,40 @@ def run_async(main: Callable[[], Awaitable]):
             pass
         else:
             use_uvloop = True
-    return anyio.run(main, backend_options={"use_uvloop": use_uvloop})
+    previous = signal.getsignal(signal.SIGTERM)
+    if not callable(previous) or threading.current_thread() is not threading.main_thread():
+        return anyio.run(main, backend_options={"use_uvloop": use_uvloop})
+    # A Python SIGTERM handler (the command line's raises Terminated) would raise inside whichever task runs when the
+    # signal lands; asyncio then logs that task's exception as never retrieved. As asyncio.Runner does for Ctrl-C, the
+    # loop takes the signal instead and cancels the main task; the handler runs once the loop has stopped.
+    stopped = False
+
+    async def guarded():
+        nonlocal stopped
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+
+        def on_sigterm() -> None:
+            nonlocal stopped
+            stopped = True
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        try:
+            return await main()
+        except asyncio.CancelledError:
+            if not stopped:
+                raise
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)  # which leaves SIG_DFL
+            signal.signal(signal.SIGTERM, previous)
+
+    try:
+        result = anyio.run(guarded, backend_options={"use_uvloop": use_uvloop})
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if stopped:
+        previous(signal.SIGTERM, None)
+    return result
 
 
 def save_config(config: RunConfig, out: Path) -> None:

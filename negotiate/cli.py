@@ -442,9 +442,16 @@ def _check_new_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise UserError("is a file, not a folder; choose a new folder for the run", field="--out", value=str(out))
     if (out / "run.json").exists():
-        raise UserError("already holds a run; pass --resume to finish it or choose another --out", source=str(out))
+        try:  # serve's or collect's: its run id names the command
+            command = str(json.loads((out / "run.json").read_text()).get("run_id", "")).split("-")[0]
+        except (OSError, ValueError, AttributeError):
+            command = ""
+        command = command if command in ("serve", "collect") else "serve"
+        raise UserError(f"already holds a run; finish it with negotiate {command} --resume {shlex.quote(str(out))} or choose another --out",
+                        source=str(out))
     if (out / "eval.json").exists():
-        raise UserError("already holds an evaluation; pass --resume to finish it or choose another --out", source=str(out))
+        raise UserError(f"already holds an evaluation; finish it with negotiate eval --resume {shlex.quote(str(out))} or choose another "
+                        "--out", source=str(out))
     if out.is_dir() and next(out.rglob("*.jsonl"), None) is not None:
         raise UserError("already holds trace files; a run writes into a new or empty folder", field="--out", value=str(out))
     parent = out
@@ -494,6 +501,9 @@ def _refuse_conflicts(given: dict[str, tuple[str, object]], saved: dict[str, obj
     """--resume keeps a run's settings: a flag given with another value than the run's is one error line naming both."""
     for name, (flag, value) in given.items():
         if value is not None and value != saved[name]:
+            if isinstance(saved[name], bool):  # a switch: say whether the run was made with it, not "True"
+                raise UserError(f"the run in {where} was made {'with' if saved[name] else 'without'} it; --resume keeps a run's "
+                                f"settings: drop the flag, or start a new run with --out", field=flag)
             raise UserError(f"the run in {where} has {flag} {_shown(saved[name])}; --resume keeps a run's settings "
                             f"(only a larger {grows} extends it): drop the flag, or start a new run with --out",
                             field=flag, value=_shown(value))
@@ -829,7 +839,11 @@ def _console_level(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one ``negotiate`` command; returns its exit code (see the module docstring)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command they were given to (argparse says "negotiate: error", pointing at the wrong --help)
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     console = Console()
     args.console_level = _console_level(args)
     configure(None, console_level=args.console_level)

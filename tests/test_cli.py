@@ -83,6 +83,17 @@ def test_a_seed_beyond_64_bits_is_refused_before_a_folder_is_made(tmp_path, caps
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["serve", "--bogus"], "negotiate serve: error: unrecognized arguments: --bogus (see negotiate serve --help)"),
+    (["replay", "a.jsonl", "b.jsonl"], "negotiate replay: error: unrecognized arguments: b.jsonl (see negotiate replay --help)"),
+])
+def test_an_unknown_argument_is_named_with_its_command(capsys, argv, line):
+    # argparse said "negotiate: error: ... (see negotiate --help)": the top-level help, which has no command's flags
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2 and capsys.readouterr().err == line + "\n"
+
+
 def test_resume_refuses_an_out_elsewhere_and_collect_counts_markets(finished_run, tmp_path, capsys):
     assert main(["serve", "--resume", str(finished_run), "--out", str(tmp_path / "other"), "--quiet"]) == 2
     assert f"--out: '{tmp_path / 'other'}': --resume writes into the run's own folder ({finished_run}); drop --out" in error_line(capsys)
@@ -549,7 +560,7 @@ def test_out_must_be_a_folder_that_can_be_made(tmp_path, capsys):
 def test_a_new_run_never_writes_into_another_run(finished_run, tmp_path, capsys):
     before = sorted(p.relative_to(finished_run) for p in finished_run.rglob("*"))
     assert main(["eval", "--seller", "greedy", "--split", "train", "--episodes", "2", "--out", str(finished_run), "--quiet"]) == 2
-    assert "already holds a run" in error_line(capsys)
+    assert f"already holds a run; finish it with negotiate serve --resume {finished_run} or choose another --out" in error_line(capsys)
     assert sorted(p.relative_to(finished_run) for p in finished_run.rglob("*")) == before
     loose = tmp_path / "loose"
     loose.mkdir()
@@ -700,13 +711,14 @@ def test_resume_with_more_episodes_extends_the_run(tmp_path, capsys):
         (["--seed", "7"], "--seed: '7': the run in"),
         (["--buyers", "concession"], "has --buyers threshold"),
         (["--episodes", "2"], "the run already has 4 episodes per seller; --resume can add episodes, not drop them"),
-        (["--fresh"], "--fresh: 'True': the run in"),
+        (["--fresh"], "--fresh: the run in "),
     ],
 )
 def test_resume_refuses_settings_that_differ_from_the_runs(finished_run, capsys, flags, needle):
     before = (finished_run / "run.json").read_bytes()
     assert main(["serve", "--resume", str(finished_run), *flags, "--quiet"]) == 2
-    assert needle in error_line(capsys)
+    line = error_line(capsys)
+    assert needle in line and "True" not in line and "False" not in line
     assert (finished_run / "run.json").read_bytes() == before
 
 

@@ -172,8 +172,8 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, args, needle):
 
 def test_an_existing_evaluation_is_not_overwritten(evaluation, capsys):
     before = (evaluation / "results.md").read_text()
-    assert main(["eval", "--episodes", "2", "--out", str(evaluation), "--quiet"]) == 2
-    assert "already holds an evaluation" in capsys.readouterr().err
+    assert main(["serve", "--episodes", "2", "--out", str(evaluation), "--quiet"]) == 2  # serve into an evaluation: eval resumes it
+    assert f"already holds an evaluation; finish it with negotiate eval --resume {evaluation} or" in capsys.readouterr().err
     assert (evaluation / "results.md").read_text() == before
 
 

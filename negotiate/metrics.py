@@ -157,7 +157,8 @@ RATIO_METRICS = (
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95, clusters: Sequence[Hashable] | None = None) -> tuple[float, float]:
-    """Mean and half-width of the Student-t confidence interval (0 with fewer than two values).
+    """Mean and half-width of the Student-t confidence interval (nan with fewer than two values: one value tells
+    nothing of the spread, and tables show the mean alone).
 
     >>> mean_ci([1.0, 2.0, 3.0])  # sd 1, t(0.975, 2) = 4.303: 4.303 / sqrt(3) = 2.484
     (2.0, 2.484...)
@@ -174,6 +175,8 @@ def mean_ci(values: Sequence[float], level: float = 0.95, clusters: Sequence[Has
     (2.0, 2.484...)
     >>> mean_ci([1.0, 2.0, 3.0], clusters="aaa")  # one market: no interval
     (2.0, nan)
+    >>> mean_ci([0.55])  # one value: no interval either
+    (0.55, nan)
     """
     n = len(values)
     if n == 0:
@@ -181,7 +184,7 @@ def mean_ci(values: Sequence[float], level: float = 0.95, clusters: Sequence[Has
     mean = float(np.mean(values))
     if clusters is None:
         if n < 2:
-            return mean, 0.0
+            return mean, math.nan
         sd = float(np.std(values, ddof=1))
         return mean, float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
     if len(clusters) != n:
@@ -191,7 +194,7 @@ def mean_ci(values: Sequence[float], level: float = 0.95, clusters: Sequence[Has
         sums[cluster] += value - mean
     g = len(sums)
     if g < 2:  # one market, however many repeats: nothing to tell how another market would go
-        return mean, 0.0 if n == 1 else math.nan
+        return mean, math.nan
     se = math.sqrt(g / (g - 1) * sum(d * d for d in sums.values())) / n
     return mean, float(stats.t.ppf(0.5 + level / 2, g - 1)) * se
 

@@ -41,7 +41,8 @@ def test_the_confidence_interval_matches_the_hand_computation():
     mean, half = mean_ci([0.1, 0.2, 0.3, 0.4])
     assert mean == pytest.approx(0.25)
     assert half == pytest.approx(3.18245 * math.sqrt(0.05 / 3) / 2, rel=1e-4)
-    assert mean_ci([0.7]) == (0.7, 0.0)
+    only = mean_ci([0.7])  # one value: no interval (it was 0, which tables showed as certainty)
+    assert only[0] == 0.7 and math.isnan(only[1])
 
 
 def test_paired_differences_match_the_hand_computation():

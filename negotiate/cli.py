@@ -443,8 +443,8 @@ def _check_new_out(out: Path) -> None:
         raise UserError("is a file, not a folder; choose a new folder for the run", field="--out", value=str(out))
     if (out / "run.json").exists():
         try:  # serve's or collect's: its run id names the command
-            command = str(json.loads((out / "run.json").read_text()).get("run_id", "")).split("-")[0]
-        except (OSError, ValueError, AttributeError):
+            command = load_config(out).run_id.split("-")[0]
+        except UserError:
             command = ""
         command = command if command in ("serve", "collect") else "serve"
         raise UserError(f"already holds a run; finish it with negotiate {command} --resume {shlex.quote(str(out))} or choose another --out",

@@ -219,9 +219,9 @@ class LoopConfig:
 
 
 BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False, "grounded": False, "prompt": "full",
-                "aggregate": False, "fresh": False, "action_weights": "", "round_action_weights": None}
+                "aggregate": False, "fresh": False, "action_weights": "", "round_action_weights": None, "eval_buyers": "threshold"}
 """What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained, the full prompt, each round
-on its own rollouts only, every imitated decision weighing 1, the rounds weighing as the SFT."""
+on its own rollouts only, every imitated decision weighing 1, the rounds weighing as the SFT, evaluated against threshold buyers."""
 RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 """Flags a rerun may change; any other change to a run's config is refused, but for ``--eval-buyers``, to which a rerun
 may add buyer specs (columns: the baselines and every finished round are then evaluated against them too), and ``--out``
@@ -268,7 +268,7 @@ def take_round0(source: Path, out: Path, config: LoopConfig, state: State) -> No
     data = state.data
     data["done"] = list(stages)
     if same_eval:
-        shared = [buyers for buyers in state.buyers if buyers in _list(theirs.get("eval_buyers", "threshold"))]
+        shared = [buyers for buyers in state.buyers if buyers in _list(theirs["eval_buyers"])]
         data["columns"] = {stage: shared for stage in stages if _is_eval_stage(stage)}
         data["rounds"]["0"] = {buyers: summary for buyers, summary in other["rounds"]["0"].items() if buyers in shared}
     # Not the source's port: this run's server is its own (two runs from one SFT may run at once), and its policies
@@ -339,7 +339,7 @@ class State:
             theirs = {**BEFORE_FLAGS, **old.get("config", {})}
             _keep_bf16(config, theirs, self.data["config"])
             key = _first_difference(theirs, self.data["config"], [k for k in theirs if k not in (*RESUMABLE_CHANGES, "eval_buyers", "out")])
-            before = _list(theirs.get("eval_buyers", "threshold"))
+            before = _list(theirs["eval_buyers"])
             if key is None and not set(before) <= set(self.buyers):
                 key = "eval_buyers"  # a column may be added, not taken away: the run's results would lose it
             if key is not None:

@@ -302,8 +302,8 @@ def _parser() -> argparse.ArgumentParser:
     play.add_argument("--role", choices=("buyer", "seller"), default="buyer", help="the part you take (default: buyer)")
     play.add_argument("--split", default="train", help=f"split ({', '.join(SPLITS)}) or a TOML market spec file (default: train)")
     play.add_argument("--seed", type=_seed, default=None, help="market seed (default: a fresh one, printed)")
-    play.add_argument("--seller", "--sellers", dest="seller", default="greedy",
-                      help="the seller agent when you play a buyer (default: greedy)")
+    play.add_argument("--seller", "--sellers", dest="seller", default=None,
+                      help="the seller agent when you play a buyer (default: greedy); refused with --role seller")
     play.add_argument("--buyers", default="concession", help="the other buyers' agent (default: concession)")
     play.add_argument("--out", type=Path, default=Path("traces") / "play", help="folder for your episodes' traces (default: traces/play)")
     play.set_defaults(run=_play)

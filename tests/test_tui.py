@@ -374,6 +374,8 @@ def test_play_errors_are_one_line(tmp_path, capsys):
     assert "ghost" in capsys.readouterr().err
     assert main([*base, "--split", "nowhere"]) == 2
     assert "nowhere" in capsys.readouterr().err
+    assert main([*base, "--role", "seller", "--seller", "planner"]) == 2  # the person is the seller: it would be ignored
+    assert "--seller: 'planner'" in capsys.readouterr().err
     args = argparse.Namespace(role="buyer", split="train", seed=1, seller="greedy", buyers="threshold", out=tmp_path)
     (tmp_path / "play.jsonl").write_bytes(orjson.dumps({"type": "episode_start"}) + b"\n" + b"{oops\n")
     with pytest.raises(UserError) as raised:

@@ -40,8 +40,11 @@ def _need_terminal(hint: str = "") -> None:
 
 def play(args: argparse.Namespace) -> int:
     """Play one episode in the terminal UI as a buyer or as the seller; append it to OUT/play.jsonl."""
+    if args.role == "seller" and args.seller is not None:  # it would be ignored: the person is the seller
+        raise UserError("you are the seller with --role seller; --seller names the agent you bargain with as a buyer "
+                        "(--buyers names the buyers you sell to)", field="--seller", value=args.seller)
     spec = resolve_spec(args.split)
-    seller = parse_agent(args.seller, "seller", field_name="--seller")
+    seller = parse_agent(args.seller or "greedy", "seller", field_name="--seller")
     buyers = parse_agent(args.buyers, "buyer", field_name="--buyers")
     out = Path(args.out)
     _check_writable(out)

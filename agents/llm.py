@@ -36,6 +36,7 @@ from typing import ClassVar
 import numpy as np
 import orjson
 
+from negotiate.market import KNOWN_PERSONAS
 from negotiate.protocol import (
     BUYER, SELLER, TALK_MAX, Action, Generated, Message, Notice, ParseFailure, one_line, parse_lenient, render_tagged,
 )
@@ -63,7 +64,7 @@ __all__ = [
     "PERSONAS",
 ]
 
-PERSONAS = ("neutral", "begging", "insulting", "unyielding")
+PERSONAS = KNOWN_PERSONAS
 """Personas with a prompt file under ``agents/prompts/personas/``; any other name is described in one line."""
 THREAD_SHOWN = 8
 """Latest messages shown per thread; older ones are counted, not shown (small models, short context)."""

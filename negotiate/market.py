@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 from scipy.special import ndtr
 
 from negotiate.errors import UserError
@@ -50,6 +50,21 @@ class MarketSpec(BaseModel):
     budget_per_pair: float = Field(1.5, allow_inf_nan=False, gt=0.0, description="Turn budget per buyer-product pair, rounded up.")
     personas: tuple[str, ...] = Field(("neutral",), min_length=1, description="Personas drawn for LLM buyers.")
 
+    @field_validator("name")
+    @classmethod
+    def _named(cls, name: str) -> str:
+        if not name.strip():
+            raise ValueError("must not be blank: it labels the split in every trace and report")
+        return name
+
+    @field_validator("personas")
+    @classmethod
+    def _personas(cls, personas: tuple[str, ...]) -> tuple[str, ...]:
+        # Any text is a persona (one outside the prompt files is described in one line), but not no text.
+        if any(not persona.strip() for persona in personas):
+            raise ValueError(f"a persona must not be blank; give a name ({', '.join(KNOWN_PERSONAS)}) or a few words")
+        return personas
+
     @model_validator(mode="after")
     def _check(self) -> MarketSpec:
         most = 1  # buyer-product pairs, at the most
@@ -75,6 +90,8 @@ class MarketSpec(BaseModel):
         return self
 
 
+KNOWN_PERSONAS = ("neutral", "begging", "insulting", "unyielding")
+"""The personas with a prompt file of their own (``agents/prompts/personas/``)."""
 MAX_BUDGET = 10**9
 """The most turns a spec may give a market: a budget an episode could never use, and whose rounding stays exact."""
 MAX_PRICE = 10**12

@@ -214,6 +214,8 @@ def test_split_base_with_overrides(tmp_path):
         ("price_high = 1e308\nprice_scale = 10.0\n", "price_high: 1e+308: times price_scale (10.0) must be at most"),  # inf
         ("budget_per_pair = 1e307\nbuyers = 10\nproducts = 10\n", "times the most buyer-product pairs (100) must be at most 1,000,000,000"),
         ("budget = 100000000000000000000\n", "budget"),
+        ('name = "  "\n', "name: '  ': must not be blank"),
+        ('personas = ["neutral", ""]\n', "personas: ['neutral', '']: a persona must not be blank"),
     ],
 )
 def test_bad_spec_is_a_user_error_naming_file_and_field(tmp_path, text, field):

@@ -360,6 +360,16 @@ def test_replay_errors_are_one_line(tmp_path, trace, capsys):
     truncated.write_bytes(b"".join(trace.read_bytes().splitlines(keepends=True)[:5]))
     assert main(["replay", str(truncated), "--text"]) == 2
     assert "truncated" in error_line()
+    lines = trace.read_bytes().splitlines(keepends=True)
+    first_end = next(k for k, line in enumerate(lines) if orjson.loads(line)["type"] == "episode_end")
+    truncated.write_bytes(b"".join(lines[: first_end + 3]))  # the second episode as a killed (or running) serve leaves it
+    assert main(["replay", str(truncated), "--text"]) == 2
+    assert "--allow-partial skips it" in error_line()
+    assert main(["replay", str(truncated), "--text", "--allow-partial"]) == 0
+    captured = capsys.readouterr()
+    assert "episode greedy-000000" in captured.out and "END" in captured.out
+    assert captured.err == (f"negotiate replay: --allow-partial skipped {truncated}:{first_end + 2}: "
+                            "episode 'greedy-000001' has no episode_end\n")
     assert main(["replay", str(tmp_path), "--text"]) == 2
     assert "folder" in error_line()
     assert main(["replay", str(trace)]) == 2  # no terminal under pytest: the UI is not started

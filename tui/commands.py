@@ -104,7 +104,10 @@ def _r(value) -> str:
 
 def replay(args: argparse.Namespace) -> int:
     """Step through a trace's episodes in the UI, or print one as plain text with ``--text``."""
-    episodes = load_trace(args.trace)
+    skipped: list[str] = []
+    episodes = load_trace(args.trace, allow_partial=args.allow_partial, on_skip=skipped.append)
+    if skipped:
+        print(f"negotiate replay: --allow-partial skipped {'; '.join(skipped)}", file=sys.stderr)
     index = find_episode(episodes, args.episode, source=str(args.trace))
     if args.text:
         if hasattr(sys.stdout, "reconfigure"):

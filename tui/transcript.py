@@ -80,15 +80,16 @@ class Recorded(EpisodeRecord):
             return None
 
 
-def load_trace(path: str | Path) -> list[Recorded]:
-    """Every complete episode of a trace file; a missing, empty or truncated file is a UserError."""
+def load_trace(path: str | Path, *, allow_partial: bool = False, on_skip=None) -> list[Recorded]:
+    """Every complete episode of a trace file; a missing, empty or truncated file is a UserError (a truncated one is
+    not with ``allow_partial``: ``on_skip`` gets a line for each part dropped, as :func:`read_episodes` says)."""
     path = Path(path)
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.jsonl") if not p.name.endswith(".log.jsonl"))
         hint = f" (it holds {', '.join(found[:4])}{', ...' if len(found) > 4 else ''})" if found else ""
         raise UserError(f"is a folder; give one trace file{hint}", source=str(path))
     try:
-        episodes = [Recorded(events) for events in read_episodes(path)]
+        episodes = [Recorded(events) for events in read_episodes(path, allow_partial=allow_partial, on_skip=on_skip)]
     except OSError as error:
         raise UserError(f"cannot read the trace ({error.strerror or error})", source=str(path)) from None
     if not episodes:

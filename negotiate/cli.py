@@ -418,6 +418,18 @@ def _kept(runs: list[tuple[Prepared, Path]]) -> int:
     return sum(len(scan(out / prepared.config.trace_name(seller.text)).complete) for prepared, out in runs for seller in prepared.sellers)
 
 
+def _stopped(console: Console, runs: list[tuple[Prepared, Path]], out: Path, command: str, code: int, played: int,
+             seconds: float) -> int:
+    """Say what a stopped run kept and how to finish it, on the console and as the last line of its log (a finished
+    run's is ``done``); returns the exit ``code``."""
+    kept = _kept(runs)
+    log.info("interrupted", by="SIGTERM" if code == EXIT_TERMINATED else "SIGINT", played=played, kept=kept,
+             seconds=round(seconds, 2), out=str(out))
+    console.print(f"[yellow]interrupted:[/] {kept} episodes kept in {out}", highlight=False)
+    _print_command(console, "finish with", "negotiate", command, "--resume", out)
+    return code
+
+
 def _check_models(runs: list[tuple[Prepared, Path]], pools: Pools) -> None:
     """Before anything is written: ask every model server of ``runs`` for its models and load every
     local model (a run does it again, cheaply), so a server that is down, a wrong model name or a
@@ -603,9 +615,7 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
              shard=f"{config.shard[0]}/{config.shard[1]}")
     done, elapsed, interrupted = _run_all([(prepared, out)], args, console, args.command, log_file, pools)
     if interrupted:
-        console.print(f"[yellow]interrupted:[/] {_kept([(prepared, out)])} episodes kept in {out}", highlight=False)
-        _print_command(console, "finish with", "negotiate", args.command, "--resume", out)
-        return interrupted
+        return _stopped(console, [(prepared, out)], out, args.command, interrupted, done, elapsed)
     log.info("done", played=done, seconds=round(elapsed, 2), out=str(out))
     rows = rows_from_traces([out])
     console.print(summary_table(summarize(rows, by, {"seller": config.sellers}), by))
@@ -683,9 +693,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
              episodes=configs[0].episodes, to_play=sum(len(p.jobs) for p, _ in runs), already_done=sum(p.done for p, _ in runs))
     done, elapsed, interrupted = _run_all(runs, args, console, "eval", log_file, pools)
     if interrupted:
-        console.print(f"[yellow]interrupted:[/] {_kept(runs)} episodes kept in {out}", highlight=False)
-        _print_command(console, "finish with", "negotiate", "eval", "--resume", out)
-        return interrupted
+        return _stopped(console, runs, out, "eval", interrupted, done, elapsed)
     rows = rows_from_traces([out])
     by = ["seller", "split"]
     order = {"seller": sellers, "split": splits}

@@ -323,6 +323,8 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_resume_finishes_it(tmp_path, loo
     assert 0 < kept < 3000  # stopped after its first episodes: 3000 take about 6 s here
     assert f"interrupted: {kept} episodes kept in {out}" in printed and f"negotiate serve --resume {out}" in printed
     assert "Traceback" not in printed and "xception" not in printed, printed  # raised inside a task, it came out as a group
+    last = orjson.loads((out / "serve.log.jsonl").read_bytes().splitlines()[-1])  # the log says how the run ended, too
+    assert (last["event"], last["by"], last["kept"]) == ("interrupted", "SIGTERM", kept) and last["played"] <= kept
     assert main(["serve", "--resume", str(out), "--quiet"]) == 0
     assert sorted(e[0]["index"] for e in read_episodes(out / "greedy.jsonl")) == list(range(3000))
 

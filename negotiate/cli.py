@@ -274,7 +274,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--allow-partial", action="store_true",
                         help="skip a half-written trailing episode instead of failing (a note says how many were skipped)")
     report.add_argument("--baseline", help="also print paired differences of every seller against this one (same markets, "
-                                           "in one run or across runs)")
+                                           "in one run or across runs; with --format csv, only this table)")
     report.add_argument("--baseline-run", metavar="RUN", help="the run whose --baseline the others are compared with, where "
                                                               "separate runs of the same markets both have it (a run id, as "
                                                               "the report's run column shows it)")

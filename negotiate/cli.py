@@ -41,7 +41,7 @@ from negotiate.logs import REQUEST_LOG, configure
 from negotiate.market import SPLITS, MarketSpec
 from negotiate.plots import write_plots
 from negotiate.report import (
-    GROUP_KEYS, agreement_csv, baseline_of, agreement_markdown, agreement_tables, overlapping_runs, paired_csv, paired_differences, paired_markdown, paired_table, rows_from_traces, run_order,
+    GROUP_KEYS, agreement_csv, baseline_of, agreement_markdown, agreement_tables, overlapping_runs, paired_csv, paired_differences, paired_markdown, paired_table, resolve_run, rows_from_traces, run_order,
     summarize, summary_csv, summary_markdown, summary_table,
 )
 from negotiate.agents.pools import Pools
@@ -742,6 +742,8 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     if separate and args.teacher:
         raise UserError(f"the traces hold {len(separate)} separate runs of the same markets ({', '.join(separate)}); "
                         "pass one run's traces with --teacher", field="--teacher", value=args.teacher)
+    if args.baseline_run is not None:
+        args.baseline_run = resolve_run(rows, args.baseline_run)  # as the run column shows it, or whole
     by_run = bool(separate) or args.baseline_run is not None
     baseline = args.baseline
     if args.baseline:  # checked before anything is printed

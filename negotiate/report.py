@@ -6,6 +6,7 @@ import csv
 import hashlib
 import io
 import math
+import re
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import groupby
@@ -23,7 +24,7 @@ from negotiate.trace import read_records, trace_files
 __all__ = [
     "rows_from_traces", "overlapping_runs", "run_order", "summary_table", "summary_markdown", "summary_csv", "GROUP_KEYS",
     "paired_differences", "baseline_of", "market_key", "paired_table", "paired_markdown", "paired_csv", "PAIRED_METRICS", "Paired",
-    "agreement_rows", "agreement_tables", "agreement_markdown", "agreement_csv",
+    "agreement_rows", "agreement_tables", "agreement_markdown", "agreement_csv", "short_runs", "resolve_run",
 ]
 
 GROUP_KEYS = ("seller", "buyers", "split", "shape", "tier", "run")
@@ -211,6 +212,33 @@ def short_labels(values: Iterable[str]) -> dict[str, str]:
     return {v: out[v] for v in values}
 
 
+_RUN_ID = re.compile(r"([a-z]+)-\d{8}-\d{6}-([0-9a-f]{4})")
+"""A run id as :func:`negotiate.runner.new_run_id` makes it: the command, the date and time, 4 random hex digits."""
+
+
+def short_runs(runs: Iterable[object]) -> dict[str, str]:
+    """Run ids for the terminal: the command and the random digits (a whole id takes a third of an 80-column table
+    and wraps), unless two would read alike; ``--baseline-run`` takes either form (:func:`resolve_run`).
+
+    >>> short_runs(["eval-20261203-191136-dfc8", "serve-20261203-191207-badb", "old"])
+    {'eval-20261203-191136-dfc8': 'eval-dfc8', 'serve-20261203-191207-badb': 'serve-badb', 'old': 'old'}
+    >>> list(short_runs(["eval-20261203-191136-dfc8", "eval-20261204-101010-dfc8"]).values())
+    ['eval-20261203-191136-dfc8', 'eval-20261204-101010-dfc8']
+    """
+    values = list(dict.fromkeys(map(str, runs)))
+    short = {v: f"{m[1]}-{m[2]}" if (m := _RUN_ID.fullmatch(v)) else v for v in values}
+    taken = list(short.values())
+    return {v: name if taken.count(name) == 1 else v for v, name in short.items()}
+
+
+def resolve_run(rows: list[dict], run: str) -> str:
+    """The run id that ``run`` names among ``rows``: a whole id, or the short form the tables show."""
+    ids = {str(row.get("run")): row.get("run") for row in rows}
+    if run in ids:
+        return run
+    return next((whole for whole, name in short_runs(ids).items() if name == run), run)
+
+
 def summary_table(summaries: list[Summary], by: Sequence[str], title: str = "negotiate: metrics, mean (± 95% CI)") -> Table:
     """A compact terminal table: every metric's mean, the headline ratios with their CI."""
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
@@ -221,7 +249,7 @@ def summary_table(summaries: list[Summary], by: Sequence[str], title: str = "neg
         header = _SHORT_TITLES.get(name, title_text)
         table.add_column(header, justify="right", no_wrap=True, min_width=_longest_word(header))
     overruns = 0
-    labels = [short_labels(str(s.key[i]) for s in summaries) for i in range(len(by))]
+    labels = [(short_runs if name == "run" else short_labels)(str(s.key[i]) for s in summaries) for i, name in enumerate(by)]
     for s in summaries:
         failed = f"/{s.failed}✗" if s.failed else ""
         table.add_row(*(labels[i][str(value)] for i, value in enumerate(s.key)), f"{s.episodes}{failed}",
@@ -433,9 +461,9 @@ def paired_table(paired: list[Paired], baseline: str, by_run: bool | None = None
     table.add_column("pairs", justify="right", no_wrap=True)
     for _name, title in PAIRED_METRICS[:3] + PAIRED_METRICS[5:6]:
         table.add_column(title, justify="right", no_wrap=True, min_width=_longest_word(title))
-    labels = short_labels(p.seller for p in paired)
+    labels, run_labels = short_labels(p.seller for p in paired), short_runs(p.run for p in paired)
     for p in paired:
-        table.add_row(*(str(p.run) for _ in runs), labels[p.seller], p.split, str(p.pairs),
+        table.add_row(*(run_labels[str(p.run)] for _ in runs), labels[p.seller], p.split, str(p.pairs),
                       *(_signed(*p.diffs[name][:2], name).replace(" ± ", "\n±") for name, _ in PAIRED_METRICS[:3] + PAIRED_METRICS[5:6]))
     return table
 

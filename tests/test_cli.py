@@ -611,6 +611,13 @@ def test_report_keeps_a_serve_and_an_eval_of_one_seed_apart(tmp_path, capsys):
     assert got[serve_run, "posted"]["profit_ratio_diff"] == got[eval_run, "posted"]["profit_ratio_diff"]
     assert main(["report", str(tmp_path), "--baseline", "greedy", "--baseline-run", "nosuch"]) == 2
     assert "--baseline-run: 'nosuch': greedy did not play in this run; runs it played in: " in error_line(capsys)
+    # the terminal's run column shows a run as its command and random digits (the whole id wrapped at 80 columns),
+    # and --baseline-run takes what it shows
+    short = {run: f"{run.split('-')[0]}-{run.split('-')[-1]}" for run in runs}
+    assert main(["report", str(tmp_path), "--baseline", "greedy", "--baseline-run", short[eval_run]]) == 0
+    shown = capsys.readouterr().out
+    assert eval_run not in shown.replace(f"greedy of run {eval_run}", "") and serve_run not in shown
+    assert {line.split()[0] for line in shown.splitlines() if line.split()[1:2] == ["posted"]} == set(short.values())
     assert main(["report", str(tmp_path), "--baseline-run", eval_run]) == 2
     assert "give --baseline too" in error_line(capsys)
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import os
 import sys
 import threading
@@ -69,6 +70,7 @@ import anyio
 import structlog
 
 from negotiate.errors import UserError
+from negotiate.logs import console_level
 from negotiate.protocol import SELLER, json_schema
 
 from negotiate.agents.backends import FORMATS, PROMPTS, Completion, LLMError, parse_query
@@ -722,6 +724,9 @@ class VLLMBackend:
             found = _ENGINES.get(key)
             if found is None:
                 try:
+                    # vLLM logs each step of its start and stop (some 170 lines): the console shows its lines at
+                    # the run's own console level (--log-level, --quiet), read once, when vLLM is first imported.
+                    os.environ.setdefault("VLLM_LOGGING_LEVEL", logging.getLevelName(console_level()))
                     import vllm
                 except ImportError:
                     raise LLMError(VLLM_MISSING) from None

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import structlog
 
-__all__ = ["configure", "RequestLog", "REQUEST_LOG"]
+__all__ = ["configure", "console_level", "RequestLog", "REQUEST_LOG"]
 
 REQUEST_LOG = "requests.log.jsonl"
 """Every model request of a run, one JSON line each, in the run's folder."""
@@ -22,8 +22,17 @@ def _short_line(_logger, _name, event: dict) -> dict:
     return event
 
 
+_console = {"level": logging.WARNING}
+
+
+def console_level() -> int:
+    """The level of this process's console lines, as :func:`configure` last set it (the CLI's default before)."""
+    return _console["level"]
+
+
 def configure(log_file: Path | None = None, *, console_level: int = logging.INFO) -> None:
     """Send structlog events through stdlib logging: JSON to ``log_file``, one short line to stderr."""
+    _console["level"] = console_level
     root = logging.getLogger("negotiate")
     for handler in list(root.handlers):
         root.removeHandler(handler)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ import types
 import anyio
 import pytest
 
+from negotiate import logs
 from negotiate.agents import local
 from negotiate.agents.backends import Completion, LLMError
 from negotiate.agents.llm import LLMBuyer, LLMSeller
@@ -272,8 +274,11 @@ async def test_on_cpu_the_vllm_engine_runs_eager_in_bf16_without_chunked_prefill
     monkeypatch.setattr(local, "cpu_bf16", lambda: True)  # a CPU with bf16 instructions
     fake_vllm.on_cpu = True
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    monkeypatch.setitem(logs._console, "level", logging.ERROR)  # --quiet
     backend = parse_agent("vllm:m?kv_cache_gib=3", SELLER).build(market(), 5).backend
     await backend.warm()
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"  # vLLM's own start and stop lines (some 170) at the run's console level
     (engine,) = fake_vllm.engines
     # 0.85 of "GPU memory" would be 85% of RAM on CPU: not passed; the KV cache is sized in GiB instead.
     assert engine.args.kwargs == {"model": "m", "dtype": "bfloat16", "tensor_parallel_size": 1, "seed": 0, "enforce_eager": True,

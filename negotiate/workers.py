@@ -2,12 +2,15 @@
 
 One Python process keeps hundreds of model requests in flight, but its one core caps it at
 about 1,500 requests/s (benchmarks/bench_llm.py); a GPU server batches more than that. With
-``--workers N`` the parent splits the pending jobs round-robin over N child processes (spawned,
-not forked), each playing its share with ``run_batch`` on its own event loop, at
-``ceil(concurrency / N)`` episodes and ``ceil(max_inflight / N)`` requests in flight, so the
-bounds stay the run's bounds. Children do not write traces: each finished episode comes back
-to the parent as its encoded JSON lines, and the parent appends them to the run's usual trace
-files. The traces, ``--resume`` and ``report`` are therefore the same as with one process.
+``--workers N`` the parent splits the pending jobs over N child processes (spawned, not forked)
+by market, round-robin (:func:`share`), each playing its share with ``run_batch`` on its own
+event loop, at ``ceil(concurrency / N)`` episodes and ``ceil(max_inflight / N)`` requests in
+flight, so the bounds stay the run's bounds. A child is sent what defines the jobs (the runs'
+configs and the indices their traces already hold), not a list of them, and takes its share as
+it plays: a run of 10**8 episodes costs no more memory than one of 1,000 (benchmarks/scale.py).
+Children do not write traces: each finished episode comes back to the parent as its encoded
+JSON lines, and the parent appends them to the run's usual trace files. The traces,
+``--resume`` and ``report`` are therefore the same as with one process.
 
 A child that fails stops the run with its error; completed episodes are kept. On Ctrl-C the
 parent stops the children, keeps every episode they had finished and sent, and returns.
@@ -18,14 +21,14 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import structlog
 
 from negotiate.errors import UserError
-from negotiate.logs import configure
+from negotiate.logs import configure, console_level
 from negotiate.trace import TraceWriteError, TraceWriter
 
 __all__ = ["run_workers", "check_workers", "models_play"]
@@ -59,6 +62,25 @@ def share_of(total: int, worker: int, workers: int) -> int:
     return max(1, total // workers + (1 if worker < total % workers else 0))
 
 
+def share(jobs: Iterable, worker: int, workers: int, start: int = 0) -> Iterator:
+    """Worker ``worker``'s (0-based) jobs of ``jobs`` (in play order, by market index): the markets with a job
+    left, dealt round-robin over ``workers`` counting from ``start`` (the markets of the runs before this
+    one), each with every one of its jobs, so every worker plays every seller and a stopped run keeps
+    paired coverage.
+
+    >>> from negotiate.runner import Jobs
+    >>> jobs = Jobs(("a", "b"), range(4), (frozenset({1}), frozenset({1})))  # market 1 is finished
+    >>> [[(job.seller, job.index) for job in share(jobs, w, 2)] for w in range(2)]
+    [[('a', 0), ('b', 0), ('a', 3), ('b', 3)], [('a', 2), ('b', 2)]]
+    """
+    market, last = start - 1, None
+    for job in jobs:
+        if job.index != last:
+            market, last = market + 1, job.index
+        if market % workers == worker:
+            yield job
+
+
 def models_play(runs: list) -> bool:
     """Whether a model (``openai:``, ``hf:``, ``vllm:``) plays in any of ``runs`` (``[(Prepared, out)]``)."""
     return any(spec.backend != "scripted" for spec in _specs(runs))
@@ -72,29 +94,27 @@ def _child(task: dict, conn: Connection) -> None:
         from negotiate.agents.pools import Pools
         from negotiate.agents.registry import parse_agent
         from negotiate.market import resolve_spec
-        from negotiate.runner import Job, Prepared, RunConfig, run_async, run_batch
+        from negotiate.runner import Jobs, Prepared, RunConfig, run_async, run_batch
         from negotiate.trace import encode
 
-        configure(Path(task["log_file"]) if task["log_file"] else None)
+        # The parent's console level: at the default a worker's info lines (a server's kind, each failed episode) go
+        # to the log file only, as one process's do.
+        configure(Path(task["log_file"]) if task["log_file"] else None, console_level=task["console_level"])
         # This process's part of the run's bounds: the --max-inflight share, or each spec's max_inflight split over the workers.
         pools = Pools(max_inflight=task["max_inflight"], share=(task["worker"] - 1, task["workers"]))
         if task["log_file"] and task["models"]:  # a request log per worker: buffered lines from two processes would interleave
             pools.requests.open(Path(task["log_file"]).parent / f"requests.worker-{task['worker']}.log.jsonl")
         runs = []
-        for config_json, out in task["runs"]:
+        for config_json, out, finished, start in task["runs"]:
             config = RunConfig.from_json(config_json, out)
-            sellers = {text: parse_agent(text, "seller") for text in config.sellers}
-            runs.append((Prepared(config, resolve_spec(config.split), list(sellers.values()), parse_agent(config.buyers, "buyer")),
-                         Path(out), sellers))
-        for run, seller, index in task["jobs"]:
-            prepared, _, sellers = runs[run]
-            prepared.jobs.append(Job(sellers[seller], index))
+            sellers = [parse_agent(text, "seller") for text in config.sellers]
+            jobs = share(Jobs(tuple(sellers), config.indices(), finished), task["worker"] - 1, task["workers"], start)
+            runs.append((Prepared(config, resolve_spec(config.split), sellers, parse_agent(config.buyers, "buyer"), jobs), Path(out)))
 
         async def main() -> None:
-            for k, (prepared, out, _) in enumerate(runs):
-                if prepared.jobs:
-                    await run_batch(prepared, out, concurrency=task["concurrency"], pools=pools,
-                                    sink=lambda seller, events, row, k=k: conn.send(("episode", k, seller, encode(events), row)))
+            for k, (prepared, out) in enumerate(runs):
+                await run_batch(prepared, out, concurrency=task["concurrency"], pools=pools,
+                                sink=lambda seller, events, row, k=k: conn.send(("episode", k, seller, encode(events), row)))
 
         run_async(main)
         conn.send(("done",))
@@ -118,12 +138,8 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
     the others finished are kept); KeyboardInterrupt stops the workers and is re-raised once every
     finished episode is written.
     """
-    jobs = [(k, job.seller.text, job.index) for k, (prepared, _) in enumerate(runs) for job in prepared.jobs]
-    # By market, round-robin: every worker plays every seller, so a stopped run keeps paired coverage.
-    markets = list(dict.fromkeys((k, index) for k, _, index in jobs))
-    workers = max(1, min(workers, len(markets), concurrency, max_inflight or workers))
-    worker_of = {market: n % workers for n, market in enumerate(markets)}
-    shares = [[job for job in jobs if worker_of[(job[0], job[2])] == w] for w in range(workers)]
+    markets = [prepared.jobs.markets() for prepared, _ in runs]
+    workers = max(1, min(workers, sum(markets), concurrency, max_inflight or workers))
     writers: dict[tuple[int, str], TraceWriter] = {}
     for k, (prepared, out) in enumerate(runs):
         for seller in prepared.sellers:
@@ -131,8 +147,11 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold threads or an event loop
     processes, conns = [], {}
     written, failure, stopping = 0, None, False
-    base = {"runs": [(prepared.config.to_json(), str(out)) for prepared, out in runs], "workers": workers, "models": models_play(runs),
-            "log_file": str(log_file) if log_file else None}
+    # Each run's jobs as the child rebuilds them, and how many markets the runs before it have (see share).
+    base = {"runs": [(prepared.config.to_json(), str(out), prepared.jobs.finished, sum(markets[:k]))
+                     for k, (prepared, out) in enumerate(runs)],
+            "workers": workers, "models": models_play(runs), "log_file": str(log_file) if log_file else None,
+            "console_level": console_level()}
 
     finished: set[Connection] = set()
 
@@ -161,9 +180,9 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
         return False
 
     try:
-        for w, share in enumerate(shares):
+        for w in range(workers):
             parent_end, child_end = context.Pipe(duplex=False)
-            task = {**base, "jobs": share, "worker": w + 1, "concurrency": share_of(concurrency, w, workers),
+            task = {**base, "worker": w + 1, "concurrency": share_of(concurrency, w, workers),
                     "max_inflight": share_of(max_inflight, w, workers) if max_inflight else None}
             process = context.Process(target=_child, args=(task, child_end), name=f"negotiate-worker-{w + 1}",
                                       daemon=True)

@@ -19,8 +19,8 @@ from negotiate.trace import encode, read_episodes
 def run(config: RunConfig, out, *, resume: bool = False, concurrency: int = 4, on_episode=None):
     prepared = prepare(config, out, resume=resume)
     save_config(config, out)
-    rows = anyio.run(lambda: run_batch(prepared, out, concurrency=concurrency, on_episode=on_episode))
-    return prepared, rows
+    played = anyio.run(lambda: run_batch(prepared, out, concurrency=concurrency, on_episode=on_episode))
+    return prepared, played
 
 
 def episodes_in(path) -> list[list[dict]]:
@@ -101,11 +101,11 @@ def test_prepare_checks_everything_before_running(tmp_path, config, match):
 def test_a_run_writes_one_trace_per_seller_with_paired_markets(tmp_path):
     out = tmp_path / "run"
     config = RunConfig(sellers=("greedy", "random"), episodes=6, seed=5)
-    prepared, rows = run(config, out)
-    assert prepared.done == 0 and len(prepared.jobs) == 12
+    prepared, played = run(config, out)
+    assert prepared.done == 0 and len(prepared.jobs) == 12 and played == 12
     assert sorted(p.name for p in out.iterdir()) == ["greedy.jsonl", "random.jsonl", "run.json"]
     assert sorted(indices_in(out / "greedy.jsonl")) == sorted(indices_in(out / "random.jsonl")) == list(range(6))
-    assert Counter(row["seller"] for row in rows) == {"greedy": 6, "random": 6}
+    assert Counter(row["seller"] for row in rows_from_traces([out])) == {"greedy": 6, "random": 6}
     # Episode i of every seller plays the same market.
     greedy = {e[0]["index"]: e[0]["market"] for e in episodes_in(out / "greedy.jsonl")}
     random_ = {e[0]["index"]: e[0]["market"] for e in episodes_in(out / "random.jsonl")}
@@ -147,7 +147,7 @@ def test_resume_after_a_half_written_episode_runs_only_what_is_missing(tmp_path)
         assert sorted(indices_in(out / name)) == list(range(5))  # exactly the episodes asked for, no duplicates
 
     again = prepare(config, out, resume=True)
-    assert (again.jobs, again.done) == ([], 10)
+    assert (list(again.jobs), len(again.jobs), again.done) == ([], 0, 10)
 
 
 def test_a_cancelled_batch_resumes_to_exactly_the_episodes_asked_for(tmp_path):

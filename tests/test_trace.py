@@ -155,8 +155,7 @@ def test_scan_of_a_complete_file(tmp_path):
     path = tmp_path / "t.jsonl"
     _write_lines(path, tiny("a", index=0) + tiny("b", index=1))
     result = scan(path)
-    assert [s.episode for s in result.complete] == ["a", "b"]
-    assert result.ends[0].outcome == "terminated" and result.ends[0].metrics == {"profit": 1}
+    assert result.complete == [("a", 0, "terminated"), ("b", 1, "terminated")]
     assert result.good_bytes == path.stat().st_size
     assert result.partial is None
 
@@ -168,7 +167,7 @@ def test_scan_of_a_file_with_a_half_written_tail(tmp_path):
     with open(path, "ab") as handle:
         handle.write(b"".join(orjson.dumps(e) + b"\n" for e in tiny("b")[:2]) + orjson.dumps(tiny("b")[2])[:15])
     result = scan(path)
-    assert [s["episode"] for s in result.complete] == ["a"]
+    assert [s.episode for s in result.complete] == ["a"]
     assert result.good_bytes == good
     assert result.partial == "b"
 
@@ -187,7 +186,7 @@ def test_drop_failed_takes_out_the_failed_episodes_and_keeps_every_other_byte(tm
     assert drop_failed(path) == 1
     assert path.read_bytes() == a + b"\n" + c
     assert drop_failed(path) == 0 and path.read_bytes() == a + b"\n" + c  # nothing failed: the file is left alone
-    assert [s["episode"] for s in scan(path).complete] == ["a", "c"]
+    assert [s.episode for s in scan(path).complete] == ["a", "c"]
 
 
 def test_scan_of_a_tail_of_whole_lines(tmp_path):
@@ -223,7 +222,7 @@ def test_scan_skips_blank_lines_like_read_episodes(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_bytes(b"".join(orjson.dumps(e) + b"\n\n" for e in tiny("a")))
     assert len(list(read_episodes(path))) == 1
-    assert [s["episode"] for s in scan(path).complete] == ["a"]
+    assert [s.episode for s in scan(path).complete] == ["a"]
 
 
 # -- trace_files ------------------------------------------------------------------------------------

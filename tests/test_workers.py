@@ -72,6 +72,20 @@ def test_workers_keep_the_runs_bound_on_requests_in_flight(tmp_path):
     assert len(logged) <= len(answered) <= requests and all(line["latency_s"] >= 0.02 for line in answered)
 
 
+def test_workers_log_to_the_console_at_the_runs_level(tmp_path):
+    """A worker's info lines (here each worker's check of the server's kind) go to the run's log file; they went
+    to the console too, which shows warnings only unless --log-level says otherwise."""
+    out = tmp_path / "run"
+    with fake_server() as server:
+        command = [sys.executable, "-m", "negotiate", "serve", "--episodes", "4", "--seller", f"openai:fake-model@{server.url}",
+                   "--workers", "2", "--out", str(out), "--quiet"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    logged = [orjson.loads(line)["event"] for line in (out / "serve.log.jsonl").read_bytes().splitlines()]
+    assert logged.count("server kind") == 2  # each worker checks the server (the parent did before its log opened)
+    assert "server kind" not in done.stderr and "info" not in done.stderr.lower(), done.stderr
+
+
 def test_a_specs_max_inflight_is_shared_out_among_workers(tmp_path):
     with fake_server(latency=0.02) as server:
         spec = f"openai:fake-model@{server.url}?max_tokens=64&max_inflight=2"

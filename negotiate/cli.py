@@ -49,7 +49,7 @@ from negotiate.run import RunConfig, RunOptions, command_default, command_flags,
 from negotiate.runner import (
     Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug, take_failed,
 )
-from negotiate.trace import TraceWriteError, scan
+from negotiate.trace import TraceWriteError, count_complete
 from negotiate.workers import check_workers, models_play, run_workers
 
 __all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_STOPPED", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
@@ -415,7 +415,7 @@ def _take_failed(console: Console, runs: list[Prepared]) -> None:
 def _kept(runs: list[tuple[Prepared, Path]]) -> int:
     """The complete episodes in the traces of ``runs``: what an interrupted run keeps (an episode can be written
     in the instant before the stop, and not yet counted by the progress bar)."""
-    return sum(len(scan(out / prepared.config.trace_name(seller.text)).complete) for prepared, out in runs for seller in prepared.sellers)
+    return sum(count_complete(out / prepared.config.trace_name(seller.text)) for prepared, out in runs for seller in prepared.sellers)
 
 
 def _stopped(console: Console, runs: list[tuple[Prepared, Path]], out: Path, command: str, code: int, played: int,

@@ -37,7 +37,7 @@ __all__ = [
     "SCHEMA_VERSION", "EventType", "Outcome", "EndReason", "TIMEOUT",
     "EpisodeStart", "MessageEvent", "ViolationEvent", "DealEvent", "NoticeEvent", "EpisodeEnd", "OtherEvent", "Event",
     "EpisodeRecord", "parse_event", "as_events",
-    "TraceWriter", "TraceWriteError", "encode", "read_episodes", "read_records", "scan", "drop_failed", "trace_files", "ScanResult", "Scanned", "shown",
+    "TraceWriter", "TraceWriteError", "encode", "read_episodes", "read_records", "scan", "drop_failed", "count_complete", "trace_files", "ScanResult", "Scanned", "shown",
 ]
 
 SCHEMA_VERSION = 2
@@ -720,6 +720,30 @@ def scan(path: str | Path) -> ScanResult:
             start = None
             good = offset
     return ScanResult(complete, good, start.get("episode") if start else None)
+
+
+_END = b'{"type":"episode_end"'
+"""How every ``episode_end`` line this package writes begins (orjson, fields in order); inside a JSON string its
+quotes would be escaped, so these bytes start a line and nothing else."""
+
+
+def count_complete(path: str | Path, *, chunk: int = 1 << 24) -> int:
+    """How many complete episodes a trace written by this package holds, by counting its whole ``episode_end``
+    lines in the raw bytes: what a stopped run says it kept, at the speed of a read (a :func:`scan` parses every
+    line: minutes for the tens of GB of a long run). 0 for a missing file.
+    """
+    count, carry = 0, b"\n"  # as if a line ended before the file
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        return 0
+    with handle:
+        while block := handle.read(chunk):
+            data = carry + block
+            last = data.rfind(b"\n")  # the lines before it are whole; the one after it may be cut off
+            count += data.count(b"\n" + _END, 0, last + 1)
+            carry = data[last:] if last >= 0 else data
+    return count
 
 
 def drop_failed(path: str | Path, *, fsync: bool = False) -> int:

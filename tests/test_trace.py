@@ -12,7 +12,7 @@ from negotiate.errors import UserError
 from negotiate.market import SPLITS
 from negotiate.metrics import metrics_from_events
 from negotiate.runner import build_episode
-from negotiate.trace import TraceWriter, drop_failed, read_episodes, read_records, scan, trace_files
+from negotiate.trace import TraceWriter, count_complete, drop_failed, read_episodes, read_records, scan, trace_files
 
 
 def tiny(episode: str, schema: int = SCHEMA_VERSION, **extra) -> list[dict]:
@@ -197,6 +197,21 @@ def test_scan_of_a_tail_of_whole_lines(tmp_path):
         handle.write(orjson.dumps(tiny("b")[0]) + b"\n")
     result = scan(path)
     assert (result.good_bytes, result.partial) == (good, "b")
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 24])
+def test_count_complete_counts_whole_episode_ends_as_scan_does(tmp_path, chunk):
+    path = tmp_path / "t.jsonl"
+    talk = tiny("b")
+    talk[1] = talk[1] | {"talk": '{"type":"episode_end"}\n{"type":"episode_end"}'}  # in a string: escaped, not a line
+    _write_lines(path, tiny("a") + talk)
+    with open(path, "ab") as handle:
+        handle.write(b"\n" + b"".join(orjson.dumps(e) + b"\n" for e in tiny("c")[:-1]) + orjson.dumps(tiny("c")[-1]))  # no newline
+    assert (count_complete(path, chunk=chunk), len(scan(path).complete)) == (2, 2)
+    with open(path, "ab") as handle:
+        handle.write(b"\n")  # the last line whole: c is complete
+    assert (count_complete(path, chunk=chunk), len(scan(path).complete)) == (3, 3)
+    assert count_complete(tmp_path / "none.jsonl") == 0
 
 
 def test_scan_of_a_missing_file(tmp_path):

@@ -619,7 +619,7 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     log.info("done", played=done, seconds=round(elapsed, 2), out=str(out))
     rows = rows_from_traces([out])
     console.print(summary_table(summarize(rows, by, {"seller": config.sellers}), by))
-    console.print(f"traces: {out}  ·  {done} episodes in {elapsed:.1f}s", highlight=False, soft_wrap=True)
+    console.print(f"traces: {out}  ·  {done} episode{'' if done == 1 else 's'} in {elapsed:.1f}s", highlight=False, soft_wrap=True)
     _print_command(console, "report again", "negotiate", "report", out)
     return _failures(console, rows, log_file, args.command)
 
@@ -712,7 +712,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     (out / "paired.csv").write_text(paired_csv(paired, baseline))
     plots = write_plots(rows, out / "plots", sellers, splits, baseline=baseline)
     console.print(f"results: {out}/results.md, results.csv, paired.csv; plots: {', '.join(p.name for p in plots)}  ·  "
-                  f"{done} episodes in {elapsed:.1f}s", highlight=False, soft_wrap=True)
+                  f"{done} episode{'' if done == 1 else 's'} in {elapsed:.1f}s", highlight=False, soft_wrap=True)
     _print_command(console, "report again", "negotiate", "report", out, "--baseline", baseline)
     return _failures(console, rows, log_file, args.command)
 

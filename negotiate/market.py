@@ -55,6 +55,8 @@ class MarketSpec(BaseModel):
     def _named(cls, name: str) -> str:
         if not name.strip():
             raise ValueError("must not be blank: it labels the split in every trace and report")
+        if not name.isprintable():  # a newline or a tab would break every table's rows
+            raise ValueError("must be one line of printable text: it labels the split in every trace and report")
         return name
 
     @field_validator("personas")

@@ -48,7 +48,8 @@ def rows_from_traces(paths: Iterable[str | Path], *, allow_partial: bool = False
             key = (run, start.seller, start.run_seed, start.index, start.split)
             if key in seen and start.index is not None:
                 raise UserError(
-                    f"episode {start.episode} of run {run} appears twice (also in {seen[key]}); pass each shard once",
+                    f"episode {start.episode} of run {run} appears twice (" + ("the file is given twice" if seen[key] == path else
+                                                                               f"also in {seen[key]}") + "); pass each shard once",
                     source=str(path), field="episode", value=start.episode,
                 )
             seen[key] = path

@@ -134,7 +134,8 @@ def prepare(config: RunConfig, out: Path, *, resume: bool, retry_failed: bool = 
             if result.good_bytes < path.stat().st_size:
                 with open(path, "r+b") as handle:
                     handle.truncate(result.good_bytes)
-                log.info("dropped a half-written episode", file=str(path), episode=result.partial)
+                # On the console (a warning): the run's log opens only after this, and the README promises it.
+                log.warning("dropped a half-written episode (a killed run's); it plays again", file=str(path), episode=result.partial)
             failed = {episode.index for episode in result.complete if episode.outcome == Outcome.FAILED}
             finished = {episode.index for episode in result.complete} - (failed if retry_failed else set())
             if retry_failed and failed:

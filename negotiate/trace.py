@@ -612,7 +612,7 @@ def _not_json(path: Path, line_no: int, line: bytes, *, last: bool) -> UserError
     if _binary(line):
         problem = "not a trace: binary data, not JSON lines"
     elif last:
-        problem = "not a JSON line (cut off: a run killed mid-write? `negotiate serve --resume` repairs it, `report` or `replay` --allow-partial skips it)"
+        problem = "not a JSON line (cut off: a run killed mid-write? `--resume` of the command that wrote it repairs it, `report` or `replay` --allow-partial skips it)"
     else:
         problem = "not a JSON line"
     return UserError(problem, source=f"{path}:{line_no}", field="line", value=shown(line))
@@ -677,7 +677,7 @@ def read_episodes(path: str | Path, *, allow_partial: bool = False,
     if current is not None:
         if not allow_partial:
             raise UserError(
-                "episode has no episode_end (truncated; `negotiate serve --resume` repairs a killed run, `report` or `replay` "
+                "episode has no episode_end (truncated; `--resume` of the command that wrote it repairs a killed run, `report` or `replay` "
                 "--allow-partial skips it)",
                 source=f"{path}:{start_line}", field="episode", value=current[0].get("episode"),
             )

@@ -294,7 +294,9 @@ def test_serve_then_resume_after_an_interruption(tmp_path, capsys):
     path = out / "greedy.jsonl"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 40])  # the last episode was being written when the run died
-    assert main(["serve", "--resume", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["serve", "--resume", str(out)]) == 0
+    assert "dropped a half-written episode (a killed run's); it plays again" in capsys.readouterr().err  # not silently
     assert sorted(e[0]["index"] for e in read_episodes(path)) == [0, 1, 2, 3]
     assert sorted(e[0]["index"] for e in read_episodes(out / "random.jsonl")) == [0, 1, 2, 3]
 

@@ -215,6 +215,7 @@ def test_split_base_with_overrides(tmp_path):
         ("budget_per_pair = 1e307\nbuyers = 10\nproducts = 10\n", "times the most buyer-product pairs (100) must be at most 1,000,000,000"),
         ("budget = 100000000000000000000\n", "budget"),
         ('name = "  "\n', "name: '  ': must not be blank"),
+        ('name = "two\\nlines"\n', "name: 'two\\nlines': must be one line of printable text"),
         ('personas = ["neutral", ""]\n', "personas: ['neutral', '']: a persona must not be blank"),
     ],
 )

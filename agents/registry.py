@@ -65,6 +65,7 @@ _PARAMS = {
     ("seller", "concession"): {"beta": (0.0, False, 100.0)},
     ("seller", "planner"): {"patience": (0, True, 1000), "reasons": (0, True, 1)},
     ("buyer", "concession"): {"start": (0.0, False, 1.0), "patience": (1, True, 1000)},
+    ("buyer", "mixed"): {"conceding": (0.0, True, 1.0)},
     ("buyer", "stubborn"): {"share": (0.0, False, 1.0)},
 }
 """Numeric parameters each scripted agent accepts: name -> (low, low allowed, high)."""

@@ -428,6 +428,28 @@ class ConcessionBuyer(_Seeded):
         return _reply(obs, "bid", f"p{j + 1}", price, f"I could do ${price} for p{j + 1}.")
 
 
+class MixedBuyer(_Seeded):
+    """Both kinds in one market: each buyer concedes (and bids) with probability ``conceding`` (default 0.5),
+    else it is a threshold one.
+
+    The kind is drawn from the buyer's own seed, so every seller and repeat meets the same mix. A seller trained against one kind gains against that kind alone (README, "Trained against the buyers it
+    is judged by"); this population asks it to sell to both.
+    """
+
+    name = "mixed"
+
+    def __init__(self, spec: str, params: dict | None, rng: np.random.Generator):
+        super().__init__(spec, params)
+        conceding = rng.random() < float(self.params.get("conceding", 0.5))
+        self.kind: ScriptedAgent = ConcessionBuyer(spec, {}, rng) if conceding else ThresholdBuyer(spec, {})
+
+    def decide(self, obs: BuyerObservation) -> Message:
+        return self.kind.decide(obs)
+
+    def describe(self) -> dict:
+        return super().describe() | {"as": self.kind.name}
+
+
 class StubbornBuyer(_Seeded):
     """One anchor price per product, a fixed share of its value; it never moves."""
 
@@ -485,4 +507,5 @@ SELLERS = {
     "random": RandomSeller,
 }
 """Scripted sellers, best first (the oracle is the full-information reference)."""
-BUYERS = {"threshold": ThresholdBuyer, "concession": ConcessionBuyer, "stubborn": StubbornBuyer, "random": RandomBuyer}
+BUYERS = {"threshold": ThresholdBuyer, "concession": ConcessionBuyer, "mixed": MixedBuyer, "stubborn": StubbornBuyer,
+          "random": RandomBuyer}

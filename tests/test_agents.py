@@ -108,6 +108,20 @@ def test_concession_buyer_concedes_toward_its_value():
     assert buyer_move(agent, ("p2", 240), rounds=1).action == Action("bid", "p1", 200)
 
 
+def test_a_mixed_buyer_is_a_threshold_or_a_conceding_one_drawn_from_its_seed():
+    # conceding=0: always a threshold buyer (accepts up to its value, never bids); conceding=1: always one that bids
+    assert buyer_move("mixed?conceding=0", ("p1", 350)).action == Action("accept", "p1", 350)
+    assert buyer_move("mixed?conceding=0", ("p1", 401)).action == Action("reject")
+    assert buyer_move("mixed?conceding=1", ("p1", 401)).action.kind == "bid"
+    # at the default half, about half of the buyers bid; the same seed is the same kind every time
+    market = market_2x2()
+    kinds = [parse_agent("mixed", "buyer").build(market, [7, 1, k]).describe()["as"] for k in range(400)]
+    assert set(kinds) == {"threshold", "concession"} and 160 < kinds.count("concession") < 240
+    assert kinds == [parse_agent("mixed", "buyer").build(market, [7, 1, k]).describe()["as"] for k in range(400)]
+    with pytest.raises(UserError, match="conceding"):
+        parse_agent("mixed?conceding=1.5", "buyer")
+
+
 def test_oracle_offers_the_best_pair_at_full_value():
     # OPT matches b1-p2 (250 - 40 = 210) and b2-p1 (300 - 100 = 200); the larger margin goes first.
     market = market_2x2()

@@ -432,8 +432,9 @@ class MixedBuyer(_Seeded):
     """Both kinds in one market: each buyer concedes (and bids) with probability ``conceding`` (default 0.5),
     else it is a threshold one.
 
-    The kind is drawn from the buyer's own seed, so every seller and repeat meets the same mix. A seller trained against one kind gains against that kind alone (README, "Trained against the buyers it
-    is judged by"); this population asks it to sell to both.
+    The kind is drawn from the buyer's own seed, so every seller and repeat meets the same mix. A seller trained
+    against one kind gains against that kind alone (README, "Trained against the buyers it is judged by"); this
+    population asks it to sell to both.
     """
 
     name = "mixed"

@@ -548,8 +548,8 @@ class TraceWriter:
 
 
 class Scanned(NamedTuple):
-    """What resuming a run needs of one complete episode: no market, no metrics (about 9 kB an episode once parsed:
-    a run of 10**7 episodes could not be resumed in memory)."""
+    """What resuming a run needs of one complete episode, and no more: its parsed start and end, market and metrics
+    included, took about 9 kB an episode, so a run of 10**7 episodes could not be resumed in memory."""
 
     episode: str
     index: int | None

@@ -422,10 +422,14 @@ def _stopped(console: Console, runs: list[tuple[Prepared, Path]], out: Path, com
              seconds: float) -> int:
     """Say what a stopped run kept and how to finish it, on the console and as the last line of its log (a finished
     run's is ``done``); returns the exit ``code``."""
-    kept = _kept(runs)
+    try:
+        kept: int | None = _kept(runs)
+    except KeyboardInterrupt:  # pressed again while a long run's traces are counted: stop counting, say the rest
+        kept = None
     log.info("interrupted", by="SIGTERM" if code == EXIT_TERMINATED else "SIGINT", played=played, kept=kept,
              seconds=round(seconds, 2), out=str(out))
-    console.print(f"[yellow]interrupted:[/] {kept} episodes kept in {out}", highlight=False)
+    what = f"{kept} episodes kept" if kept is not None else f"every finished episode kept ({played} played this time)"
+    console.print(f"[yellow]interrupted:[/] {what} in {out}", highlight=False)
     _print_command(console, "finish with", "negotiate", command, "--resume", out)
     return code
 

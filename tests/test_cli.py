@@ -331,6 +331,35 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_resume_finishes_it(tmp_path, loo
     assert sorted(e[0]["index"] for e in read_episodes(out / "greedy.jsonl")) == list(range(3000))
 
 
+def test_a_second_ctrl_c_while_a_stopped_run_counts_its_traces_still_says_how_to_finish(tmp_path, capsys, monkeypatch):
+    """Counting a long run's traces takes seconds; a second Ctrl-C then ended the command with one bare line, no
+    resume hint and no 'interrupted' line in the run's log."""
+    from rich.console import Console
+
+    import negotiate.cli as cli
+    from negotiate.logs import configure
+    from negotiate.runner import load_config, prepare
+
+    out = tmp_path / "run"
+    assert serve(out) == 0
+
+    def pressed_again(runs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_kept", pressed_again)
+    configure(out / "serve.log.jsonl")
+    try:
+        prepared = prepare(load_config(out), out, resume=True)
+        assert cli._stopped(Console(width=200), [(prepared, out)], out, "serve", cli.EXIT_INTERRUPTED, 3, 1.5) == 130
+    finally:
+        configure(None)  # the log file closed
+    printed = capsys.readouterr().out
+    assert f"interrupted: every finished episode kept (3 played this time) in {out}" in printed
+    assert f"negotiate serve --resume {out}" in printed
+    last = orjson.loads((out / "serve.log.jsonl").read_bytes().splitlines()[-1])
+    assert (last["event"], last["by"], last["played"], last["kept"]) == ("interrupted", "SIGINT", 3, None)
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_trace_that_takes_no_more_stops_the_run_with_one_line_and_resume_finishes(tmp_path, workers):
     """A full disk (here a 64 KiB file size limit): one line naming the file and the cause, exit code 3, the

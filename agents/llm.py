@@ -122,8 +122,15 @@ def _fill(name: str, **values) -> str:
 
 @lru_cache(maxsize=None)
 def _persona(name: str) -> str:
-    if name in PERSONAS:
-        return _file(f"personas/{name}.md").strip()
+    """The persona's prompt file (its name in any case: ``Begging`` is ``begging``), or any other words in one line.
+
+    >>> _persona("Begging") == _persona("begging") != _persona("a haggler from the market")
+    True
+    >>> _persona("a haggler from the market")
+    'Persona: a haggler from the market.'
+    """
+    if name.strip().lower() in PERSONAS:
+        return _file(f"personas/{name.strip().lower()}.md").strip()
     return f"Persona: {_one_line(name, 80)}."
 
 

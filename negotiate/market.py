@@ -48,7 +48,7 @@ class MarketSpec(BaseModel):
     cost_high: float = Field(0.5, ge=0.0, le=1.0, description="Highest cost, as a fraction of the range above price_low.")
     budget: int | None = Field(None, ge=1, le=1_000_000_000, description="Absolute turn budget; overrides budget_per_pair.")
     budget_per_pair: float = Field(1.5, allow_inf_nan=False, gt=0.0, description="Turn budget per buyer-product pair, rounded up.")
-    personas: tuple[str, ...] = Field(("neutral",), min_length=1, description="Personas drawn for LLM buyers.")
+    personas: tuple[str, ...] = Field(("neutral",), description="Personas drawn for LLM buyers.")
 
     @field_validator("name")
     @classmethod
@@ -63,6 +63,9 @@ class MarketSpec(BaseModel):
     @classmethod
     def _personas(cls, personas: tuple[str, ...]) -> tuple[str, ...]:
         # Any text is a persona (one outside the prompt files is described in one line), but not no text.
+        if not personas:  # each LLM buyer draws one: an empty list leaves nothing to draw
+            raise ValueError(f"give at least one persona ({', '.join(KNOWN_PERSONAS)} or a few words), or leave the field "
+                             "out for neutral")
         if any(not persona.strip() for persona in personas):
             raise ValueError(f"a persona must not be blank; give a name ({', '.join(KNOWN_PERSONAS)}) or a few words")
         return personas

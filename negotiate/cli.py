@@ -621,7 +621,7 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     if interrupted:
         return _stopped(console, [(prepared, out)], out, args.command, interrupted, done, elapsed)
     log.info("done", played=done, seconds=round(elapsed, 2), out=str(out))
-    rows = rows_from_traces([out])
+    rows = rows_from_traces([out], compact=True)
     console.print(summary_table(summarize(rows, by, {"seller": config.sellers}), by))
     console.print(f"traces: {out}  ·  {done} episode{'' if done == 1 else 's'} in {elapsed:.1f}s", highlight=False, soft_wrap=True)
     _print_command(console, "report again", "negotiate", "report", out)
@@ -698,7 +698,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     done, elapsed, interrupted = _run_all(runs, args, console, "eval", log_file, pools)
     if interrupted:
         return _stopped(console, runs, out, "eval", interrupted, done, elapsed)
-    rows = rows_from_traces([out])
+    rows = rows_from_traces([out], compact=True)
     by = ["seller", "split"]
     order = {"seller": sellers, "split": splits}
     summaries = summarize(rows, by, order)
@@ -731,7 +731,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
             raise UserError("one CSV table at a time: drop --baseline or --teacher", field="--teacher", value=args.teacher)
     summarize([], by)
     skipped: list[str] = []
-    rows = rows_from_traces(args.traces, allow_partial=args.allow_partial, on_skip=skipped.append)
+    rows = rows_from_traces(args.traces, allow_partial=args.allow_partial, on_skip=skipped.append, compact=True)
     if skipped:
         more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
         print(f"negotiate report: --allow-partial skipped {len(skipped)} incomplete episode{'s' if len(skipped) > 1 else ''}: "

@@ -1,4 +1,14 @@
-"""Report tables from traces alone: recompute every episode's metrics, group, summarize."""
+"""Report tables from traces alone: recompute every episode's metrics, group, summarize.
+
+The tables that ``serve``, ``eval`` and ``report`` print read compact rows (:class:`ReportRow`, from
+``rows_from_traces(..., compact=True)``): an episode's labels, one object per distinct value shared by the rows,
+and of its metrics the eight numbers the tables read, in an array of doubles. Rows as dicts with every metric held
+2.4 kB an episode (tracemalloc, 20,000 greedy episodes) and a report's peak RSS grew 2.9 kB an episode (404 MB
+for 100,000); compact rows hold 0.5 kB, and the peak grows 0.7-0.8 kB (198 MB; ``benchmarks/scale.py --report``),
+the rest being what the summaries and the pairing build for a moment. The numbers are the same to the last bit.
+Reading takes the time, not the tables: of a report of 20,000 episodes, parsing the events took 60%, recomputing
+the metrics 22% (OPT's assignment 5%), the tables 12%.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +17,13 @@ import hashlib
 import io
 import math
 import re
+from array import array
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
 from itertools import groupby
-from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import orjson
 from rich import box
@@ -19,10 +31,10 @@ from rich.table import Table
 
 from negotiate.errors import UserError
 from negotiate.metrics import RATIO_METRICS, Summary, sort_key, aggregate, mean_ci, metrics_from_events
-from negotiate.trace import read_records, trace_files
+from negotiate.trace import EpisodeEnd, EpisodeStart, read_records, trace_files
 
 __all__ = [
-    "rows_from_traces", "overlapping_runs", "run_order", "summary_table", "summary_markdown", "summary_csv", "GROUP_KEYS",
+    "rows_from_traces", "ReportRow", "Scores", "SCORED", "overlapping_runs", "run_order", "summary_table", "summary_markdown", "summary_csv", "GROUP_KEYS",
     "paired_differences", "baseline_of", "market_key", "paired_table", "paired_markdown", "paired_csv", "PAIRED_METRICS", "Paired",
     "agreement_rows", "agreement_tables", "agreement_markdown", "agreement_csv", "short_runs", "resolve_run",
 ]
@@ -32,39 +44,143 @@ GROUP_KEYS = ("seller", "buyers", "split", "shape", "tier", "run")
 
 
 def rows_from_traces(paths: Iterable[str | Path], *, allow_partial: bool = False,
-                     on_skip: Callable[[str], None] | None = None) -> list[dict]:
+                     on_skip: Callable[[str], None] | None = None, compact: bool = False) -> list[dict] | list[ReportRow]:
     """One row per episode: its labels and metrics recomputed from its events.
 
     Episodes are told apart by run (the ``run`` id a run writes into each episode; the trace's folder
     for older traces), seller, split, run seed and index: the shards of one run merge, separate runs
     stay apart (see :func:`overlapping_runs`), and one episode passed twice is an error.
+
+    ``compact``: each row a :class:`ReportRow`, which keeps what the tables read, the same numbers in a fifth
+    of the memory (0.5 kB an episode, where a dict with every metric takes 2.4 kB): what ``serve``, ``eval`` and
+    ``report`` print their tables from.
     """
-    rows = []
-    seen: dict[tuple, Path] = {}
-    for path in trace_files(paths):
-        for episode in read_records(path, allow_partial=allow_partial, on_skip=on_skip):
-            start, end = episode.start, episode.end
-            run = start.run or str(path.parent)
-            key = (run, start.seller, start.run_seed, start.index, start.split)
-            if key in seen and start.index is not None:
-                raise UserError(
-                    f"episode {start.episode} of run {run} appears twice (" + ("the file is given twice" if seen[key] == path else
-                                                                               f"also in {seen[key]}") + "); pass each shard once",
-                    source=str(path), field="episode", value=start.episode,
-                )
-            seen[key] = path
-            try:
-                metrics = None if episode.failed else metrics_from_events(episode.events)
-            except (ValueError, UserError) as error:  # a record that parses but is not an episode this runtime could have played
-                raise UserError(f"episode {start.episode}: {error}", source=str(path)) from None
-            rows.append({k: getattr(start, k) for k in GROUP_KEYS + ("index", "episode", "seed", "run_seed", "repeat")} | {
+    episodes = _episodes(paths, allow_partial=allow_partial, on_skip=on_skip)
+    if compact:
+        shared: dict[object, object] = {}  # one object per distinct label (seller, run, reason...), not one per row
+        one = lambda value: shared.setdefault(value, value)
+        return [ReportRow(
+            seller=one(start.seller), buyers=one(start.buyers), split=one(start.split), shape=one(start.shape),
+            tier=one(start.tier), run=one(run), index=start.index, seed=start.seed, run_seed=one(start.run_seed),
+            repeat=start.repeat, market=market_key(start.market), outcome=one(end.outcome), reason=one(end.reason),
+            metrics=None if metrics is None else Scores.of(metrics),
+        ) for run, start, end, metrics in episodes]
+    return [{k: getattr(start, k) for k in GROUP_KEYS + ("index", "episode", "seed", "run_seed", "repeat")} | {
                 "run": run,
                 "market": market_key(start.market),
                 "outcome": end.outcome,
                 "reason": end.reason,
                 "metrics": metrics,
-            })
-    return rows
+            } for run, start, end, metrics in episodes]
+
+
+def _episodes(paths: Iterable[str | Path], *, allow_partial: bool,
+              on_skip: Callable[[str], None] | None) -> Iterator[tuple[str, EpisodeStart, EpisodeEnd, dict | None]]:
+    """Each episode of the traces, once: (its run, its start and end events, its metrics recomputed; None where it failed).
+    A one-line :class:`UserError` where an episode comes twice or its events are not an episode this runtime could play."""
+    seen: dict[tuple, dict[int, Path]] = {}  # the indices of each run, seller, run seed and split: where each was read
+    for path in trace_files(paths):
+        for episode in read_records(path, allow_partial=allow_partial, on_skip=on_skip):
+            start, end = episode.start, episode.end
+            run = start.run or str(path.parent)
+            indices = seen.setdefault((run, start.seller, start.run_seed, start.split), {})
+            if start.index is not None:
+                if start.index in indices:
+                    raise UserError(
+                        f"episode {start.episode} of run {run} appears twice (" + (
+                            "the file is given twice" if indices[start.index] == path else f"also in {indices[start.index]}"
+                        ) + "); pass each shard once",
+                        source=str(path), field="episode", value=start.episode,
+                    )
+                indices[start.index] = path
+            try:
+                metrics = None if episode.failed else metrics_from_events(episode.events)
+            except (ValueError, UserError) as error:  # a record that parses but is not an episode this runtime could have played
+                raise UserError(f"episode {start.episode}: {error}", source=str(path)) from None
+            yield run, start, end, metrics
+
+
+SCORED = tuple(name for name, _ in RATIO_METRICS if name != "violations_per_episode")
+"""The metrics a :class:`Scores` keeps as numbers: the tables' (:data:`negotiate.metrics.RATIO_METRICS`, of which the
+paired table's are a part), but violations per episode, the sum of its violations by kind."""
+_SCORED_AT = {name: k for k, name in enumerate(SCORED)}
+_NO_VIOLATIONS: Mapping[str, int] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Scores:
+    """One episode's metrics that the tables read, read as its metrics dict is (``scores["profit_ratio"]``,
+    ``scores.get("capture")``: None where undefined; ``scores["violations"]``), so that
+    :func:`negotiate.metrics.aggregate`, :func:`paired_differences` and the plots take either.
+
+    >>> s = Scores.of({name: 0.5 for name in SCORED} | {"capture": None, "regret": 12, "violations": {}, "budget_overrun": 0})
+    >>> s["profit_ratio"], s.get("capture"), s["regret"], dict(s["violations"]), s.get("opt", "not kept")
+    (0.5, None, 12.0, {}, 'not kept')
+    """
+
+    values: array
+    """The :data:`SCORED` metrics, in that order, as doubles (exact for these ints and floats); nan where one is
+    None (undefined: no deal, no OPT), which no metric ever is."""
+    violations: Mapping[str, int]
+    """The seller's violations by kind (the metrics' ``violations``)."""
+    budget_overrun: int
+    """Turns past the budget."""
+
+    @classmethod
+    def of(cls, metrics: dict) -> Scores:
+        """The scores in a metrics dict (:func:`negotiate.metrics.episode_metrics`)."""
+        values = array("d", (math.nan if metrics[name] is None else metrics[name] for name in SCORED))
+        return cls(values, metrics["violations"] or _NO_VIOLATIONS, metrics["budget_overrun"])
+
+    def get(self, name: str, default: object = None) -> object:
+        k = _SCORED_AT.get(name)
+        if k is None:
+            return getattr(self, name) if name in ("violations", "budget_overrun") else default
+        value = self.values[k]
+        return None if math.isnan(value) else value
+
+    def __getitem__(self, name: str) -> object:
+        if name not in _SCORED_AT and name not in ("violations", "budget_overrun"):
+            raise KeyError(name)
+        return self.get(name)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRow:
+    """One episode as the report tables see it (``rows_from_traces(..., compact=True)``): a row of :func:`rows_from_traces`
+    without its episode id, its metrics as :class:`Scores`. Read as that row is (``row["seller"]``, ``row.get("market")``), so
+    that every function of this module (and :func:`negotiate.metrics.aggregate`) takes either kind of row."""
+
+    seller: str | None
+    buyers: str | None
+    split: str | None
+    shape: str | None
+    tier: str | None
+    run: str
+    """The run id; for traces older than run ids, the trace's folder."""
+    index: int | None
+    seed: int | None
+    """The market seed."""
+    run_seed: int | None
+    repeat: int | None
+    """The place in a group of repeats (None without ``--group``)."""
+    market: str | None
+    """The market's :func:`market_key`."""
+    outcome: str | None
+    reason: str | None
+    metrics: Scores | None
+    """None for a failed episode."""
+
+    def get(self, name: str, default: object = None) -> object:
+        return getattr(self, name) if name in _ROW_FIELDS else default
+
+    def __getitem__(self, name: str) -> object:
+        if name not in _ROW_FIELDS:
+            raise KeyError(name)
+        return getattr(self, name)
+
+
+_ROW_FIELDS = frozenset(field.name for field in fields(ReportRow))
 
 
 def market_key(market: dict | None) -> str | None:
@@ -90,10 +206,12 @@ def overlapping_runs(rows: list[dict]) -> list[str]:
     >>> overlapping_runs(rows)
     ['x', 'z']
     """
-    runs_of: dict[tuple, set[str]] = defaultdict(set)
+    first: dict[tuple, dict] = defaultdict(dict)  # the run that played each episode first (a set per episode: 0.3 kB more)
+    shared = set()
     for row in rows:
-        runs_of[(row.get("seller"), row.get("split"), row.get("run_seed"), row.get("index"))].add(row["run"])
-    shared = {run for runs in runs_of.values() if len(runs) > 1 for run in runs}
+        run = first[(row.get("seller"), row.get("split"), row.get("run_seed"))].setdefault(row.get("index"), row["run"])
+        if run != row["run"]:
+            shared.update((run, row["run"]))
     return list(dict.fromkeys(row["run"] for row in rows if row["run"] in shared))
 
 

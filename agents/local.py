@@ -55,6 +55,7 @@ with that error; an agent used on its own gets it from its first request.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import importlib.util
 import logging
 import os
@@ -652,6 +653,23 @@ _ENGINES: dict[tuple, _Engine] = {}
 _ENGINE_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _shutdown_engines() -> None:
+    """Stop every engine while the interpreter is whole (``atexit``, and tests that stop theirs). ``AsyncLLM.__del__``
+    stops it again when the engine is collected, at the latest after vLLM's module globals are gone at exit, where
+    its ``shutdown`` prints a ``TypeError`` (``'NoneType' object is not callable``): a stopped engine's is made a no-op."""
+    while _ENGINES:
+        engine = _ENGINES.popitem()[1].engine
+        try:
+            engine.shutdown()
+        except Exception as error:  # its event loop is closed by now, or it died: nothing left to stop
+            log.debug("vllm engine shutdown", error=f"{type(error).__name__}: {error}")
+        engine.shutdown = _stopped  # __del__ calls self.shutdown(): the instance's, once set
+
+
+def _stopped(timeout: float | None = None) -> None:
+    """A stopped engine's ``shutdown``: nothing left to stop."""
+
+
 def _load_tokenizer(model: str):
     """The model's tokenizer, for its chat template (vLLM depends on transformers)."""
     from transformers import AutoTokenizer
@@ -745,6 +763,8 @@ class VLLMBackend:
                     except Exception as error:
                         reason = " ".join(str(error).split())  # one line: engine errors often span several
                         raise LLMError(f"vllm cannot start {self.settings.model}: {type(error).__name__}: {reason[:500]}") from None
+                    if not _ENGINES:
+                        atexit.register(_shutdown_engines)  # once per process: it empties _ENGINES
                     found = _ENGINES[key] = _Engine(engine, tokenizer)
             return found
 

@@ -183,9 +183,7 @@ async def test_the_in_process_vllm_engine_plays_with_token_ids_and_logprobs(smol
     finally:
         from negotiate.agents import local, pools
 
-        for engine in local._ENGINES.values():
-            engine.engine.shutdown()
-        local._ENGINES.clear()
+        local._shutdown_engines()
         pools._PROCESS.clear()  # the backends of the stopped engine
         server.start()
 

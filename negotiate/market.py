@@ -9,6 +9,8 @@ costs) lives in the :class:`Market`; agents only ever see it through
 
 from __future__ import annotations
 
+import json
+
 import math
 import tomllib
 from dataclasses import dataclass
@@ -58,6 +60,13 @@ class MarketSpec(BaseModel):
         if not name.isprintable():  # a newline or a tab would break every table's rows
             raise ValueError("must be one line of printable text: it labels the split in every trace and report")
         return name
+
+    @field_validator("personas", mode="before")
+    @classmethod
+    def _a_list(cls, personas: object) -> object:
+        if isinstance(personas, str):  # a tuple of its characters, else, or pydantic's "Input should be a valid tuple"
+            raise ValueError(f"a list of personas: personas = [{json.dumps(personas)}]")
+        return personas
 
     @field_validator("personas")
     @classmethod

@@ -218,6 +218,7 @@ def test_split_base_with_overrides(tmp_path):
         ('name = "two\\nlines"\n', "name: 'two\\nlines': must be one line of printable text"),
         ('personas = ["neutral", ""]\n', "personas: ['neutral', '']: a persona must not be blank"),
         ("personas = []\n", "personas: []: give at least one persona (neutral, "),
+        ('personas = "begging"\n', "personas: 'begging': a list of personas: personas = [\"begging\"]"),
     ],
 )
 def test_bad_spec_is_a_user_error_naming_file_and_field(tmp_path, text, field):

@@ -331,7 +331,18 @@ def _list(text: str) -> tuple[str, ...]:
 
 
 def _by(text: str) -> list[str]:
-    return list(_list(text))
+    by = list(_list(text))
+    if not by:
+        raise UserError(f"name at least one label to group by: {', '.join(GROUP_KEYS)}", field="--by", value=text)
+    twice = sorted({key for key in by if by.count(key) > 1})
+    if twice:
+        raise UserError(f"{', '.join(twice)} given twice", field="--by", value=text)
+    return by
+
+
+def _unfinished(which: list[str]) -> str:
+    """The note for sellers (the baseline among them) that finished no episode of a split: nothing there to pair."""
+    return f"every episode failed, so nothing to pair: {', '.join(which)}"
 
 
 def _distinct(splits: list[str], key, problem: str) -> None:
@@ -702,15 +713,19 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     by = ["seller", "split"]
     order = {"seller": sellers, "split": splits}
     summaries = summarize(rows, by, order)
-    paired = paired_differences(rows, baseline, order)
+    unfinished: list[str] = []
+    paired = paired_differences(rows, baseline, order, on_unfinished=unfinished.append)
     console.print(summary_table(summaries, by, title="negotiate eval: metrics by seller and split, mean (± 95% CI)"))
     console.print(paired_table(paired, baseline))
+    left_out = f"{_unfinished(unfinished)}\n\n" if unfinished else ""
+    if left_out:
+        console.print(left_out.strip(), highlight=False, soft_wrap=True)
     again = _command_line("negotiate", "report", out, "--by", "seller,split", "--format", "markdown", "--baseline", baseline)
     (out / "results.md").write_text(
         f"# negotiate eval\n\nSellers {', '.join(sellers)} on {', '.join(splits)}; baseline {baseline}. "
         f"Reproduce the numbers from the traces: `{again}`.\n\n"
         f"## Metrics (mean ± 95% CI)\n\n{summary_markdown(summaries, by)}\n"
-        f"## Paired differences against {baseline} (same markets)\n\n{paired_markdown(paired)}"
+        f"## Paired differences against {baseline} (same markets)\n\n{left_out}{paired_markdown(paired)}"
     )
     (out / "results.csv").write_text(summary_csv(summaries, by))
     (out / "paired.csv").write_text(paired_csv(paired, baseline))
@@ -749,11 +764,12 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     if args.baseline_run is not None:
         args.baseline_run = resolve_run(rows, args.baseline_run)  # as the run column shows it, or whole
     by_run = bool(separate) or args.baseline_run is not None
-    baseline = args.baseline
+    baseline, baseline_runs = args.baseline, []
     if args.baseline:  # checked before anything is printed
         chosen = baseline_of(rows, args.baseline, args.baseline_run, by_run=by_run)
-        runs = sorted({str(run) for theirs in (chosen or {}).values() for run in theirs})
-        baseline = args.baseline if not runs else f"{args.baseline} of run{'s' if len(runs) > 1 else ''} {', '.join(runs)}"
+        baseline_runs = sorted({str(run) for theirs in (chosen or {}).values() for run in theirs})
+        baseline = args.baseline if not baseline_runs else (
+            f"{args.baseline} of run{'s' if len(baseline_runs) > 1 else ''} {', '.join(baseline_runs)}")
     if separate:
         if "run" not in by:
             by = ["run", *by]
@@ -763,11 +779,14 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         order["run"] = separate
     summaries = summarize(rows, by, order)
     unpaired: list[str] = []
+    unfinished: list[str] = []
     paired = paired_differences(rows, args.baseline, order, baseline_run=args.baseline_run, by_run=by_run,
-                                on_unpaired=unpaired.append) if args.baseline else None
+                                on_unpaired=unpaired.append, on_unfinished=unfinished.append) if args.baseline else None
     if unpaired:
         print(f"negotiate report: no market in common with {baseline} (other markets, buyers or seed), so not in the paired "
               f"table: {', '.join(unpaired)}", file=sys.stderr)
+    if unfinished:
+        print(f"negotiate report: {_unfinished(unfinished)}", file=sys.stderr)
     agreed = None
     if args.teacher:
         from negotiate.training.dataset import teacher_agreement
@@ -782,7 +801,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
                              + agreement_markdown(agreed, args.teacher))
     elif args.format == "csv":
         sys.stdout.write(agreement_csv(agreed, args.teacher) if agreed is not None
-                         else summary_csv(summaries, by) if paired is None else paired_csv(paired, baseline, by_run))
+                         else summary_csv(summaries, by) if paired is None else paired_csv(paired, args.baseline, by_run, baseline_runs))
     else:
         console.print(summary_table(summaries, by))
         if paired is not None:

@@ -355,7 +355,11 @@ def resolve_run(rows: list[dict], run: str) -> str:
     ids = {str(row.get("run")): row.get("run") for row in rows}
     if run in ids:
         return run
-    return next((whole for whole, name in short_runs(ids).items() if name == run), run)
+    found = next((whole for whole, name in short_runs(ids).items() if name == run), None)
+    if found is None:
+        raise UserError(f"no run of that id in the traces; runs there: {', '.join(short_runs(ids).values())}",
+                        field="--baseline-run", value=run)
+    return found
 
 
 def summary_table(summaries: list[Summary], by: Sequence[str], title: str = "negotiate: metrics, mean (± 95% CI)") -> Table:
@@ -497,13 +501,15 @@ def market_of(row: dict) -> Hashable:
 
 def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequence[str]] | None = None, *,
                        baseline_run: str | None = None, by_run: bool = False,
-                       on_unpaired: Callable[[str], None] | None = None) -> list[Paired]:
+                       on_unpaired: Callable[[str], None] | None = None,
+                       on_unfinished: Callable[[str], None] | None = None) -> list[Paired]:
     """Per split, every other seller minus ``baseline`` on the same markets: same buyers, split and market
     (:func:`market_key`), in one run or across runs; each of a group's repeats with the baseline's same repeat,
     or with its one episode there. With ``by_run`` (separate runs of the same markets) a seller of each run is
     its own row, and the baseline is the one of :func:`baseline_of`. A seller paired on several splits also gets
     a row of split ``all`` that pools them. ``on_unpaired`` hears of each seller and split with finished episodes
-    but no market in common with the baseline (left out).
+    but no market in common with the baseline (left out); ``on_unfinished`` of each seller (the baseline included)
+    and split with no finished episode there, which leaves nothing to pair.
 
     >>> rows = [{"seller": s, "split": "train", "seed": k, "metrics": {"profit_ratio": p}}
     ...         for s, k, p in [("a", 1, 0.5), ("a", 2, 0.7), ("b", 1, 0.6), ("b", 2, 0.9)]]
@@ -518,21 +524,36 @@ def paired_differences(rows: list[dict], baseline: str, order: dict[str, Sequenc
         return row["seller"] == baseline and (chosen is None or row.get("run") in chosen.get(row.get("buyers"), ()))
 
     base = {_same_market(r): r["metrics"] for r in rows if is_base(r) and r.get("metrics")}
+    base_splits = {r["split"] for r in rows if is_base(r) and r.get("metrics")}
     groups: dict[tuple, list[tuple[dict, dict]]] = {}
     unpaired: dict[tuple, None] = {}
+    unfinished: dict[tuple, None] = {}  # every episode failed: of a seller, or of the baseline on a split
+    for r in rows:  # first the splits where every episode of the baseline failed: nothing there pairs
+        if is_base(r) and r["split"] not in base_splits:
+            unfinished[(None, baseline, r["split"])] = None
     for r in rows:
-        if is_base(r) or not r.get("metrics"):
+        if is_base(r):
             continue
         key = ((r.get("run") if by_run else None), r["seller"], r["split"])
+        if not r.get("metrics"):
+            unfinished[key] = None
+            continue
         other = base.get(_same_market(r))
         if other is None and r.get("repeat") is not None:
             other = base.get(_same_market(r, None))  # a group's repeat against a baseline that played the market once
         if other is not None:
             groups.setdefault(key, []).append((r["metrics"], other, market_of(r)))
-        else:
+        elif (None, baseline, r["split"]) not in unfinished:  # else the baseline's failures there say why
             unpaired[key] = None
-    for run, seller, split in (key for key in unpaired if key not in groups and on_unpaired is not None):
-        on_unpaired(f"{short_label(seller)} on {split}" + (f" (run {run})" if run is not None else ""))
+    def named(run, seller, split) -> str:
+        return f"{short_label(seller)} on {split}" + (f" (run {run})" if run is not None else "")
+
+    for key in unpaired:
+        if on_unpaired is not None and key not in groups:
+            on_unpaired(named(*key))
+    for key in unfinished:
+        if on_unfinished is not None and key not in groups and key not in unpaired:
+            on_unfinished(named(*key))
     out = []
     order = DEFAULT_ORDER | (order or {})
     ordered = sorted(groups.items(), key=lambda item: sort_key((str(item[0][0]), *item[0][1:]), ("run", "seller", "split"), order))
@@ -594,14 +615,17 @@ def paired_markdown(paired: list[Paired], by_run: bool | None = None) -> str:
                                     *(_signed(*p.diffs[n][:2], n) for n, _ in PAIRED_METRICS)] for p in paired))
 
 
-def paired_csv(paired: list[Paired], baseline: str, by_run: bool | None = None) -> str:
+def paired_csv(paired: list[Paired], baseline: str, by_run: bool | None = None, baseline_runs: Sequence[str] = ()) -> str:
+    """The paired table as CSV: ``baseline`` is the seller's name; where runs are told apart, a ``baseline_run``
+    column holds the run (or space-separated runs, one per buyer spec) of ``baseline_runs``."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     runs = _by_run(paired, by_run)
-    writer.writerow([*runs, "seller", "baseline", "split", "pairs",
+    theirs = ["baseline_run"] if runs and baseline_runs else []
+    writer.writerow([*runs, "seller", "baseline", *theirs, "split", "pairs",
                      *(f"{n}{s}" for n, _ in PAIRED_METRICS for s in ("_diff", "_ci95", "_n"))])
     for p in paired:
-        writer.writerow([*(p.run for _ in runs), p.seller, baseline, p.split, p.pairs,
+        writer.writerow([*(p.run for _ in runs), p.seller, baseline, *(" ".join(baseline_runs) for _ in theirs), p.split, p.pairs,
                          *(f"{v:.6g}" for n, _ in PAIRED_METRICS for v in p.diffs[n])])
     return buffer.getvalue()
 

@@ -635,13 +635,14 @@ def test_report_keeps_a_serve_and_an_eval_of_one_seed_apart(tmp_path, capsys):
     paired = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     got = {(row["run"], row["seller"]): row for row in paired}
     assert set(got) == {(serve_run, "greedy"), (serve_run, "posted"), (eval_run, "posted")}
-    assert {row["baseline"] for row in paired} == {f"greedy of run {eval_run}"}
+    # the baseline column is the seller, as without runs; its run has a column of its own
+    assert {(row["baseline"], row["baseline_run"]) for row in paired} == {("greedy", eval_run)}
     assert all(row["pairs"] == "3" for row in paired)
     # greedy is deterministic: the serve run's greedy is the eval run's on the same markets, to the cent
     assert float(got[serve_run, "greedy"]["profit_ratio_diff"]) == 0.0
     assert got[serve_run, "posted"]["profit_ratio_diff"] == got[eval_run, "posted"]["profit_ratio_diff"]
     assert main(["report", str(tmp_path), "--baseline", "greedy", "--baseline-run", "nosuch"]) == 2
-    assert "--baseline-run: 'nosuch': greedy did not play in this run; runs it played in: " in error_line(capsys)
+    assert "--baseline-run: 'nosuch': no run of that id in the traces; runs there: " in error_line(capsys)
     # the terminal's run column shows a run as its command and random digits (the whole id wrapped at 80 columns),
     # and --baseline-run takes what it shows
     short = {run: f"{run.split('-')[0]}-{run.split('-')[-1]}" for run in runs}
@@ -651,6 +652,54 @@ def test_report_keeps_a_serve_and_an_eval_of_one_seed_apart(tmp_path, capsys):
     assert {line.split()[0] for line in shown.splitlines() if line.split()[1:2] == ["posted"]} == set(short.values())
     assert main(["report", str(tmp_path), "--baseline-run", eval_run]) == 2
     assert "give --baseline too" in error_line(capsys)
+
+
+def _fail_every_episode(path) -> None:
+    """Rewrite a trace as if each of its episodes had failed (an LLM seller whose server was down)."""
+    episodes = list(read_episodes(path))
+    for events in episodes:
+        events[-1] = events[-1] | {"outcome": "failed", "reason": "LLMError: down", "metrics": None}
+    path.write_bytes(b"".join(orjson.dumps(event) + b"\n" for events in episodes for event in events))
+
+
+def test_a_seller_or_baseline_whose_every_episode_failed_is_named_as_such_not_as_other_markets(tmp_path, capsys):
+    assert main(["eval", "--seller", "greedy,posted,oracle", "--split", "train", "--episodes", "4", "--out", str(tmp_path / "e"),
+                 "--quiet"]) == 0
+    _fail_every_episode(tmp_path / "e" / "train" / "posted.jsonl")
+    capsys.readouterr()
+    # posted is left out of the pairs: because it failed, which is said, not because of other markets
+    assert main(["report", str(tmp_path / "e"), "--baseline", "greedy", "--format", "csv"]) == 0
+    captured = capsys.readouterr()
+    assert [row["seller"] for row in csv.DictReader(io.StringIO(captured.out))] == ["oracle"]
+    assert "every episode failed, so nothing to pair: posted on train" in captured.err
+    assert "no market in common" not in captured.err
+    # the baseline itself failed: nothing pairs, and that is why
+    assert main(["report", str(tmp_path / "e"), "--baseline", "posted", "--format", "csv"]) == 0
+    captured = capsys.readouterr()
+    assert list(csv.DictReader(io.StringIO(captured.out))) == []
+    assert "every episode failed, so nothing to pair: posted on train" in captured.err
+    assert "no market in common" not in captured.err
+    # eval's results.md says it under the paired table (a resumed, finished eval writes its results again)
+    assert main(["eval", "--resume", str(tmp_path / "e"), "--quiet"]) == 1  # failed episodes: exit 1
+    results = (tmp_path / "e" / "results.md").read_text()
+    paired = results.split("## Paired differences against greedy")[1]
+    assert "every episode failed, so nothing to pair: posted on train" in paired and "| oracle | train |" in paired
+
+
+@pytest.mark.parametrize("by, problem", [
+    ("", "--by: '': name at least one label to group by: seller, buyers, split, shape, tier, run"),
+    (" , ", "--by: ' , ': name at least one label to group by"),
+    ("seller,seller", "--by: 'seller,seller': seller given twice"),
+    ("run,split,run,split", "--by: 'run,split,run,split': run, split given twice"),
+])
+def test_report_refuses_an_empty_or_repeated_by(tmp_path, capsys, by, problem):
+    assert main(["serve", "--seller", "greedy", "--episodes", "2", "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "s"), "--by", by]) == 2
+    assert problem in error_line(capsys)
+    assert main(["serve", "--seller", "greedy", "--episodes", "2", "--out", str(tmp_path / "t"), "--quiet", "--by", by]) == 2
+    assert problem in error_line(capsys)
+    assert not (tmp_path / "t").exists()  # refused before anything ran
 
 
 def test_report_pairs_sellers_of_separate_runs_on_the_markets_they_share(tmp_path, capsys):
@@ -937,7 +986,8 @@ def test_report_pairs_each_repeat_of_a_group_and_each_buyer_column_with_its_own_
     paired = list(csv.DictReader(io.StringIO(captured.out)))
     assert [(row["seller"], row["pairs"]) for row in paired] == [("greedy", "4"), ("greedy", "4")]
     assert len({row["run"] for row in paired}) == 2 and "no market in common" not in captured.err
-    assert paired[0]["baseline"].startswith("planner of runs eval-")
+    assert paired[0]["baseline"] == "planner"  # of its run in each buyer column: both runs
+    assert sorted(paired[0]["baseline_run"].split()) == sorted({row["run"] for row in paired})
     # the baseline's runs on other markets (another seed) are the baseline too: only the same markets twice are ambiguous
     run("eval", "--seller", "planner,greedy", "--buyers", "threshold", "--split", "train", "--episodes", "4", "--seed", "5",
         "--out", str(tmp_path / "later"))

@@ -792,6 +792,8 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         from negotiate.training.dataset import teacher_agreement
 
         agreed = teacher_agreement(args.traces, args.teacher, allow_partial=args.allow_partial)
+        listed = order.get("seller", [])  # the metrics table's order, not the trace files' (alphabetical)
+        agreed = dict(sorted(agreed.items(), key=lambda item: (listed.index(item[0]) if item[0] in listed else len(listed), item[0])))
     if args.format == "markdown":
         sys.stdout.write(summary_markdown(summaries, by))
         if paired is not None:

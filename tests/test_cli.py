@@ -269,6 +269,16 @@ def test_report_against_a_teacher_replays_it_through_every_sellers_states(finish
     assert "--teacher: 'greedy': the traces hold 2 separate runs of the same markets" in error_line(capsys)
 
 
+def test_the_teacher_tables_list_the_sellers_in_the_metrics_tables_order(tmp_path, capsys):
+    import csv
+
+    assert main(["serve", "--seller", "posted,greedy", "--episodes", "2", "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "run"), "--teacher", "greedy", "--format", "csv"]) == 0
+    sellers = [row["seller"] for row in csv.DictReader(capsys.readouterr().out.splitlines())]
+    assert list(dict.fromkeys(sellers)) == ["posted", "greedy"]  # as the run lists them, not as its files sort
+
+
 def test_the_teacher_tables_same_kind_is_of_the_states_where_the_teacher_would_speak():
     from collections import Counter
 

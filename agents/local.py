@@ -21,7 +21,8 @@ loads it, dequantized), a folder holding exactly one ``.gguf`` file, or an alias
 ``max_tokens``   per reply (default 256)
 ``batch``        most requests generated together (default 16)
 ``threads``      ``torch.set_num_threads`` for the process (default: torch's)
-``dtype``        ``float32`` (default) | ``bfloat16`` | ``float16``
+``dtype``        ``float32`` (default) | ``bfloat16`` | ``float16``; the model runs on the GPU when torch
+                 finds one (CUDA), else on the CPU
 ``reask``        re-asks after an unparseable reply (default 0)
 
 Generation runs in a worker thread, never on the event loop, and is batched across the
@@ -393,6 +394,8 @@ class _LocalModel:
             kwargs = {"gguf_file": self.gguf_file} if self.gguf_file else {}
             tokenizer = AutoTokenizer.from_pretrained(self.path, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(self.path, dtype=getattr(torch, self.dtype), **kwargs)
+            if torch.cuda.is_available():  # as the trainer does; an out-of-memory GPU is this line's error
+                model.to("cuda")
         except Exception as error:  # a corrupt file, an unknown architecture: the model's setup, not a bug here
             self._error = f"cannot load the model at {where}: {type(error).__name__}: {' '.join(str(error).split())}"  # one line
             raise LLMError(self._error) from None
@@ -401,7 +404,7 @@ class _LocalModel:
         except LLMError as error:
             self._error = str(error)
             raise
-        log.info("hf model loaded", path=where, dtype=self.dtype, seconds=round(time.perf_counter() - began, 2),
+        log.info("hf model loaded", path=where, dtype=self.dtype, device=str(model.device), seconds=round(time.perf_counter() - began, 2),
                  parameters=sum(p.numel() for p in model.parameters()))
         return self._loaded
 

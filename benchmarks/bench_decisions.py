@@ -51,7 +51,7 @@ def time_variant(model, examples, *, micro: int, share: bool, bf16: bool) -> flo
     from negotiate.training.trainer import batch_logprobs
 
     model.zero_grad(set_to_none=True)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    autocast = torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     began = time.perf_counter()
     for start in range(0, len(examples), micro):
         chunk = examples[start : start + micro]

@@ -481,41 +481,42 @@ class _LocalModel:
             mask[i, shared + width - len(ids):] = 1
         input_ids, mask = input_ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
-        generators = []
-        for job in jobs:
+        steps = max(job.max_tokens for job in jobs)
+        # Each request's uniforms come from its own generator, drawn once per batch: a request's seed fixes its
+        # sample whatever else is in the batch (up to float rounding), and a step samples every row at once
+        # (inverse CDF), with one transfer to the host per step instead of several per row.
+        uniforms = torch.ones((n, steps), device=device)
+        for i, job in enumerate(jobs):
             g = torch.Generator(device=device)
             g.manual_seed(job.seed if job.seed is not None else int.from_bytes(os.urandom(7), "little"))
-            generators.append(g)
+            uniforms[i, : job.max_tokens] = 1.0 - torch.rand(job.max_tokens, generator=g, device=device)  # in (0, 1]
+        temperature = torch.tensor([job.temperature for job in jobs], device=device)
+        greedy = temperature == 0.0
+        temperature = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+        top_p = torch.tensor([job.top_p for job in jobs], device=device)[:, None]
+        nucleus = any(job.top_p < 1.0 for job in jobs)
         tokens: list[list[int]] = [[] for _ in jobs]
         logprobs: list[list[float]] = [[] for _ in jobs]
         reasons: list[str | None] = [None] * n
-        steps = max(job.max_tokens for job in jobs)
+        done = torch.zeros(n, dtype=torch.bool, device=device)
         output = _forward(model, input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
-        for _step in range(steps):
+        for step in range(steps):
             logits = output.logits[:, -1, :].float()
-            log_p = torch.log_softmax(logits, dim=-1)
-            chosen = torch.full((n,), pad, dtype=torch.long, device=device)
-            for i, job in enumerate(jobs):
+            chosen = _sample(torch, logits, temperature, top_p if nucleus else None, greedy, uniforms[:, step])
+            chosen = torch.where(done, torch.full_like(chosen, pad), chosen)
+            chosen_logprobs = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
+            for i, (token, logprob) in enumerate(zip(chosen.tolist(), chosen_logprobs.tolist())):
                 if reasons[i] is not None:
                     continue
-                if job.temperature == 0.0:
-                    token = int(torch.argmax(logits[i]))
-                else:
-                    probs = torch.softmax(logits[i] / job.temperature, dim=-1)
-                    if job.top_p < 1.0:
-                        sorted_p, order = torch.sort(probs, descending=True)
-                        keep = sorted_p.cumsum(-1) - sorted_p < job.top_p  # always keeps the most likely token
-                        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
-                    token = int(torch.multinomial(probs, 1, generator=generators[i]))
                 tokens[i].append(token)
-                logprobs[i].append(float(log_p[i, token]))
-                chosen[i] = token
+                logprobs[i].append(logprob)
                 if token in stops:
                     reasons[i] = "stop"
-                elif len(tokens[i]) >= job.max_tokens:
+                elif len(tokens[i]) >= jobs[i].max_tokens:
                     reasons[i] = "length"
             if all(r is not None for r in reasons):
                 break
+            done = torch.tensor([r is not None for r in reasons], device=device)
             mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long, device=device)], dim=-1)
             positions = positions[:, -1:] + 1
             output = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=positions,
@@ -528,6 +529,23 @@ class _LocalModel:
         if batcher is None:
             batcher = self._batchers[loop] = _Batcher(self)
         return batcher
+
+
+def _sample(torch, logits, temperature, top_p, greedy, uniform):
+    """One token per row of ``logits`` (rows, vocabulary): the argmax where ``greedy``, else the token where
+    the row's ``uniform`` (in (0, 1]) falls in the cumulative distribution of softmax(logits / temperature),
+    in vocabulary order, cut to its nucleus when ``top_p`` is given: the most likely tokens whose mass before
+    each is less than top_p (the most likely always kept; a token as likely as the last one kept is kept too).
+    A row's token depends on its own logits and parameters only, whatever the other rows ask for.
+    ``temperature``, ``top_p``: (rows, 1); ``greedy``, ``uniform``: (rows,)."""
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p is not None:
+        ranked = torch.sort(probs, dim=-1, descending=True).values
+        kept = (ranked.cumsum(-1) - ranked < top_p).sum(-1, keepdim=True)  # at least 1: the first has 0 before it
+        probs = probs * (probs >= ranked.gather(1, kept - 1))
+    cdf = probs.cumsum(-1)
+    sampled = (cdf < uniform[:, None] * cdf[:, -1:]).sum(-1).clamp(max=probs.shape[-1] - 1)
+    return torch.where(greedy, torch.argmax(logits, dim=-1), sampled)
 
 
 SHARED_PREFIX_MIN = 16

@@ -462,6 +462,34 @@ async def test_batched_decoding_matches_a_plain_forward_pass(tiny_llama, shared)
 
 
 @needs_torch
+def test_sampling_takes_the_token_where_each_rows_uniform_falls():
+    import torch
+
+    # Three tokens of probabilities 0.2, 0.5, 0.3: cumulative 0.2, 0.7, 1.0 (in vocabulary order, always).
+    # At temperature 2 they are proportional to their square roots: 0.263, 0.416, 0.322, cumulative 0.263, 0.678, 1.0.
+    # top_p 0.6 keeps tokens 1 and 2 (the mass before each, most likely first: 0, 0.5): cumulative 0, 0.5, 0.8 of 0.8.
+    rows = [  # (temperature, top_p, greedy, uniform, token)
+        (1.0, 1.0, False, 0.15, 0), (1.0, 1.0, False, 0.25, 1), (1.0, 1.0, False, 0.69, 1), (1.0, 1.0, False, 1.0, 2),
+        (2.0, 1.0, False, 0.25, 0), (2.0, 1.0, False, 0.69, 2),
+        (1.0, 0.6, False, 0.3, 1), (1.0, 0.6, False, 0.7, 2), (1.0, 0.6, False, 1.0, 2),  # token 0 is outside the nucleus
+        (1.0, 1.0, True, 0.95, 1),  # greedy: the argmax, whatever the uniform
+    ]
+    logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]])).repeat(len(rows), 1)
+    temperature = torch.tensor([[r[0]] for r in rows])
+    top_p = torch.tensor([[r[1]] for r in rows])
+    greedy = torch.tensor([r[2] for r in rows])
+    uniform = torch.tensor([r[3] for r in rows])
+    assert local._sample(torch, logits, temperature, top_p, greedy, uniform).tolist() == [r[4] for r in rows]
+    plain = [k for k, r in enumerate(rows) if r[1] == 1.0]  # a row's token is the same with no nucleus asked in the batch
+    assert local._sample(torch, logits[plain], temperature[plain], None, greedy[plain], uniform[plain]).tolist() == [rows[k][4] for k in plain]
+    # Uniform draws give the distribution's frequencies.
+    n = 40_000
+    draws = local._sample(torch, logits[:1].repeat(n, 1), torch.ones((n, 1)), None, torch.zeros(n, dtype=torch.bool),
+                          1.0 - torch.rand(n, generator=torch.Generator().manual_seed(0)))
+    assert (torch.bincount(draws, minlength=3) / n).tolist() == pytest.approx([0.2, 0.5, 0.3], abs=0.01)
+
+
+@needs_torch
 async def test_greedy_and_top_p_and_the_model_is_shared(tiny_llama):
     greedy = parse_agent(f"hf:{tiny_llama}?temperature=0&max_tokens=6", "seller").build(market(), 0)
     nucleus = parse_agent(f"hf:{tiny_llama}?top_p=0.000000001&max_tokens=6&batch=2", "buyer").build(market(), 0)

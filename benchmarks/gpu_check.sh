@@ -32,9 +32,9 @@ step() {  # step SECONDS NAME COMMAND...: run it with a limit, say how long it t
     echo "== $name: exit $? after $((SECONDS - began)) s"
 }
 if [ "${QUICK:-0}" = 1 ]; then
-    bench=(--episodes 5 --decisions 4 --micro 2 --batch 2 --max-tokens 4 --repeat 1) markets=20 steps=2 size=4 served=4
+    bench=(--episodes 5 --decisions 4 --micro 2 --batch 2 --max-tokens 4 --repeat 1) markets=20 steps=2 size=4 served=4 online=(2 2 4 8)
 else
-    bench=(--shape qwen3-1.7b --episodes 40 --decisions 64 --micro 8,32 --batch 32,128) markets=200 steps=40 size=32 served=64
+    bench=(--shape qwen3-1.7b --episodes 40 --decisions 64 --micro 8,32 --batch 32,128) markets=200 steps=40 size=32 served=64 online=(4 4 16 48)
 fi
 cd "$work"  # not the checkout, whose negotiate/ folder would shadow the installed package
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
@@ -48,6 +48,11 @@ step 180 "negotiate train --method sft, $steps steps of $size decisions, bf16, o
     "$py" -m negotiate train --method sft --model "$work/random" --traces "$work/teacher" --max-steps $steps --batch-size $size \
     --micro-batch $size --bf16 --eval-episodes 0 --out "$work/sft"
 cp "$work/sft/train.json" "$work/sft/metrics.jsonl" "$out/" 2>/dev/null
+step 180 "negotiate train --method online-grpo (TRL's GRPOTrainer, rollouts by transformers), ${online[0]} steps of ${online[2]}" \
+    "$py" -m negotiate train --method online-grpo --model "$work/random" --split "$repo/specs/compact.toml" --max-steps ${online[0]} \
+    --group ${online[1]} --batch-size ${online[2]} --max-tokens ${online[3]} --bf16 --eval-episodes 0 --out "$work/online"
+cp "$work/online/train.json" "$out/online-train.json" 2>/dev/null
+cp "$work/online/metrics.jsonl" "$out/online-metrics.jsonl" 2>/dev/null
 step 120 "negotiate serve --seller hf: (the trained checkpoint, bf16, on the GPU), $served markets" \
     "$py" -m negotiate serve --seller "hf:$work/sft?format=tagged&batch=64&max_tokens=64&dtype=bfloat16" --split "$repo/specs/compact.toml" \
     --episodes $served --seed 7 --out "$work/hf" --quiet

@@ -838,3 +838,34 @@ def test_the_help_names_every_method_that_learns_from_traces(capsys, monkeypatch
         with pytest.raises(SystemExit):
             main(argv)
         assert line in " ".join(capsys.readouterr().out.split())
+
+
+@needs_train
+def test_the_gpu_benchmark_times_training_and_generation_on_any_device(tiny, tmp_path):
+    # benchmarks/bench_gpu.py, as benchmarks/gpu_check.sh runs it on a lent GPU, here on the CPU with the tiny model.
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out, saved = tmp_path / "gpu.json", tmp_path / "random"
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_gpu.py"), "--model", str(tiny), "--random-weights",
+                           "--episodes", "3", "--decisions", "3", "--micro", "1,3", "--batch", "2,5", "--max-tokens", "4",
+                           "--repeat", "1", "--json", str(out), "--save-random", str(saved)],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu" and len(result["models"]) == 1
+    row = result["models"][0]
+    assert row["random_weights"] and row["decisions"] == 3 and row["prompt_tokens"] > row["completion_tokens"] > 0
+    assert set(row["train"]) == {"1", "3"} and all(seconds > 0 for seconds in row["train"].values())
+    assert set(row["generate"]) == {"2", "5"}
+    for batch, timing in row["generate"].items():  # every reply has 1 to --max-tokens tokens
+        assert int(batch) <= timing["tokens"] <= 4 * int(batch) and timing["seconds"] > 0
+    assert "ms per decision" in done.stdout and "tokens/s" in done.stdout
+    # --save-random writes a checkpoint negotiate train takes: the same architecture, other weights.
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(saved).to_dict()["hidden_size"] == AutoConfig.from_pretrained(tiny).to_dict()["hidden_size"]
+    assert any(saved.glob("*.safetensors")) and (saved / "tokenizer_config.json").is_file()

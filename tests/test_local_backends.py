@@ -449,7 +449,7 @@ async def test_batched_decoding_matches_a_plain_forward_pass(tiny_llama, shared)
         assert completion.usage["batch"] == 3 and completion.finish_reason in ("stop", "length")
         assert len(completion.token_ids) == len(completion.logprobs) == completion.usage["completion_tokens"] >= 1
         # Teacher forcing on the unpadded sequence gives the same log-probs as the padded, cached batch.
-        ids = torch.tensor([completion.prompt_token_ids + completion.token_ids])
+        ids = torch.tensor([completion.prompt_token_ids + completion.token_ids], device=model.device)  # the GPU where there is one
         with torch.inference_mode():
             log_p = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
         start = len(completion.prompt_token_ids)

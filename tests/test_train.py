@@ -458,7 +458,7 @@ def test_a_batch_sharing_its_prompt_prefix_gives_the_log_probs_and_gradients_of_
     assert len(system) >= 32
 
     def separate(ex: Example):  # the plain way: the whole sequence, every position's logits
-        full = torch.tensor([ex.prompt_ids + ex.completion_ids])
+        full = torch.tensor([ex.prompt_ids + ex.completion_ids], device=model.device)  # load_policy puts it on a GPU where there is one
         logits = model(input_ids=full).logits[0, len(ex.prompt_ids) - 1 : -1]
         return torch.log_softmax(logits.float(), -1).gather(-1, full[0, len(ex.prompt_ids):, None])[:, 0]
 

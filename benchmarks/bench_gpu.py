@@ -81,14 +81,10 @@ def time_training(model, examples, micro: int, repeat: int, device: str) -> floa
 
 
 def time_generation(model, tokenizer, examples, batch: int, max_tokens: int, device: str) -> tuple[float, int]:
-    """(seconds per batch, tokens generated) of the hf backend decoding ``batch`` prompts at once."""
-    import torch
-
+    """(seconds per batch, tokens generated) of the hf backend decoding ``batch`` prompts at once (``model``
+    in eval mode, with its KV cache on)."""
     from negotiate.agents.local import _Job, _LocalModel
 
-    dtype = next(model.parameters()).dtype
-    model.to(torch.bfloat16).eval()
-    model.config.use_cache = True
     local = _LocalModel.in_memory(model, tokenizer, name="bench")
     local.encode = lambda ids: list(ids)  # the jobs carry the decisions' prompt ids, already rendered by the chat template
     rows = (examples * (batch // len(examples) + 1))[:batch]
@@ -105,10 +101,18 @@ def time_generation(model, tokenizer, examples, batch: int, max_tokens: int, dev
     errors = [o for o in out if isinstance(o, Exception)]
     if errors:
         raise RuntimeError(f"generation failed: {errors[0]}")
-    tokens = sum(len(o.token_ids) for o in out)
-    model.to(dtype).train()
-    model.config.use_cache = False
-    return statistics.median(samples), tokens
+    return statistics.median(samples), sum(len(o.token_ids) for o in out)
+
+
+def sizes(text: str) -> list[int]:
+    """``8,32`` -> [8, 32], for --micro and --batch."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give sizes of 1 or more, separated by commas (8,32)")
+    return values
 
 
 def main() -> int:
@@ -118,13 +122,15 @@ def main() -> int:
     parser.add_argument("--shape", action="append", default=[], choices=sorted(SHAPES), help="also time a model of this shape (random weights)")
     parser.add_argument("--episodes", type=int, default=40)
     parser.add_argument("--decisions", type=int, default=64)
-    parser.add_argument("--micro", default="8,32", help="training micro-batch sizes")
-    parser.add_argument("--batch", default="32,128", help="generation batch sizes")
+    parser.add_argument("--micro", type=sizes, default="8,32", help="training micro-batch sizes")
+    parser.add_argument("--batch", type=sizes, default="32,128", help="generation batch sizes")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--save-random", help="save --model with random weights (and its tokenizer) to this folder")
     args = parser.parse_args()
+    if not (Path(args.model) / "config.json").is_file():
+        parser.error(f"--model: {args.model!r}: not a transformers folder (no config.json there)")
 
     import torch
     from peft import get_peft_model
@@ -140,6 +146,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     traces = teacher_decisions(args.episodes, work)
     config = TrainConfig(model=str(folder), traces=(str(traces),), method="sft", prompt="full")
+    episodes = load_episodes(config.traces, where=DataFilter(), prompt="full")
     results = {"device": name, "torch": torch.__version__, "models": []}
     print(f"device: {name}, torch {torch.__version__}")
     plans = [(None, args.random_weights)] + [(shape, True) for shape in args.shape]
@@ -152,7 +159,7 @@ def main() -> int:
         if shape is None and args.save_random and random_weights:
             model.save_pretrained(args.save_random)
             tokenizer.save_pretrained(args.save_random)
-        examples, counts = build_examples(config, load_episodes(config.traces, where=DataFilter(), prompt="full"), model, tokenizer)
+        examples, counts = build_examples(config, episodes, model, tokenizer)  # stop tokens: the model's
         examples = examples[: args.decisions]
         prompt = statistics.mean(len(ex.prompt_ids) for ex in examples)
         completion = statistics.mean(len(ex.completion_ids) for ex in examples)
@@ -162,13 +169,14 @@ def main() -> int:
               f"of {counts['examples']}, prompt tokens mean {prompt:.0f}, completion tokens mean {completion:.1f}")
         peft = get_peft_model(model, lora_config(config))
         peft.train()
-        for micro in (int(m) for m in args.micro.split(",")):
+        for micro in args.micro:
             seconds = time_training(peft, examples, micro, args.repeat, device)
             row["train"][micro] = seconds
             print(f"  train  (LoRA r16, bf16 autocast, micro-batch {micro:3d}): {seconds * 1000:8.1f} ms per decision, "
                   f"{3600 / seconds:9.0f} decisions per hour")
-        model = peft.merge_and_unload()  # the LoRA layers' zero update: the base weights, for generation
-        for batch in (int(b) for b in args.batch.split(",")):
+        model = peft.merge_and_unload().to(torch.bfloat16).eval()  # the LoRA layers' zero update: the base weights
+        model.config.use_cache = True
+        for batch in args.batch:
             seconds, tokens = time_generation(model, tokenizer, examples, batch, args.max_tokens, device)
             row["generate"][batch] = {"seconds": seconds, "tokens": tokens}
             print(f"  generate (hf backend, bf16, batch {batch:3d}, {args.max_tokens} tokens each): {seconds:6.2f} s per batch, "

@@ -11,7 +11,11 @@
 # installed first. Each step has its own time limit, and the next one runs whatever the last did.
 # QUICK=1 shrinks every step to a dry run of the commands (minutes on a CPU).
 set -u
-model=$(realpath "${1:?a model folder (config.json and tokenizer)}")
+if [ ! -f "${1:?a model folder (config.json and tokenizer)}/config.json" ]; then
+    echo "gpu_check.sh: $1: not a transformers folder (no config.json there)" >&2
+    exit 2
+fi
+model=$(realpath "$1")
 mkdir -p "${2:?an output folder}"
 out=$(realpath "$2")
 repo=$(pwd)

@@ -89,9 +89,10 @@ log = structlog.get_logger("negotiate.llm")
 
 FORMATS = ("json", "tagged")
 """How a model writes its message: a JSON object under the four-part schema, or tagged text."""
-PROMPTS = ("full", "compact", "facts", "advice")
+PROMPTS = ("full", "compact", "facts", "advice", "tools")
 """The seller's prompt (``negotiate.agents.llm.render_seller`` or ``render_seller_compact``; ``facts`` is the
-compact one with the facts the planner's reasons name; ``advice`` adds the message the planner would send)."""
+compact one with the facts the planner's reasons name; ``advice`` adds the message the planner would send; ``tools``
+adds the planner's and greedy's)."""
 SERVERS = ("auto", "vllm", "openai", "llamacpp", "generic")
 """Server kinds, by how each takes a JSON schema for structured output."""
 CLIENTS = ("http", "aiohttp", "openai")
@@ -151,8 +152,9 @@ class OpenAIOptions:
     """With ``legal`` and ``prompt=facts`` (or ``advice``): decode under a regex whose thought is a reason stating the prompt's facts."""
     prompt: str = "full"
     """The seller's prompt: ``full``, ``compact`` (each buyer's thread of actions, no talk; tagged replies), ``facts``
-    (compact, with the turns each buyer has and each bidder's last bids and trend) or ``advice`` (facts, and the message
-    the planner would send: ``Advice: to b2, [OFFER] p1 $450 (hold out)``)."""
+    (compact, with the turns each buyer has and each bidder's last bids and trend), ``advice`` (facts, and the message
+    the planner would send: ``Advice: to b2, [OFFER] p1 $450 (hold out)``) or ``tools`` (advice, and greedy's message
+    on the next line: ``Greedy: to b1, [ACCEPT] p2 $400``)."""
 
     def to_params(self) -> dict:
         return asdict(self)

@@ -54,8 +54,10 @@ __all__ = [
     "render_seller",
     "render_seller_compact",
     "ADVISER",
+    "TOOLS",
     "Adviser",
     "advice_line",
+    "tool_lines",
     "adviser_for",
     "render_buyer",
     "parse_reply",
@@ -233,12 +235,15 @@ def _seller_threads(obs: SellerObservation, *, talk: bool) -> tuple[dict[str, li
     return threads, notices, latest
 
 
-def render_seller(obs: SellerObservation, fmt: str = "json", prompt: str = "full", advice: Message | None = None) -> list[dict]:
+def render_seller(obs: SellerObservation, fmt: str = "json", prompt: str = "full",
+                  advice: Message | tuple[Message | None, ...] | None = None) -> list[dict]:
     """The seller's chat messages (system, user), from its observation alone: the full prompt, or the compact one
     (``prompt=compact``, or ``prompt=facts``: :func:`render_seller_compact`); ``prompt=advice`` adds to the facts
-    the message :data:`ADVISER` would send there (``advice``, from an :class:`Adviser` walking the episode)."""
-    if prompt in ("compact", "facts", "advice"):
-        return render_seller_compact(obs, facts=prompt != "compact", advice=advice_line(advice) if prompt == "advice" else None)
+    the message :data:`ADVISER` would send there (``advice``, from an :class:`Adviser` walking the episode), and
+    ``prompt=tools`` the message of each of :data:`TOOLS` (``advice``: one per tool, :func:`tool_lines`)."""
+    if prompt in ("compact", "facts", "advice", "tools"):
+        line = advice_line(advice) if prompt == "advice" else tool_lines(advice) if prompt == "tools" else None
+        return render_seller_compact(obs, facts=prompt != "compact", advice=line)
     catalog = "\n".join(f"- {p.id} {p.name}: cost ${p.cost}, {_stock(p.stock)}" for p in obs.products)
     threads, notices, _ = _seller_threads(obs, talk=True)
     blocks = []
@@ -313,6 +318,24 @@ def advice_line(message: Message | None) -> str:
     return f"Advice: {to}{message.action}{why}"
 
 
+TOOLS = (ADVISER, "greedy")
+"""The sellers whose next messages the ``tools`` prompt shows, in its order: the planner (its line is the ``advice``
+prompt's) and greedy, which takes a covering bid at once and otherwise asks a buyer's best price."""
+
+
+def tool_lines(messages: tuple[Message | None, ...] | None) -> str:
+    """The ``tools`` prompt's lines: :func:`advice_line` of the planner's message, then greedy's.
+
+    >>> print(tool_lines((Message("seller", "b2", "", Action("offer", "p1", 450), "b2 bids $380 (first bid, covers cost); 9 turns for 3 buyers: hold out"),
+    ...                   Message("seller", "b2", "", Action("accept", "p1", 380), "take the bid"))))
+    Advice: to b2, [OFFER] p1 $450 (hold out)
+    Greedy: to b2, [ACCEPT] p1 $380
+    """
+    planner, greedy = messages if messages is not None else (None, None)
+    second = "Greedy: wait for a reply" if greedy is None else f"Greedy: {f'to {greedy.to}, ' if greedy.to else ''}{greedy.action}"
+    return f"{advice_line(planner)}\n{second}"
+
+
 class Adviser:
     """:data:`ADVISER` walking an LLM seller's episode beside it, as a teacher walks a trace
     (``negotiate.training.dataset``): before each decision a copy of it decides (:meth:`advise`, its
@@ -321,15 +344,22 @@ class Adviser:
     it takes only the messages the regulator accepted: whether it did shows in the next observation (a
     violation notice), so each message is taken then."""
 
-    def __init__(self, market, seed):
-        from negotiate.agents.planner import PlannerSeller
+    def __init__(self, market, seed, tools: tuple[str, ...] = (ADVISER,)):
+        from negotiate.agents.registry import parse_agent
 
-        self.agent = PlannerSeller.create(ADVISER, {"reasons": 1}, market=market, seed=seed)
+        self.agents = [parse_agent(tool, "seller").build(market, seed) for tool in tools]
         self._pending: tuple[SellerObservation, Message | None] | None = None
 
-    def advise(self, obs: SellerObservation) -> Message | None:
+    @property
+    def agent(self):
+        """The first tool: the planner."""
+        return self.agents[0]
+
+    def advise(self, obs: SellerObservation) -> Message | None | tuple[Message | None, ...]:
+        """The message the tool would send on ``obs`` (with more tools, a tuple of them, in their order)."""
         self._settle(obs)
-        return copy.deepcopy(self.agent).decide(obs)
+        said = tuple(copy.deepcopy(agent).decide(obs) for agent in self.agents)
+        return said[0] if len(said) == 1 else said
 
     def follow(self, obs: SellerObservation, message: Message | None) -> None:
         """``message``: what the seller sent on ``obs`` (None: nothing, or nothing that parsed)."""
@@ -343,7 +373,8 @@ class Adviser:
             return
         before, message = self._pending
         refused = any(isinstance(item, Notice) and item.kind == "violation" for item in obs.new)
-        self.agent.follow(before, None if refused else message)
+        for agent in self.agents:
+            agent.follow(before, None if refused else message)
         self._pending = None
 
 
@@ -570,8 +601,8 @@ class LLMAgent:
         self.format = fmt
         self.prompt = prompt
         """``full``, ``compact``, ``facts`` or ``advice`` (the seller only: :func:`render_seller_compact`)."""
-        if prompt == "advice" and adviser is None:
-            raise ValueError("prompt=advice needs an Adviser walking the episode (adviser=)")
+        if prompt in ("advice", "tools") and adviser is None:
+            raise ValueError(f"prompt={prompt} needs an Adviser walking the episode (adviser=)")
         self.adviser = adviser
         """``prompt=advice``: the planner beside the seller, whose next message the prompt shows."""
         self.legal = legal
@@ -664,9 +695,9 @@ class LLMBuyer(LLMAgent):
 
 
 def adviser_for(prompt: str, market, seed) -> Adviser | None:
-    """The :class:`Adviser` a seller with ``prompt=advice`` walks its episode with (None for other prompts);
-    ``seed``: the seller's, as the run gives a scripted seller."""
-    return Adviser(market, seed) if prompt == "advice" else None
+    """The :class:`Adviser` a seller with ``prompt=advice`` (or ``tools``: all of :data:`TOOLS`) walks its episode
+    with (None for other prompts); ``seed``: the seller's, as the run gives a scripted seller."""
+    return Adviser(market, seed) if prompt == "advice" else Adviser(market, seed, TOOLS) if prompt == "tools" else None
 
 
 def build_llm_agent(spec, market, seed, pools=None):

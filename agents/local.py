@@ -179,7 +179,7 @@ class HFOptions:
     dtype: str = "float32"
     reask: int = 0
     prompt: str = "full"
-    """The seller's prompt: ``full``, ``compact``, ``facts`` or ``advice``."""
+    """The seller's prompt: ``full``, ``compact``, ``facts``, ``advice`` or ``tools``."""
 
     def to_params(self) -> dict:
         return asdict(self)
@@ -263,7 +263,7 @@ class VLLMOptions:
     legal: bool = False
     """Decode the seller's tagged reply under a regex of the replies the rules allow."""
     prompt: str = "full"
-    """The seller's prompt: ``full``, ``compact``, ``facts`` or ``advice``."""
+    """The seller's prompt: ``full``, ``compact``, ``facts``, ``advice`` or ``tools``."""
 
     def to_params(self) -> dict:
         return asdict(self)

@@ -114,7 +114,7 @@ class AgentSpec:
 
 def _check_seller_options(options, role: str, field_name: str, text: str) -> None:
     """``legal=1`` constrains a seller's tagged replies, on vLLM only (the regex goes to its ``structured_outputs``);
-    ``prompt=compact``, ``facts`` and ``advice`` are the seller's, and ask for tagged replies."""
+    ``prompt=compact``, ``facts``, ``advice`` and ``tools`` are the seller's, and ask for tagged replies."""
     if options.prompt != "full":
         if role != "seller":
             raise UserError(f"prompt={options.prompt} is a seller's prompt; a buyer's prompt is always the full one",

@@ -162,18 +162,22 @@ def _completion(event: MessageEvent) -> str:
 def _advised(episode: EpisodeRecord, prompt: str):
     """(observation, the seller's message event, the advice there) for each seller message of ``episode``: the
     message the ``advice`` prompt's planner would send (:data:`~negotiate.agents.llm.ADVISER`, walking the
-    episode as a teacher does), None under any other prompt."""
-    if prompt != "advice":
+    episode as a teacher does), under ``tools`` the messages of each of :data:`~negotiate.agents.llm.TOOLS`, None under
+    any other prompt."""
+    if prompt not in ("advice", "tools"):
         return ((obs, event, None) for obs, event in replay(episode)[0])
-    from negotiate.agents.llm import ADVISER
+    from negotiate.agents.llm import ADVISER, TOOLS
 
-    return _teacher_walk(episode, ADVISER)
+    if prompt == "advice":
+        return _teacher_walk(episode, ADVISER)
+    walks = [_teacher_walk(episode, tool) for tool in TOOLS]  # each tool walks the episode; the prompt shows what each would send
+    return ((steps[0][0], steps[0][1], tuple(label for _, _, label in steps)) for steps in zip(*walks))
 
 
 def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, group: str, *, fmt: str = "tagged",
               prompt: str = "full") -> list[Decision]:
     """The seller decisions of one episode (timeouts skipped: the seller wrote nothing). A model's decisions keep
-    the prompt it saw; a scripted seller's are rendered with the ``full``, ``compact``, ``facts`` or ``advice`` prompt."""
+    the prompt it saw; a scripted seller's are rendered with the ``full``, ``compact``, ``facts``, ``advice`` or ``tools`` prompt."""
     from negotiate.agents.llm import render_seller  # prompt files: loaded only when building data
 
     episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
@@ -287,7 +291,7 @@ def teacher_decisions(events: Sequence[Event | dict] | EpisodeRecord, teacher: s
     out: list[Decision] = []
     logged = any((e.extra or {}).get("prompt") for e in episode.seller_messages())
     # The advice prompt of a state nobody logged: the adviser walks the episode too (a policy's episodes log theirs)
-    rendered = prompt == "advice" and not logged
+    rendered = prompt in ("advice", "tools") and not logged
     advised = (advice for _, _, advice in _advised(episode, prompt)) if rendered else itertools.repeat(None)
     for obs, event, label in _teacher_walk(episode, teacher):
         advice = next(advised)

@@ -121,7 +121,7 @@ class TrainConfig:
     kl_beta: float = _help("offline-grpo: weight of the KL to the starting model (0: none)", default=0.0)
     scale_advantages: bool = _help("offline-grpo: divide advantages by the group's standard deviation", default=True)
     max_length: int = _help("drop decisions longer than this many tokens", default=2048)
-    prompt: str = _help("the seller's prompt, full, compact, facts or advice: how a scripted teacher's decisions are rendered, and the "
+    prompt: str = _help("the seller's prompt, full, compact, facts, advice or tools: how a scripted teacher's decisions are rendered, and the "
                         "prompt in evaluation and rollouts (a model's own decisions keep the prompt it saw)", default="full")
     seed: int = _help("shuffling and sampling seed", default=0)
     threads: int | None = _help("torch threads, 1 or more (default: torch's choice)", default=None)

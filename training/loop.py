@@ -53,6 +53,7 @@ import structlog
 from negotiate.agents.backends import PROMPTS
 from negotiate.errors import UserError
 from negotiate.runner import slug as _slug
+from negotiate.trace import trace_files
 
 from negotiate.training.server import ServerError, ServerSpec, VLLMServer, detect_device, load_adapter, served_models
 
@@ -77,6 +78,9 @@ class LoopConfig:
     out: str = _help("run folder (rerun the same command to resume it)", default="runs/loop")
     model: str = _help("the starting model: a transformers folder, a .gguf file, or smollm2", default="smollm2")
     teacher: str = _help("the scripted seller SFT imitates", default="greedy")
+    teacher_traces: str | None = _help("SFT imitates the sellers of these traces (comma-separated files or folders, copied into the "
+                                       "run) instead of --teacher's episodes; --teacher then names the scripted seller the rows "
+                                       "are paired against and the held-out states are answered by", default=None)
     action_weights: str = _help("SFT and rft/dagger rounds: weigh each imitated decision's loss by the kind of its action, e.g. "
                                 "accept=4 (kinds not named weigh 1)", default="")
     round_action_weights: str | None = _help("rft/dagger rounds: action weights that replace --action-weights in the "
@@ -126,8 +130,8 @@ class LoopConfig:
                         "answered it, so the policy decides on the state its message lands in, as the teacher did (eval --fresh)",
                         default=False)
     prompt: str = _help("the policy's prompt: full; compact (each buyer's thread of actions without talk, under half the "
-                        "tokens); facts (compact, with the turns each buyer has and each bidder's last bids and trend); or advice "
-                        "(facts, and the message the planner would send). "
+                        "tokens); facts (compact, with the turns each buyer has and each bidder's last bids and trend); advice "
+                        "(facts, and the message the planner would send); or tools (advice, and greedy's message). "
                         "SFT renders the teacher's decisions with it, and the policy is served with it", default="full")
     serve: str = _help(f"how a new policy goes into service: {', '.join(SERVE_MODES)}", default="auto")
     server_url: str | None = _help("use this running vLLM server (started with --enable-lora on the base model) instead of starting one",
@@ -175,6 +179,18 @@ class LoopConfig:
         from negotiate.agents.registry import parse_agent
 
         parse_agent(self.teacher, "seller", field_name="--teacher")
+        if self.teacher_traces is not None:
+            self.teacher_traces = ",".join(str(Path(path).resolve()) for path in _list(self.teacher_traces))  # one spelling, compared on resume
+            if not self.teacher_traces:
+                raise UserError("give trace files or folders", field="--teacher-traces", value=self.teacher_traces)
+            for path in _list(self.teacher_traces):
+                if not Path(path).exists():
+                    raise UserError("no such file or folder", field="--teacher-traces", value=path)
+            if not trace_files(_list(self.teacher_traces)):
+                raise UserError("holds no trace (*.jsonl)", field="--teacher-traces", value=self.teacher_traces)
+            if self.round_method == "dagger":
+                raise UserError("dagger rounds label the policy's states with --teacher, not with the traces' seller; use rft or "
+                                "offline-grpo rounds", field="--round-method", value=self.round_method)
         if not _list(self.eval_buyers):
             raise UserError("give at least one buyer spec (each is a column of held-out evaluations)", field="--eval-buyers",
                             value=self.eval_buyers)
@@ -218,7 +234,7 @@ class LoopConfig:
         return asdict(self)
 
 
-BEFORE_FLAGS = {"round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False, "grounded": False, "prompt": "full",
+BEFORE_FLAGS = {"teacher_traces": None, "round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False, "grounded": False, "prompt": "full",
                 "aggregate": False, "fresh": False, "action_weights": "", "round_action_weights": None, "eval_buyers": "threshold"}
 """What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained, the full prompt, each round
 on its own rollouts only, every imitated decision weighing 1, the rounds weighing as the SFT, evaluated against threshold buyers."""
@@ -227,7 +243,7 @@ RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 may add buyer specs (columns: the baselines and every finished round are then evaluated against them too), and ``--out``
 (a run folder moved or copied elsewhere resumes there)."""
 
-SFT_FIELDS = ("model", "teacher", "split", "buyers", "seed", "teacher_episodes", "sft_steps", "sft_batch", "sft_lr", "lora_r", "bf16",
+SFT_FIELDS = ("model", "teacher", "teacher_traces", "split", "buyers", "seed", "teacher_episodes", "sft_steps", "sft_batch", "sft_lr", "lora_r", "bf16",
               "micro_batch", "max_tokens", "serve", "server_url", "prompt", "action_weights", "fresh")
 """Flags that round 0's model depends on: ``--sft-from`` takes an earlier run's SFT only where they all match."""
 EVAL_FIELDS = ("eval_splits", "eval_buyers", "eval_episodes", "eval_seed", "eval_temperature", "ladder", "untrained", "legal", "grounded", "fresh")
@@ -733,9 +749,18 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
     try:
         stage("export", export)
         r0 = out / "round-00"
-        stage("round 0 teacher", lambda: run_stage("teacher episodes", _run_args(r0 / "teacher", [
-            "serve", "--seller", config.teacher, "--split", config.split, "--buyers", config.buyers,
-            "--episodes", str(config.teacher_episodes), "--seed", str(config.seed)], config), out / "loop.out"))
+        def teacher() -> None:
+            if config.teacher_traces is None:
+                run_stage("teacher episodes", _run_args(r0 / "teacher", [
+                    "serve", "--seller", config.teacher, "--split", config.split, "--buyers", config.buyers,
+                    "--episodes", str(config.teacher_episodes), "--seed", str(config.seed)], config), out / "loop.out")
+                return
+            _fresh(r0 / "teacher")
+            (r0 / "teacher").mkdir(parents=True)
+            for k, path in enumerate(trace_files(_list(config.teacher_traces))):  # the run keeps what it learned from
+                shutil.copyfile(path, r0 / "teacher" / f"{k:02d}-{path.name}")
+
+        stage("round 0 teacher", teacher)
 
         def sft() -> None:
             serving.before_training()

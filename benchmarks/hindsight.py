@@ -27,6 +27,7 @@ import json
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -115,8 +116,18 @@ class Market:
         return episode, seller
 
 
-async def label(market: Market, ties: str, advantages: dict[tuple, list[float]]) -> tuple:
-    """The market's hindsight episode: (episode, planner's profit/OPT there, states labelled greedy, states labelled)."""
+class Labelled(NamedTuple):
+    episode: object
+    """The hindsight episode."""
+    planner_ratio: float
+    """The planner's profit/OPT on the same market."""
+    switch: dict[int, bool]
+    """Per decision index where the tools differ: whether greedy's message was sent."""
+
+
+async def label(market: Market, ties: str, advantages: dict[tuple, list[tuple[float, bool]]]) -> Labelled:
+    """The market's hindsight episode. ``advantages`` gathers, per kind of state, each labelled state's one-step advantage
+    of greedy's move and its label."""
     switch: dict[int, bool] = {}
     episode, seller = await market.play()
     planner_ratio = ratio(episode)
@@ -124,7 +135,7 @@ async def label(market: Market, ties: str, advantages: dict[tuple, list[float]])
     while True:
         pending = [(step, kind) for step, kind in seller.states if step >= start]
         if not pending:
-            return episode, planner_ratio, sum(switch.values()), len(switch)
+            return Labelled(episode, planner_ratio, switch)
         step, kind = pending[0]
         other, other_seller = await market.play(switch={**switch, step: True})
         gain = ratio(other) - ratio(episode)
@@ -161,16 +172,16 @@ async def main(args) -> None:
     if path.exists():
         raise UserError("already holds a trace; give a new folder", field="--out", value=str(out))
     began = time.perf_counter()
-    advantages: dict[tuple, list[float]] = defaultdict(list)
+    advantages: dict[tuple, list[tuple[float, bool]]] = defaultdict(list)
     totals, ours, planners = Counter(), [], []
     with TraceWriter(path) as writer:
         for split in splits:
             for index in range(args.markets):
-                episode, planner_ratio, greedy, labelled = await label(Market(split, args.buyers, args.seed, index), args.ties, advantages)
-                writer.write(episode.events)
-                ours.append(ratio(episode)), planners.append(planner_ratio)
-                totals["greedy"] += greedy
-                totals["states"] += labelled
+                done = await label(Market(split, args.buyers, args.seed, index), args.ties, advantages)
+                writer.write(done.episode.events)
+                ours.append(ratio(done.episode)), planners.append(done.planner_ratio)
+                totals["greedy"] += sum(done.switch.values())
+                totals["states"] += len(done.switch)
     ours, planners = np.array(ours), np.array(planners)
     summary = {"episodes": len(ours), "labelled_states": totals["states"], "greedy_labels": totals["greedy"],
                "profit_ratio": round(float(ours.mean()), 4), "planner_profit_ratio": round(float(planners.mean()), 4),
@@ -194,7 +205,7 @@ async def main(args) -> None:
             await check_table(name, table, splits, args.buyers, args.check)
 
 
-def cli() -> None:
+def cli(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for hindsight.jsonl and hindsight.json")
     parser.add_argument("--splits", default=SPLITS, help="comma-separated splits or TOML specs")
@@ -204,7 +215,7 @@ def cli() -> None:
     parser.add_argument("--ties", choices=("greedy", "planner"), default="greedy",
                         help="the label where both moves come to the same profit")
     parser.add_argument("--check", type=int, default=64, help="held-out markets per split for the table's check (0: none)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         asyncio.run(main(args))
     except UserError as error:

@@ -18,7 +18,7 @@ pytest.importorskip("aiohttp")  # the fake OpenAI server
 from fake_openai import FakeOpenAI  # noqa: E402
 
 from negotiate.agents.backends import aclose_clients  # noqa: E402
-from negotiate.agents.llm import ADVISER, Adviser, LLMSeller, advice_line, render_seller  # noqa: E402
+from negotiate.agents.llm import ADVISER, TOOLS, Adviser, LLMSeller, advice_line, render_seller, tool_lines  # noqa: E402
 from negotiate.agents.registry import parse_agent  # noqa: E402
 from negotiate.episode import run_episode  # noqa: E402
 from negotiate.errors import UserError  # noqa: E402
@@ -49,20 +49,20 @@ def conceding(market):
     return {b.id: spec.build(market, [market.seed, k]) for k, b in enumerate(market.buyers)}
 
 
-@pytest.mark.parametrize("split", ["compact", "compact-shapes"])
-async def test_a_seller_that_copies_the_advice_makes_the_planners_deals(split):
+async def plays_as(copy, prompt: str, seller: str, split: str, first_seed: int) -> None:
+    """A fake model that answers each ``prompt`` by ``copy`` makes, on six markets, the deals ``seller`` makes."""
     spec = load_spec(SPECS / f"{split}.toml")
-    async with FakeOpenAI(copy_the_advice) as server:
+    async with FakeOpenAI(copy) as server:
         try:
             checked = 0
             for seed in range(6):
-                market = generate(spec, 9000 + seed)
-                planner = parse_agent(ADVISER, "seller").build(market, seller_seed(market.seed))
-                model = parse_agent(f"openai:{server.model}@{server.url}?format=tagged&prompt=advice&retries=1&timeout=5",
+                market = generate(spec, first_seed + seed)
+                tool = parse_agent(seller, "seller").build(market, seller_seed(market.seed))
+                model = parse_agent(f"openai:{server.model}@{server.url}?format=tagged&prompt={prompt}&retries=1&timeout=5",
                                     "seller").build(market, seller_seed(market.seed))
-                assert isinstance(model, LLMSeller) and model.adviser is not None
+                assert isinstance(model, LLMSeller) and len(model.adviser.agents) == (2 if prompt == "tools" else 1)
                 with anyio.fail_after(30):
-                    theirs = await run_episode(market, planner, conceding(market), fresh=True)
+                    theirs = await run_episode(market, tool, conceding(market), fresh=True)
                     ours = await run_episode(market, model, conceding(market), fresh=True, seller_timeout=10, reply_timeout=10)
                 assert deals(ours.events) == deals(theirs.events)
                 assert ours.metrics["profit"] == theirs.metrics["profit"] and ours.metrics["valid_rate"] == 1.0
@@ -70,6 +70,11 @@ async def test_a_seller_that_copies_the_advice_makes_the_planners_deals(split):
             assert checked >= 3  # most of these markets end in deals: the equality is not of two empty lists
         finally:
             await aclose_clients()
+
+
+@pytest.mark.parametrize("split", ["compact", "compact-shapes"])
+async def test_a_seller_that_copies_the_advice_makes_the_planners_deals(split):
+    await plays_as(copy_the_advice, "advice", ADVISER, split, 9000)
 
 
 def test_the_advice_line_names_the_planners_message_and_its_verdict():
@@ -165,3 +170,55 @@ async def test_the_adviser_takes_only_the_messages_the_regulator_accepted():
             assert refused >= 3  # the refusals happened
         finally:
             await aclose_clients()
+
+
+_GREEDY = re.compile(r"^Greedy: (?:to (b\d+), )?(\[[A-Z]+\].*)$", re.M)
+
+
+def copy_greedy(body: dict) -> str:
+    """A model that writes the message its ``tools`` prompt's second line (greedy's) names."""
+    found = _GREEDY.search(body["messages"][1]["content"])
+    assert found and _ADVICE.search(body["messages"][1]["content"]), body["messages"][1]["content"]
+    to, action = found.groups()
+    return f"Thought: greedy\nTo: {to or ''}\nTalk: As greedy would.\nAction: {action.strip()}"
+
+
+@pytest.mark.parametrize("copy, seller", [(copy_the_advice, ADVISER), (copy_greedy, "greedy")])
+async def test_a_seller_that_copies_either_tool_of_the_tools_prompt_makes_that_tools_deals(copy, seller):
+    """``prompt=tools`` shows the planner's message and greedy's, both walking the model's own episode: a model that
+    always copies one of them plays that seller's game, deal for deal."""
+    await plays_as(copy, "tools", seller, "compact", 9100)
+
+
+def test_the_tools_prompt_is_the_advice_prompt_with_greedys_message_after_the_advice():
+    market = generate(SPLITS["train"], 5)
+    obs = observe(EpisodeState(market), SELLER)
+    adviser = Adviser(market, seller_seed(market.seed), TOOLS)
+    planner, greedy = adviser.advise(obs)
+    advised = render_seller(obs, "tagged", "advice", planner)[1]["content"].splitlines()
+    tools = render_seller(obs, "tagged", "tools", (planner, greedy))[1]["content"].splitlines()
+    at = advised.index(advice_line(planner))
+    assert tools == advised[:at + 1] + [f"Greedy: to {greedy.to}, {greedy.action}"] + advised[at + 1:]
+    assert planner.action.kind == greedy.action.kind == "offer" and planner != greedy  # two opening offers, not one
+    assert tool_lines((planner, None)).endswith("\nGreedy: wait for a reply") and tool_lines(None).startswith("Advice: wait")
+    assert adviser.advise(obs) == (planner, greedy)  # asking leaves no trace
+    with pytest.raises(ValueError, match="prompt=tools needs an Adviser"):
+        LLMSeller(object(), fmt="tagged", prompt="tools")
+    with pytest.raises(UserError, match="grounded=1 binds"):  # the thought of greedy's move is no planner's reason
+        parse_agent("openai:m@http://127.0.0.1:1/v1?format=tagged&prompt=tools&legal=1&grounded=1", "seller")
+
+
+async def test_sft_data_under_the_tools_prompt_shows_what_each_tool_would_send_in_the_episodes_states():
+    """For greedy's own episode the Greedy line is its message in every state; the Advice line is the planner's
+    answer in the same states (a teacher walk), so it is the advice prompt's line, state for state."""
+    market = generate(load_spec(SPECS / "compact.toml"), 78)
+    agent = parse_agent("greedy", "seller").build(market, seller_seed(market.seed))
+    ep = await run_episode(market, agent, conceding(market), fresh=True)
+    tools, advice = decisions(ep.events, 0.0, "g", prompt="tools"), decisions(ep.events, 0.0, "g", prompt="advice")
+    assert len(tools) == len(advice) >= 3
+    for mine, theirs in zip(tools, advice):
+        lines = mine.prompt[1]["content"].splitlines()
+        (greedy,) = [line for line in lines if line.startswith("Greedy: ")]
+        to, action = mine.completion.split("To: ", 1)[1].split("\n", 1)[0], mine.completion.rsplit("Action: ", 1)[1]
+        assert greedy == f"Greedy: to {to}, {action}"
+        assert [line for line in lines if not line.startswith("Greedy: ")] == theirs.prompt[1]["content"].splitlines()

@@ -504,6 +504,10 @@ def test_a_stage_that_exits_1_is_finished_only_when_it_says_episodes_failed(tmp_
     ({"round_method": "offline-grpo", "round_action_weights": "accept=2"}, "--round-action-weights: 'accept=2': offline-grpo rounds"),
     ({"eval_buyers": " "}, "--eval-buyers: ' ': give at least one buyer spec"),
     ({"grounded": True, "legal": True, "prompt": "compact"}, "--grounded: True: binds the thought to the facts prompt"),
+    ({"grounded": True, "legal": True, "prompt": "tools"}, "--grounded: True: binds the thought to the facts prompt"),
+    ({"teacher_traces": "/nonexistent/traces"}, "--teacher-traces: '/nonexistent/traces': no such file or folder"),
+    ({"teacher_traces": "specs"}, "no \\*.jsonl trace files found"),
+    ({"teacher_traces": "tests/fixtures", "round_method": "dagger"}, "--round-method: 'dagger': dagger rounds label the policy's states"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(change, flag, tmp_path):
     with pytest.raises(UserError, match=flag):
@@ -594,8 +598,28 @@ def test_a_config_file_sets_the_loop_flags_and_the_command_line_overrides_it(tmp
     assert _config_from(["--split", "train", "--eval-splits", "train"]) == expected
 
 
-def test_the_readmes_loop_runs_are_config_files_that_check():
-    files = sorted(Path("benchmarks/loops").glob("*.toml"))
+def test_sft_on_given_teacher_traces_copies_them_into_the_run_and_plays_no_teacher(world, tmp_path):
+    config, calls, crash, out = world
+    given = tmp_path / "given"
+    assert main(["serve", "--seller", "planner", "--split", config().split, "--buyers", "threshold", "--episodes", "3",
+                 "--seed", "5", "--out", str(given), "--quiet"]) == 0
+    (trace,) = trace_files([given])
+    run_loop(config(teacher_traces=str(given), teacher="planner", rounds=1), echo=lambda line: None)
+    assert "teacher episodes" not in calls and "round 0 sft" in calls
+    (copied,) = trace_files([out / "round-00" / "teacher"])
+    assert copied.read_bytes() == trace.read_bytes()
+    sft, round1 = crash["train_args"]
+    assert sft[sft.index("--traces") + 1] == str(out / "round-00" / "teacher") and round1[round1.index("--method") + 1] == "rft"
+    assert json.loads((out / "loop.json").read_text())["config"]["teacher_traces"] == str(given.resolve())
+    # Round 0 learned from those traces: a rerun, or a run taking its SFT, with other traces (or none) is refused.
+    with pytest.raises(UserError, match="--teacher-traces"):
+        run_loop(config(teacher="planner", rounds=1), echo=lambda line: None)
+    with pytest.raises(UserError, match=r"has --teacher-traces '.*given'; round 0 depends on it"):
+        run_loop(config(out=str(out.parent / "other"), sft_from=str(out), teacher="planner"), echo=lambda line: None)
+
+
+def test_the_readmes_loop_runs_are_config_files_that_check(tmp_path, monkeypatch):
+    files = sorted(f for f in Path("benchmarks/loops").glob("*.toml") if f.stem != "hindsight-tools")
     assert {f.stem for f in files} >= {"planner-concession", "planner-accept4", "accept4-rounds"}
     configs = {f.stem: _config_from(["--config", str(f)]) for f in files}
     # the settings the README's planner/conceding run was made with (its loop.json), flag for flag
@@ -622,6 +646,18 @@ def test_the_readmes_loop_runs_are_config_files_that_check():
         "rounds": 2, "round_method": "rft", "group": 4, "temperature": 1.5, "round_epochs": 2.0, "grpo_steps": None,
         "round_action_weights": None}  # the rounds weigh as the SFT did: every decision 1
     assert all(advice[name] == rft[name] for name in SFT_FIELDS + EVAL_FIELDS)  # so --sft-from takes its SFT and evaluations
+    # the hindsight run is the advised SFT with both tools, 120 steps, its teacher episodes given, and two buyer columns
+    root = Path.cwd()
+    given = tmp_path / "runs" / "hindsight"
+    given.mkdir(parents=True)
+    (given / "hindsight.jsonl").write_text("")
+    (tmp_path / "specs").symlink_to(root / "specs")
+    monkeypatch.chdir(tmp_path)  # the file names runs/hindsight, where benchmarks/hindsight.py writes it
+    tools = _config_from(["--config", str(root / "benchmarks" / "loops" / "hindsight-tools.toml")]).to_json()
+    assert {k: tools[k] for k in tools if tools[k] != advice[k]} == {
+        "teacher_traces": str(given), "prompt": "tools", "grounded": False, "seed": 7, "sft_steps": 120, "round_method": "rft",
+        "group": 4, "round_action_weights": None, "grpo_steps": None, "eval_buyers": "concession,threshold",
+        "teacher_episodes": 400}  # unused: the teacher episodes are given
 
 
 @pytest.mark.parametrize("text, message", [

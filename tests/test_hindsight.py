@@ -1,0 +1,93 @@
+"""benchmarks/hindsight.py: teacher episodes that send, in each state, the better of the planner's and greedy's messages.
+
+Each label is found by replaying the market, which is exact because scripted buyers are seeded: checked here by playing
+both branches of every labelled state again, apart from the script. The episode it writes is one a model under
+``prompt=tools`` can learn from: each of its messages is one of the two the prompt shows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from negotiate.trace import read_records
+from negotiate.training.dataset import load_episodes
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("hindsight", ROOT / "benchmarks" / "hindsight.py")
+hindsight = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hindsight)
+
+COMPACT = str(ROOT / "specs" / "compact.toml")
+
+
+def played(episode) -> list[dict]:
+    """An episode's events without their clock readings."""
+    return [{k: v for k, v in e.items() if k not in ("ts", "time", "wall_s")} for e in episode.events if e.type != "episode_end"]
+
+
+def market(index: int) -> hindsight.Market:
+    return hindsight.Market(COMPACT, "concession", 7, index)
+
+
+@pytest.mark.parametrize("ties", ["greedy", "planner"])
+async def test_each_label_is_the_move_that_did_better_and_the_episode_never_does_worse_than_the_planner(ties):
+    gains = []
+    for index in range(6):
+        done = await hindsight.label(market(index), ties, defaultdict(list))
+        assert done.switch, index  # the tools disagree somewhere in every one of these markets
+        # Policy improvement: each label keeps the better branch, and the first branch is the planner's own episode.
+        final = hindsight.ratio(done.episode)
+        assert final >= done.planner_ratio - 1e-12
+        gains.append(final - done.planner_ratio)
+        for step, chose_greedy in done.switch.items():
+            prefix = {k: v for k, v in done.switch.items() if k < step}
+            greedy = hindsight.ratio((await market(index).play(switch={**prefix, step: True}))[0])
+            planner = hindsight.ratio((await market(index).play(switch={**prefix, step: False}))[0])
+            assert chose_greedy == (greedy > planner or (greedy == planner and ties == "greedy")), (index, step)
+        # The written episode is the replay of its own labels.
+        again, _ = await market(index).play(switch=done.switch)
+        assert played(again) == played(done.episode)
+    assert max(gains) > 0  # on these markets some label beat the planner's move
+
+
+async def test_a_replay_is_exact_so_a_label_is_a_fact_of_the_market():
+    first, seller = await market(3).play(switch={})
+    second, _ = await market(3).play(switch={})
+    assert played(first) == played(second) and first.metrics["profit"] == second.metrics["profit"]
+    assert seller.states and all(len(kind) == 5 for _, kind in seller.states)
+
+
+def test_the_trace_teaches_the_tools_prompt_and_the_summary_says_what_it_holds(tmp_path, capsys):
+    out = tmp_path / "hs"
+    hindsight.cli(["--out", str(out), "--splits", COMPACT, "--markets", "4", "--check", "2"])
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "hindsight.json").read_text())
+    assert summary["episodes"] == 4 and 0 < summary["greedy_labels"] <= summary["labelled_states"]
+    assert summary["profit_ratio"] >= summary["planner_profit_ratio"]
+    assert "4 episodes" in printed and "paired against the planner" in printed
+    records = list(read_records(out / "hindsight.jsonl"))
+    assert len(records) == 4 and {r.start.seller for r in records} == {"hindsight"}
+    made = [d for ep in load_episodes([out], prompt="tools") for d in ep.decisions]
+    assert made
+    for decision in made:  # every message is the move of one of the prompt's two lines
+        prompt = decision.prompt[1]["content"]
+        advice = re.search(r"^Advice: (.*?)(?: \(.*\))?$", prompt, re.M).group(1)
+        greedy = re.search(r"^Greedy: (.*)$", prompt, re.M).group(1)
+        to = decision.completion.split("To: ", 1)[1].split("\n", 1)[0]
+        move = f"to {to}, {decision.completion.rsplit('Action: ', 1)[1]}"
+        assert move in (advice, greedy), (prompt, decision.completion)
+
+
+def test_the_held_out_seed_and_a_used_folder_are_refused(tmp_path):
+    with pytest.raises(SystemExit, match="--seed: 1000003: is the held-out run seed"):
+        hindsight.cli(["--out", str(tmp_path / "a"), "--seed", "1000003", "--markets", "1"])
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "hindsight.jsonl").write_text("")
+    with pytest.raises(SystemExit, match="already holds a trace"):
+        hindsight.cli(["--out", str(tmp_path / "b"), "--markets", "1"])

@@ -611,6 +611,13 @@ def test_sft_on_given_teacher_traces_copies_them_into_the_run_and_plays_no_teach
     sft, round1 = crash["train_args"]
     assert sft[sft.index("--traces") + 1] == str(out / "round-00" / "teacher") and round1[round1.index("--method") + 1] == "rft"
     assert json.loads((out / "loop.json").read_text())["config"]["teacher_traces"] == str(given.resolve())
+    # The run keeps its copy: with the given traces gone, a rerun still resumes (and finds nothing left to do).
+    for path in given.iterdir():
+        path.unlink()
+    given.rmdir()
+    calls.clear()
+    run_loop(config(teacher_traces=str(given), teacher="planner", rounds=1), echo=lambda line: None)
+    assert calls == []
     # Round 0 learned from those traces: a rerun, or a run taking its SFT, with other traces (or none) is refused.
     with pytest.raises(UserError, match="--teacher-traces"):
         run_loop(config(teacher="planner", rounds=1), echo=lambda line: None)

@@ -183,11 +183,12 @@ class LoopConfig:
             self.teacher_traces = ",".join(str(Path(path).resolve()) for path in _list(self.teacher_traces))  # one spelling, compared on resume
             if not self.teacher_traces:
                 raise UserError("give trace files or folders", field="--teacher-traces", value=self.teacher_traces)
-            for path in _list(self.teacher_traces):
-                if not Path(path).exists():
-                    raise UserError("no such file or folder", field="--teacher-traces", value=path)
-            if not trace_files(_list(self.teacher_traces)):
-                raise UserError("holds no trace (*.jsonl)", field="--teacher-traces", value=self.teacher_traces)
+            if not _copied_teacher(Path(self.out)):  # once round 0 holds its copy, the given traces may go
+                for path in _list(self.teacher_traces):
+                    if not Path(path).exists():
+                        raise UserError("no such file or folder", field="--teacher-traces", value=path)
+                if not trace_files(_list(self.teacher_traces)):
+                    raise UserError("holds no trace (*.jsonl)", field="--teacher-traces", value=self.teacher_traces)
             if self.round_method == "dagger":
                 raise UserError("dagger rounds label the policy's states with --teacher, not with the traces' seller; use rft or "
                                 "offline-grpo rounds", field="--round-method", value=self.round_method)
@@ -314,6 +315,14 @@ def loop_fields():
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _copied_teacher(out: Path) -> bool:
+    """Whether the run in ``out`` has finished its teacher stage (with ``--teacher-traces``: copied them in)."""
+    try:
+        return "round 0 teacher" in json.loads((out / "loop.json").read_text()).get("done", [])
+    except (OSError, ValueError):
+        return False
 
 
 def _list(text: str) -> list[str]:

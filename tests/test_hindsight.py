@@ -91,3 +91,22 @@ def test_the_held_out_seed_and_a_used_folder_are_refused(tmp_path):
     (tmp_path / "b" / "hindsight.jsonl").write_text("")
     with pytest.raises(SystemExit, match="already holds a trace"):
         hindsight.cli(["--out", str(tmp_path / "b"), "--markets", "1"])
+
+
+async def test_tool_choices_counts_the_hindsight_labels_as_the_tools_it_sent(tmp_path):
+    """``tool_choices`` walks both tools over a trace on its own; on hindsight episodes it finds greedy's message sent
+    exactly where a label chose it, and the planner's in the other labelled states (or where greedy would wait)."""
+    from negotiate.trace import TraceWriter
+    from negotiate.training.dataset import tool_choices
+
+    labels = chosen = 0
+    with TraceWriter(tmp_path / "t.jsonl") as writer:
+        for index in range(4):
+            done = await hindsight.label(market(index), "greedy", defaultdict(list))
+            writer.write(done.episode.events)
+            labels, chosen = labels + len(done.switch), chosen + sum(done.switch.values())
+    (counts,) = tool_choices([tmp_path]).values()
+    greedy = sum(n for key, n in counts.items() if key[0] == "greedy")
+    planner = sum(n for key, n in counts.items() if key[0] == "planner")
+    assert greedy == chosen and planner >= labels - chosen and counts["neither"] == counts["invalid"] == 0
+    assert planner - (labels - chosen) == counts[("planner", "wait")]  # no label where greedy would wait

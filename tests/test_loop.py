@@ -414,6 +414,22 @@ def test_the_compact_prompt_goes_to_the_sft_and_into_the_policys_spec(world):
         run_loop(config(prompt="compact"), echo=lambda line: None)
 
 
+def test_under_the_tools_prompt_the_results_say_which_tool_each_policy_followed(world):
+    config, calls, crash, out = world
+    run_loop(config(prompt="tools", rounds=1), echo=lambda line: None)
+    text = (out / "results.md").read_text()
+    section = text.split("### which tool the policy followed, on the held-out states (buyers: threshold)")[1]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith(("| SFT", "| round"))]
+    assert [row[0] for row in rows] == ["| SFT (round 0)", "| round 1"]
+    messages = sum(1 for path in trace_files([out / "round-00" / "eval"]) for record in read_records(path)
+                   for _ in record.seller_messages())
+    sft = [int(cell.strip(" |")) for cell in rows[0][1:]]
+    assert sft[0] == messages == sum(sft[1:])  # every message counted once
+    assert sft[-2] > 0  # the stand-in policy (random) sends messages neither tool would
+    run_loop(config(out=str(out.parent / "plain"), rounds=0), echo=lambda line: None)  # the facts of another prompt: no table
+    assert "which tool" not in (out.parent / "plain" / "results.md").read_text()
+
+
 def test_a_failing_stage_is_one_line_that_says_how_to_resume(world, monkeypatch):
     config, calls, crash, out = world
 

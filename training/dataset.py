@@ -342,6 +342,33 @@ class Agreement:
         return sum(n for (teacher, _), n in self.kinds.items() if teacher != WAIT)
 
 
+def tool_choices(paths: Iterable[str | Path], *, allow_partial: bool = False) -> dict[str, Counter]:
+    """Each seller's messages in the complete episodes under ``paths``, against the two messages the ``tools`` prompt
+    shows in each state (:data:`~negotiate.agents.llm.TOOLS` walking the episode): per seller, a count of ``both`` (the
+    tools agreed and it sent that), ``("planner", kind)`` (it sent the planner's message where greedy's differed and was
+    of ``kind``, or ``wait``), ``("greedy", kind)`` (it sent greedy's, of ``kind``, where the planner's differed),
+    ``neither``, and ``invalid`` (or ``timeout``). What a policy trained under the tools prompt learned to follow."""
+    out: dict[str, Counter] = {}
+    for path in trace_files(paths):
+        for record in read_records(path, allow_partial=allow_partial):
+            if not record.complete or record.failed:
+                continue
+            tally = out.setdefault(record.start.seller or "", Counter())
+            try:
+                walked = list(_advised(record, "tools"))
+            except (RuntimeError, ValueError, KeyError, TypeError) as error:  # the regulator cannot replay what the trace says
+                raise UserError(f"episode {record.id} cannot be replayed ({error})", source=str(path)) from None
+            for _, event, (planner, greedy) in walked:
+                if event.timed_out or not event.valid or event.action is None:
+                    tally["timeout" if event.timed_out else "invalid"] += 1
+                    continue
+                sent = (event.to, Action(event.kind, event.product, event.price))
+                same = [tool is not None and (tool.to, tool.action) == sent for tool in (planner, greedy)]
+                tally["both" if all(same) else ("planner", WAIT if greedy is None else greedy.action.kind) if same[0]
+                      else ("greedy", greedy.action.kind) if same[1] else "neither"] += 1
+    return out
+
+
 def teacher_agreement(paths: Iterable[str | Path], teacher: str, *, allow_partial: bool = False) -> dict[str, Agreement]:
     """Each seller's messages in the complete episodes under ``paths`` (by the seller label the trace gives), against
     the reply a scripted ``teacher`` would have sent in each of those states (:func:`_teacher_walk`): which action

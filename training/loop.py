@@ -904,10 +904,50 @@ def write_report(out: Path, config: LoopConfig, state: State) -> None:
     against = teacher_section(out, config)
     if against:
         sections.append(against)
+    followed = tools_section(out, config) if config.prompt == "tools" else None
+    if followed:
+        sections.append(followed)
     for k, note in sorted((state.data.get("notes") or {}).items(), key=lambda item: int(item[0])):  # round 10 after 2
         sections.append(f"Round {k}: {note}.\n")
     (out / "results.md").write_text("\n".join(sections))
     write_loop_curve(out, config, state)
+
+
+def _held_out_evals(out: Path, config: LoopConfig) -> tuple[str, list[tuple[int, str, Path]]]:
+    """The buyer column the per-state tables read (``--buyers`` where it is one, else the first), and each evaluated
+    round's (number, row label, evaluation folder) in it."""
+    columns = _list(config.eval_buyers)  # never empty: LoopConfig.check refuses that
+    buyers = config.buyers if config.buyers in columns else columns[0]
+    folders = [(k, out / f"round-{k:02d}" / "eval" / _slug(buyers)) for k in range(config.rounds + 1)]
+    return buyers, [(k, "SFT (round 0)" if k == 0 else f"round {k}", folder) for k, folder in folders if folder.exists()]
+
+
+def tools_section(out: Path, config: LoopConfig) -> str | None:
+    """Under ``--prompt tools``: which tool each evaluated policy followed on the held-out states (the ``--buyers``
+    column, else the first), from :func:`~negotiate.training.dataset.tool_choices`. None where nothing was evaluated."""
+    from negotiate.training.dataset import tool_choices
+
+    buyers, evaluated = _held_out_evals(out, config)
+    lines = []
+    for k, policy, folder in evaluated:
+        try:
+            choices = tool_choices([folder], allow_partial=True)
+        except UserError as error:  # a table for the reader: it never stops the loop
+            log.warning("tools table skipped", round=k, error=str(error))
+            continue
+        for c in choices.values():
+            planner = sum(n for key, n in c.items() if key[0] == "planner")
+            lines.append(f"| {policy} | {sum(c.values())} | {c['both']} | {c[('greedy', 'offer')]} | {c[('greedy', 'accept')]} | "
+                         f"{c[('planner', 'offer')]} | {c[('planner', 'accept')]} | {planner - c[('planner', 'offer')] - c[('planner', 'accept')]} | "
+                         f"{c['neither']} | {c['invalid'] + c['timeout']} |")
+    if not lines:
+        return None
+    return (f"### which tool the policy followed, on the held-out states (buyers: {buyers})\n\n"
+            "Each policy message against the planner's and greedy's in that state (the tools prompt's two lines). Where they "
+            "differed: whose message it sent, by the kind of greedy's.\n\n"
+            "| policy | messages | both tools' | greedy's offer | greedy's accept | the planner's, greedy would offer | "
+            "the planner's, greedy would accept | the planner's, other | neither | invalid |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
 
 
 def teacher_section(out: Path, config: LoopConfig) -> str | None:
@@ -921,14 +961,9 @@ def teacher_section(out: Path, config: LoopConfig) -> str | None:
         check_teacher(config.teacher)
     except UserError:
         return None
-    columns = _list(config.eval_buyers)  # never empty: LoopConfig.check refuses that
-    buyers = config.buyers if config.buyers in columns else columns[0]
+    buyers, evaluated = _held_out_evals(out, config)
     lines, reasoned = [], []
-    for k in range(config.rounds + 1):
-        folder = out / f"round-{k:02d}" / "eval" / _slug(buyers)
-        if not folder.exists():
-            continue
-        policy = "SFT (round 0)" if k == 0 else f"round {k}"
+    for k, policy, folder in evaluated:
         try:
             agreements = teacher_agreement([folder], config.teacher, allow_partial=True)
         except UserError as error:  # a table for the reader: it never stops the loop

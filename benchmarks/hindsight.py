@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import json
 import time
 from collections import Counter, defaultdict
@@ -31,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from negotiate.agents.llm import TOOLS
+from negotiate.agents.llm import TOOLS, Adviser
 from negotiate.agents.planner import read_reason
 from negotiate.agents.registry import parse_agent
 from negotiate.episode import run_episode
@@ -70,13 +69,13 @@ class Chooser:
     instant = True
 
     def __init__(self, market, seed, switch: dict[int, bool] | None = None, table: dict[tuple, bool] | None = None):
-        self.tools = [parse_agent(tool, "seller").build(market, seed) for tool in TOOLS]
+        self.tools = Adviser(market, seed, TOOLS)  # both walk the episode as the tools prompt's lines do
         self.switch, self.table = switch or {}, table
         self.step = 0
         self.states: list[tuple[int, tuple]] = []
 
     def decide(self, obs: SellerObservation):
-        planner, greedy = (copy.deepcopy(tool).decide(obs) for tool in self.tools)
+        planner, greedy = self.tools.advise(obs)
         send = planner
         if differ(planner, greedy):
             kind = kind_of(obs, planner, greedy)
@@ -84,8 +83,7 @@ class Chooser:
             if self.switch.get(self.step, False) or (self.table is not None and self.table.get(kind, False)):
                 send = greedy
         self.step += 1
-        for tool in self.tools:
-            tool.follow(obs, send)
+        self.tools.follow(obs, send)
         return send
 
     def describe(self) -> dict:

@@ -46,7 +46,7 @@ from negotiate.market import MarketSpec
 from negotiate.protocol import Message
 from negotiate.regulator import ACTIVE, SellerObservation
 
-from negotiate.agents.scripted import _accept_bid, _end, _Follower, _offer, best_assigned, units_left
+from negotiate.agents.moves import _accept_bid, _end, _Follower, _offer, best_assigned, units_left
 
 __all__ = ["PlannerSeller", "read_reason", "reason_action", "bid_facts", "bid_in_play", "no_deal_facts", "turn_facts",
            "REASON_ACTIONS"]

@@ -1,0 +1,71 @@
+"""The pieces every scripted seller is built from: messages, units still free, the joint assignment, following.
+
+The sellers in :mod:`negotiate.agents.scripted` and the planner (:mod:`negotiate.agents.planner`) both build on
+these; keeping them here, below both, is what lets the seller table in ``scripted`` name the planner without an
+import cycle.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from negotiate.protocol import SELLER, Action, Message
+from negotiate.regulator import SellerObservation
+
+from negotiate.agents.base import ScriptedAgent
+
+__all__ = ["best_assigned", "units_left", "_offer", "_accept_bid", "_end", "_Follower", "_make"]
+
+
+def best_assigned(value: np.ndarray, cols: list[int], units, free: int) -> tuple[int, int] | None:
+    """The (row, column) of the most valuable pair in the joint assignment of buyers (rows) to products
+    (columns of ``value``; ``cols`` maps each to its product index, ``units`` its stock). Units are scarce:
+    a product with k units appears k times (at most ``free``). None when no assigned pair is worth anything."""
+    expanded = [c for c, j in enumerate(cols) for _ in range(min(units[j], free))]
+    rows, picks = linear_sum_assignment(value[:, expanded], maximize=True)
+    best = None
+    for r, k in zip(rows, picks):
+        c = expanded[k]
+        if value[r, c] > 0 and (best is None or value[r, c] > value[best]):
+            best = (r, c)
+    return best
+
+
+_make = tuple.__new__
+"""Builds a named tuple from its fields in order: a third of the cost of ``Message(...)``, whose
+``__new__`` is a Python call. Scripted agents build one message per decision, tens of thousands
+a second; the fields are (sender, to, talk, action, thought) and (kind, product, price)."""
+
+
+def _offer(to: str, product: str, price: int, talk: str = "", thought: str = "") -> Message:
+    return _make(Message, (SELLER, to, talk or f"I can let you have {product} for ${price}.", _make(Action, ("offer", product, price)), thought))
+
+
+def units_left(obs: SellerObservation) -> list[int]:
+    """Each product's units not yet promised: its stock less the offers of it that buyers are still answering."""
+    units = [p.stock for p in obs.products]
+    for b in obs.buyers:
+        if b.awaiting and b.offer is not None:
+            units[int(b.offer[0][1:]) - 1] -= 1
+    return units
+
+
+def _accept_bid(to: str, product: str, price: int) -> Message:
+    return _make(Message, (SELLER, to, f"Deal: {product} at ${price}.", _make(Action, ("accept", product, price)), ""))
+
+
+def _end() -> Message:
+    return Message(SELLER, "", "That is all for today.", Action("end"))
+
+
+class _Follower(ScriptedAgent):
+    """A seller that learns from what it observes (``_learn``) and from what it sent (``_record``), and so
+    can follow another seller's episode."""
+
+    def follow(self, obs: SellerObservation, message: Message | None) -> None:
+        """Learn from ``obs`` as :meth:`decide` would, then take ``message`` (None: nothing) as the message
+        sent, though another seller chose it: how a teacher walks a policy's episode to label its states."""
+        self._learn(obs)
+        if message is not None:
+            self._record(message)

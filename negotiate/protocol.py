@@ -332,6 +332,44 @@ def _clean_talk(talk: str, notes: list[str]) -> str:
     return cleaned
 
 
+def _control_note(where: str, removed: list[str]) -> str:
+    """The clamp note for control characters taken out of one part: how many, which (code points, first seen
+    first), and where, e.g. ``removed 2 control characters from thought: U+001B, U+009B``."""
+    codes = ", ".join(f"U+{ord(char):04X}" for char in dict.fromkeys(removed))
+    return f"removed {len(removed)} control character{'s' if len(removed) > 1 else ''} from {where}: {codes}"
+
+
+def _strip_control(value: str, where: str, notes: list[str]) -> str:
+    """``value`` without control characters, noting the repair under ``where`` (a field's name)."""
+    removed = CONTROL.findall(value)
+    if not removed:
+        return value
+    notes.append(_control_note(where, removed))
+    return CONTROL.sub("", value)
+
+
+def _strip_control_tagged(body: str, notes: list[str]) -> str:
+    """The tagged form without control characters, one note per part they were in (the tag each follows).
+
+    They go before the text is cut at its tags (a control character can hide a tag); each is placed by
+    where it stood in the cleaned text."""
+    found = [(match.start(), match.group()) for match in CONTROL.finditer(body)]
+    if not found:
+        return body
+    cleaned = CONTROL.sub("", body)
+    tags = [(match.start(), match.group(1).lower()) for match in _TAG.finditer(cleaned)]
+    by_part: dict[str, list[str]] = {}
+    for before, (position, char) in enumerate(found):
+        at, part = position - before, "the text before the first tag"
+        for start, tag in tags:
+            if start >= at:
+                break
+            part = tag
+        by_part.setdefault(part, []).append(char)
+    notes.extend(_control_note(part, chars) for part, chars in by_part.items())
+    return cleaned
+
+
 def _clean_to(to: str, notes: list[str]) -> str:
     ids = set(_BUYER_ID.findall(to.lower()))
     if len(ids) == 1:
@@ -363,7 +401,7 @@ def parse_lenient(text: str, role: str, sender: str | None = None) -> tuple[Mess
 
     What :func:`parse` reads, and beside it what a model gets slightly wrong without changing what it
     meant, clamped and noted: a ``<think>`` block set apart (the reasoning), control characters
-    stripped, talk made one line and truncated to ``TALK_MAX``, an addressee like ``Buyer b3`` read as
+    stripped (raw or JSON-escaped, the same way; each note says which and from which part), talk made one line and truncated to ``TALK_MAX``, an addressee like ``Buyer b3`` read as
     ``b3``, a ``$`` in a JSON price, a code fence or text around a JSON object, the format line's
     ``<...>`` brackets copied into a tagged value. Everything else is a :class:`ParseFailure` whose
     ``raw`` is ``text`` verbatim. The text is read once.
@@ -377,21 +415,32 @@ def parse_lenient(text: str, role: str, sender: str | None = None) -> tuple[Mess
     body = text
     think = _THINK.match(body)
     if think:
-        reasoning, body = think.group(1).strip(), body[think.end():]
-    body = CONTROL.sub("", body)
-    if body.lstrip()[:1] in ("{", "`"):
+        reasoning, body = _strip_control(think.group(1).strip(), "reasoning", notes), body[think.end():]
+    if CONTROL.sub("", body).lstrip()[:1] in ("{", "`"):
+        # Raw control characters inside JSON strings decode as they are (the lenient decoder allows them), and
+        # escaped ones (\u001b) decode to the same characters: both are taken out of each decoded field below,
+        # the same way. Only when they stand between the JSON's tokens is the text cleaned before decoding.
         data = _load_json(body)
+        if isinstance(data, ParseFailure) and CONTROL.search(body):
+            data = _load_json(_strip_control(body, "the reply, before its JSON was read", notes))
         if isinstance(data, dict):
+            for key in ("thought", "to", "talk"):
+                if isinstance(data.get(key), str):
+                    data[key] = _strip_control(data[key], key, notes)
+            action = data.get("action")
+            if isinstance(action, dict):
+                for key in ("kind", "type", "product", "price"):
+                    if isinstance(action.get(key), str):
+                        action[key] = _strip_control(action[key], f"action.{key}", notes)
+                if isinstance(action.get("price"), str):
+                    action["price"] = action["price"].strip().lstrip("$").strip()
             if isinstance(data.get("talk"), str):
                 data["talk"] = _clean_talk(data["talk"], notes)
             if role == SELLER and isinstance(data.get("to"), str):
                 data["to"] = _clean_to(data["to"], notes)
-            action = data.get("action")
-            if isinstance(action, dict) and isinstance(action.get("price"), str):
-                action["price"] = action["price"].strip().lstrip("$").strip()
         result = data if isinstance(data, ParseFailure) else parse_object(data, role, sender, text)
     else:
-        parts = _sections(body)
+        parts = _sections(_strip_control_tagged(body, notes))
         for tag, value in parts.items():
             if value.startswith("<") and value.endswith(">"):  # the format line's placeholder brackets, copied
                 parts[tag] = value[1:-1].strip()

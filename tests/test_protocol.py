@@ -334,6 +334,68 @@ def test_control_characters_are_one_set_tab_and_line_breaks_kept():
     assert (result.thought, result.talk) == ("x1my", "hi[0m")
 
 
+def test_json_escaped_control_characters_are_removed_like_raw_ones_and_noted():
+    # \u0007 (bell), \u001b (escape), C1 \u0085 and \u009b (CSI), escaped in the JSON: gone from thought and talk,
+    # and each part's repair noted (how many, which, where), as the traces README says extra.clamped holds.
+    text = ('{"thought": "a\\u0007b\\u001b[31mc\\u0085d\\u009b1m", "to": "b1", "talk": "hi\\u001b[0m there",'
+            ' "action": {"kind": "offer", "product": "p1", "price": 5}}')
+    result, notes, _ = parse_lenient(text, SELLER)
+    assert (result.thought, result.talk) == ("ab[31mcd1m", "hi[0m there")
+    assert notes == ["removed 4 control characters from thought: U+0007, U+001B, U+0085, U+009B",
+                     "removed 1 control character from talk: U+001B"]
+    # The same characters raw (inside the strings) give the same message and the same notes.
+    raw = text.replace("\\u0007", "\x07").replace("\\u001b", "\x1b").replace("\\u0085", "\x85").replace("\\u009b", "\x9b")
+    assert "\\u" not in raw
+    assert parse_lenient(raw, SELLER) == (result, notes, None)
+
+
+def test_raw_control_characters_in_the_tagged_form_are_noted_by_the_part_they_were_in():
+    text = "<think>keen\x07</think>Thought: x\x9b1my\nTo: b1\x07\n\x1bTalk: hi\x1b[0m\x1b\nAction: [OFFER] p1 $5"
+    result, notes, reasoning = parse_lenient(text, SELLER)
+    assert (result.thought, result.to, result.talk, reasoning) == ("x1my", "b1", "hi[0m", "keen")
+    # The escape before "Talk:" stood at the end of the To line: it is the To part's.
+    assert notes == ["removed 1 control character from reasoning: U+0007",
+                     "removed 1 control character from thought: U+009B",
+                     "removed 2 control characters from to: U+0007, U+001B",
+                     "removed 2 control characters from talk: U+001B"]
+
+
+def test_control_characters_between_json_tokens_are_removed_before_reading_and_noted():
+    result, notes, _ = parse_lenient('{"to": "b1",\x07 "talk": "hi", "action": {"kind": "offer", "product": "p1", "price": "$5\x1b"}}', SELLER)
+    assert result == Message(SELLER, "b1", "hi", Action("offer", "p1", 5))
+    assert notes == ["removed 2 control characters from the reply, before its JSON was read: U+0007, U+001B"]
+
+
+_CONTROLS = st.sampled_from(["\x00", "\x07", "\x1b", "\x7f", "\x85", "\x9b", "\x9f"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), role=st.sampled_from([SELLER, "buyer"]))
+def test_control_characters_raw_or_escaped_leave_the_same_message_and_notes(data, role):
+    # Insert control characters into a clean message's thought and talk; written raw or JSON-escaped, the
+    # lenient parser returns the message without them, with one note per part: count and code points.
+    message = data.draw(messages(role))
+    body = {k: v for k, v in message.to_dict().items() if k != "sender"}
+    chars, expected = [], []
+    for key in ("thought", "talk"):  # the order they are written in
+        inserted = sorted(data.draw(st.lists(st.tuples(st.integers(0, len(body[key])), _CONTROLS),
+                                             max_size=4, unique_by=lambda pair: pair[0])))
+        value = body[key]
+        for position, _ in reversed(inserted):
+            value = value[:position] + "\ue000" + value[position:]  # a placeholder, filled in below
+        body[key] = value
+        chars += [char for _, char in inserted]
+        if inserted:
+            codes = ", ".join(f"U+{ord(char):04X}" for char in dict.fromkeys(char for _, char in inserted))
+            expected.append(f"removed {len(inserted)} control character{'s' if len(inserted) > 1 else ''} from {key}: {codes}")
+    template = orjson.dumps(body).decode()
+    raw = re.sub("\ue000", lambda _, filled=iter(chars): next(filled), template)
+    escaped = re.sub("\ue000", lambda _, filled=iter(chars): f"\\u{ord(next(filled)):04x}", template)
+    result = parse_lenient(raw, role, message.sender)
+    assert result == (message._replace(talk=one_line(message.talk)), expected, None)
+    assert parse_lenient(escaped, role, message.sender) == result
+
+
 def test_the_lenient_parser_reads_a_tag_inside_talk_once():
     # Cut at its tags once: a talk that quotes the format ("To: b1") is talk, and the clamps apply
     # to what was cut, not to a rebuilt text read a second time.

@@ -385,6 +385,15 @@ class _Shared:
             self.http = HTTP1Pool(self.base_url, _headers(self.key), keepalive=30.0)
         return self.http
 
+    async def aclose(self) -> None:
+        """Close every client made (the run's pools call this at its end)."""
+        if self.openai is not None:
+            await self.openai.close()
+        if self.session is not None:
+            await self.session.close()
+        if self.http is not None:
+            await self.http.close()
+
     def aiohttp(self):
         """The aiohttp session (made on first use)."""
         if self.session is None:
@@ -427,8 +436,35 @@ def set_max_inflight(limit: int | None, *, share: tuple[int, int] = (0, 1)) -> N
     current_pools().set_max_inflight(limit, share=share)
 
 
+def shared_clients(pools, options: OpenAIOptions) -> _Shared:
+    """The HTTP clients and in-flight bound of ``options``' server and key in the running loop, kept in ``pools``
+    (made on first use). ``--max-inflight`` (the pools') wins over a spec's ``max_inflight``; an explicit one
+    over the default."""
+    clients = pools.clients()
+    key = os.environ.get(options.key_env) or "EMPTY"  # local servers take any key; vLLM's convention
+    shared = clients.get((options.base_url, key))
+    limit = pools.max_inflight or pools.spec_limit(options.max_inflight)
+    if shared is None:
+        shared = clients[(options.base_url, key)] = _Shared(options.base_url, key, _Limiter(limit))
+    elif pools.max_inflight is not None:
+        shared.limiter.total_tokens = pools.max_inflight  # the command line wins
+    elif shared.limiter.total_tokens != limit and options.max_inflight != OpenAIOptions.max_inflight:
+        shared.limiter.total_tokens = limit  # an explicit max_inflight wins
+    return shared
+
+
 def _shared(options: OpenAIOptions) -> _Shared:
-    return current_pools().shared(options)
+    return shared_clients(current_pools(), options)
+
+
+def openai_options(pools, params: dict) -> OpenAIOptions:
+    """The options of a parsed ``openai:`` spec, built once per distinct spec in ``pools``' run."""
+    return pools.memo(("openai-options", *params.items()), lambda: OpenAIOptions(**params))
+
+
+def openai_backend(pools, options: OpenAIOptions) -> OpenAIBackend:
+    """The one backend of ``options`` in ``pools``' run."""
+    return pools.memo(("openai", options), lambda: OpenAIBackend(options, pools=pools))
 
 
 async def aclose_clients() -> None:
@@ -534,7 +570,7 @@ class OpenAIBackend:
         if cached is not None and cached[0] is loop and cached[1] is pools and cached[2] == pools.generation:
             shared = cached[3]
         else:
-            shared = pools.shared(o)
+            shared = shared_clients(pools, o)
             self._shared = (loop, pools, pools.generation, shared)
         requests = pools.requests.logger
         payload = orjson.dumps(self.request(messages, role=role, seed=seed, constraint=constraint))  # serialized once, by orjson
@@ -595,7 +631,7 @@ class OpenAIBackend:
 
         async def ask(method: str, path: str, data: bytes | None = None) -> tuple[int, bytes]:
             try:
-                async with (self.pools or current_pools()).shared(o).aiohttp().request(method, o.base_url + path, data=data, allow_redirects=False,
+                async with shared_clients(self.pools or current_pools(), o).aiohttp().request(method, o.base_url + path, data=data, allow_redirects=False,
                                                         headers={"Content-Type": "application/json"} if data else None,
                                                         timeout=aiohttp.ClientTimeout(total=limit)) as response:
                     return response.status, await response.read()

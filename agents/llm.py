@@ -42,9 +42,9 @@ from negotiate.protocol import (
 )
 from negotiate.regulator import ACTIVE, GONE, MALFORMED, SERVED, TIMEOUT, BuyerObservation, SellerObservation
 
-from negotiate.agents.backends import Completion
+from negotiate.agents.backends import Completion, openai_backend, openai_options
 from negotiate.agents.planner import bid_facts, bid_in_play, no_deal_facts, read_reason, turn_facts
-from negotiate.agents.scripted import units_left
+from negotiate.agents.moves import units_left
 from negotiate.agents.pools import current_pools
 
 __all__ = [
@@ -58,10 +58,8 @@ __all__ = [
     "Adviser",
     "advice_line",
     "tool_lines",
-    "adviser_for",
     "render_buyer",
     "parse_reply",
-    "build_llm_agent",
     "PromptTemplate",
     "PERSONAS",
 ]
@@ -344,10 +342,9 @@ class Adviser:
     it takes only the messages the regulator accepted: whether it did shows in the next observation (a
     violation notice), so each message is taken then."""
 
-    def __init__(self, market, seed, tools: tuple[str, ...] = (ADVISER,)):
-        from negotiate.agents.registry import parse_agent
-
-        self.agents = [parse_agent(tool, "seller").build(market, seed) for tool in tools]
+    def __init__(self, agents):
+        self.agents = list(agents)
+        """The tools: scripted sellers built for this episode (``negotiate.agents.registry.adviser`` builds them from specs)."""
         self._pending: tuple[SellerObservation, Message | None] | None = None
 
     @property
@@ -584,7 +581,7 @@ async def preflight(spec, pools=None) -> None:
     """Ask the server of a parsed ``openai:`` spec for its models before a run; raises
     :class:`LLMError` when it is down, refuses the key or lacks the model."""
     pools = pools or current_pools()
-    await pools.openai_backend(pools.openai_options(spec.params)).preflight()
+    await openai_backend(pools, openai_options(pools, spec.params)).preflight()
 
 
 class LLMAgent:
@@ -612,15 +609,6 @@ class LLMAgent:
         self.reask = reask
         self._seed = seed
         self._calls = 0
-
-    @classmethod
-    def create(cls, spec, *, market, seed, pools=None):
-        """An agent for one episode from a parsed ``openai:`` spec; ``seed`` seeds the server's sampling.
-        Its backend is the run's (``pools``; by default the current context's): one per spec."""
-        pools = pools or current_pools()
-        options = pools.openai_options(spec.params)
-        return cls(pools.openai_backend(options), fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=options.legal,
-                   grounded=options.grounded, prompt=options.prompt, adviser=adviser_for(options.prompt, market, seed))
 
     def describe(self) -> dict:
         out = {"kind": "llm", **self.backend.describe(), "format": self.format}
@@ -692,15 +680,3 @@ class LLMBuyer(LLMAgent):
     """A buyer, played by a model; the regulator's buyer guard still judges every reply."""
 
     role = BUYER
-
-
-def adviser_for(prompt: str, market, seed) -> Adviser | None:
-    """The :class:`Adviser` a seller with ``prompt=advice`` (or ``tools``: all of :data:`TOOLS`) walks its episode
-    with (None for other prompts); ``seed``: the seller's, as the run gives a scripted seller."""
-    return Adviser(market, seed) if prompt == "advice" else Adviser(market, seed, TOOLS) if prompt == "tools" else None
-
-
-def build_llm_agent(spec, market, seed, pools=None):
-    """The agent for a parsed ``openai:`` spec (``AgentSpec.build`` calls this)."""
-    cls = LLMSeller if spec.role == SELLER else LLMBuyer
-    return cls.create(spec, market=market, seed=seed, pools=pools)

@@ -85,7 +85,8 @@ __all__ = [
     "VLLMBackend",
     "parse_hf_spec",
     "parse_vllm_spec",
-    "build_local_agent",
+    "local_backend",
+    "local_options",
     "smollm2_path",
     "HF_INSTALL",
     "VLLM_INSTALL",
@@ -622,7 +623,7 @@ class HFBackend:
         self.pools = pools
         """The run's pools, for the request log; None: the current context's."""
         """The parsed spec (not named ``options``: LLMAgent.describe reads openai's fields from that)."""
-        self.model = model if model is not None else (pools or current_pools()).local_model(options)
+        self.model = model if model is not None else local_model(pools or current_pools(), options)
         if options.threads is not None:
             import torch
 
@@ -842,21 +843,27 @@ def completion_from_vllm(final, *, model: str, latency_s: float, prompt_ids: lis
 
 # -- agents -----------------------------------------------------------------------------------------
 
-def build_local_agent(spec, market, seed, pools=None):
-    """The agent for a parsed ``hf:`` or ``vllm:`` spec (``AgentSpec.build`` calls this); its backend is
-    the run's (``pools``; by default the current context's), one per spec."""
-    from negotiate.agents.llm import LLMBuyer, LLMSeller, adviser_for, request_seed
+def local_model(pools, options) -> "_LocalModel":
+    """The one transformers model of ``options``' (path, file, dtype) in ``pools``' run; its batch is the largest asked."""
+    model = pools.memo(("hf-model", options.path, options.gguf_file, options.dtype),
+                       lambda: _LocalModel(options.path, options.gguf_file, options.dtype))
+    model.batch = max(model.batch, options.batch)
+    return model
 
-    options = (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
-    cls = LLMSeller if spec.role == SELLER else LLMBuyer
-    backend = (pools or current_pools()).local_backend(spec.backend, options)
-    return cls(backend, fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=getattr(options, "legal", False),
-               prompt=options.prompt, adviser=adviser_for(options.prompt, market, seed) if spec.role == SELLER else None)
+
+def local_backend(pools, kind: str, options):
+    """The one ``hf`` or ``vllm`` backend of ``options`` in ``pools``' run."""
+    return pools.memo((kind, options), lambda: HFBackend(options, model=local_model(pools, options), pools=pools) if kind == "hf"
+                      else VLLMBackend(options, pools=pools))
+
+
+def local_options(spec):
+    """The options of a parsed ``hf:`` or ``vllm:`` spec."""
+    return (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
 
 
 async def preload(spec, pools=None) -> None:
     """Load the model of a parsed ``hf:`` or ``vllm:`` spec now, before any episode's clock runs
     (a load takes seconds to minutes). Raises :class:`LLMError` if it cannot load."""
-    options = (HFOptions if spec.backend == "hf" else VLLMOptions)(**spec.params)
     log.info("loading model", spec=spec.text)
-    await (pools or current_pools()).local_backend(spec.backend, options).warm()
+    await local_backend(pools or current_pools(), spec.backend, local_options(spec)).warm()

@@ -1,7 +1,9 @@
 """Model pools: every HTTP client, shared backend and loaded model a run holds, in one object.
 
 A :class:`Pools` belongs to a run (``negotiate.run.Run`` makes or is given one) and is
-closed by it; nothing here is module state. What it holds, and why it is shared:
+closed by it. It is a store and knows no agent: the backends (``negotiate.agents.backends``,
+``negotiate.agents.local``) keep what they share in it, through :meth:`Pools.clients` and
+:meth:`Pools.memo`, so nothing here imports them. What it holds, and why it is shared:
 
 * the HTTP clients of ``openai:`` agents, one per (base URL, key) and event loop, with the
   in-flight bound (a FIFO limiter) every agent of that server waits on, so a vLLM server can
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import os
 import threading
 import weakref
 
@@ -46,12 +47,10 @@ class Pools:
         self.generation = 0
         """Bumped whenever the in-flight settings change or clients close, so backends look their client up again."""
         self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        """event loop -> {(base_url, key): _Shared}."""
-        self._options: dict[tuple, object] = {}
-        self._openai: dict[object, object] = {}
-        self._models: dict[tuple, object] = {}
-        self._models_lock = threading.Lock()
-        self._local: dict[tuple, object] = {}
+        """event loop -> {key: client}: what :meth:`clients` hands out."""
+        self._made: dict[tuple, object] = {}
+        """What :meth:`memo` made: key -> object."""
+        self._lock = threading.RLock()
         self.requests = RequestLog()
         """Every model request of the run, one JSON line each, once a command opens it in the run folder."""
 
@@ -65,88 +64,39 @@ class Pools:
         self.share = share
         self.generation += 1
 
-    def _spec_limit(self, options) -> int:
+    def spec_limit(self, max_inflight: int) -> int:
+        """This process's part of a spec's ``max_inflight`` (the parts of the workers add up to it, at least 1 each)."""
         worker, workers = self.share
-        return max(1, options.max_inflight // workers + (1 if worker < options.max_inflight % workers else 0))
+        return max(1, max_inflight // workers + (1 if worker < max_inflight % workers else 0))
 
-    def shared(self, options):
-        """The HTTP clients and in-flight bound of ``options``' server and key in the running loop (made on first use)."""
-        from negotiate.agents.backends import OpenAIOptions, _Limiter, _Shared
-
-        loop = asyncio.get_running_loop()
-        clients = self._clients.get(loop)
-        if clients is None:
-            clients = self._clients[loop] = {}
-        key = os.environ.get(options.key_env) or "EMPTY"  # local servers take any key; vLLM's convention
-        shared = clients.get((options.base_url, key))
-        limit = self.max_inflight or self._spec_limit(options)
-        if shared is None:
-            shared = clients[(options.base_url, key)] = _Shared(options.base_url, key, _Limiter(limit))
-        elif self.max_inflight is not None:
-            shared.limiter.total_tokens = self.max_inflight  # the command line wins
-        elif shared.limiter.total_tokens != limit and options.max_inflight != OpenAIOptions.max_inflight:
-            shared.limiter.total_tokens = limit  # an explicit max_inflight wins
-        return shared
+    def clients(self, loop=None) -> dict:
+        """The client table of the loop (the running one by default), made on first use: key -> an object with an
+        async ``aclose`` (``negotiate.agents.backends`` keeps one per base URL and key)."""
+        loop = loop or asyncio.get_running_loop()
+        table = self._clients.get(loop)
+        if table is None:
+            table = self._clients[loop] = {}
+        return table
 
     def has_clients(self, loop=None) -> bool:
         """Whether the loop (the running one by default) holds open clients."""
         return bool(self._clients.get(loop or asyncio.get_running_loop()))
 
-    def openai_options(self, params: dict):
-        """The options of a parsed ``openai:`` spec, built once per distinct spec."""
-        from negotiate.agents.backends import OpenAIOptions
-
-        key = tuple(params.items())
-        options = self._options.get(key)
-        if options is None:
-            options = self._options[key] = OpenAIOptions(**params)
-        return options
-
-    def openai_backend(self, options):
-        """The one backend of ``options`` in this run."""
-        from negotiate.agents.backends import OpenAIBackend
-
-        backend = self._openai.get(options)
-        if backend is None:
-            backend = self._openai[options] = OpenAIBackend(options, pools=self)
-        return backend
+    def memo(self, key: tuple, make):
+        """The one object of ``key`` in this run: ``make()`` the first time (under a lock: local models load from
+        worker threads), the same object after. The backends, their options and the local models live here."""
+        with self._lock:
+            made = self._made.get(key)
+            if made is None:
+                made = self._made[key] = make()
+            return made
 
     async def aclose(self) -> None:
         """Close every HTTP client of the running event loop (once at the end of a run; later use opens new ones)."""
         clients = self._clients.pop(asyncio.get_running_loop(), {})
         self.generation += 1  # backends holding one of these look again
         for shared in clients.values():
-            if shared.openai is not None:
-                await shared.openai.close()
-            if shared.session is not None:
-                await shared.session.close()
-            if shared.http is not None:
-                await shared.http.close()
-
-    # -- hf: and vllm: ----------------------------------------------------------------------------
-
-    def local_model(self, options):
-        """The one transformers model of ``options``' (path, file, dtype) in this run; its batch is the largest asked."""
-        from negotiate.agents.local import _LocalModel
-
-        key = (options.path, options.gguf_file, options.dtype)
-        with self._models_lock:
-            model = self._models.get(key)
-            if model is None:
-                model = self._models[key] = _LocalModel(options.path, options.gguf_file, options.dtype)
-            model.batch = max(model.batch, options.batch)
-        return model
-
-    def local_backend(self, kind: str, options):
-        """The one ``hf`` or ``vllm`` backend of ``options`` in this run."""
-        from negotiate.agents.local import HFBackend, VLLMBackend
-
-        key = (kind, options)
-        backend = self._local.get(key)
-        if backend is None:
-            backend = self._local[key] = (HFBackend(options, model=self.local_model(options), pools=self) if kind == "hf"
-                                          else VLLMBackend(options, pools=self))
-        return backend
+            await shared.aclose()
 
 
 _CURRENT: contextvars.ContextVar[Pools | None] = contextvars.ContextVar("negotiate_pools", default=None)

@@ -58,7 +58,7 @@ from negotiate.market import Market
 
 from negotiate.agents.scripted import BUYERS, SELLERS
 
-__all__ = ["AgentSpec", "parse_agent", "describe_agents"]
+__all__ = ["AgentSpec", "parse_agent", "describe_agents", "adviser", "adviser_for"]
 
 
 _PARAMS = {
@@ -96,20 +96,56 @@ class AgentSpec:
         """A fresh agent for one episode. ``seed`` is a numpy Generator or what seeds one;
         agents that draw random numbers make their Generator from it, the rest skip the cost.
         A model agent takes its backend from ``pools`` (the run's; by default the current context's)."""
-        if self.backend == "openai":
-            from negotiate.agents.llm import build_llm_agent  # the openai client loads only when used
-
-            return build_llm_agent(self, market, seed, pools)
-        if self.backend in ("hf", "vllm"):
-            from negotiate.agents.local import build_local_agent  # torch and vllm load only when used
-
-            return build_local_agent(self, market, seed, pools)
+        if self.backend in ("openai", "hf", "vllm"):
+            return _model_agent(self, market, seed, pools)
         table = SELLERS if self.role == "seller" else BUYERS
         return table[self.name].create(self.text, self.params, market=market, seed=seed)
 
     @property
     def label(self) -> str:
         return self.text
+
+
+def _model_agent(spec: AgentSpec, market: Market, seed, pools=None):
+    """The agent of a parsed ``openai:``, ``hf:`` or ``vllm:`` spec: its backend is the run's (``pools``; by default
+    the current context's), one per spec; a seller whose prompt shows scripted moves walks its episode with them."""
+    from negotiate.agents.llm import LLMBuyer, LLMSeller, request_seed
+    from negotiate.agents.pools import current_pools
+
+    pools = pools or current_pools()
+    if spec.backend == "openai":  # the openai client loads only when used
+        from negotiate.agents.backends import openai_backend, openai_options
+
+        options = openai_options(pools, spec.params)
+        backend = openai_backend(pools, options)
+        grounded = options.grounded
+    else:  # torch and vllm load only when used
+        from negotiate.agents.local import local_backend, local_options
+
+        options = local_options(spec)
+        backend = local_backend(pools, spec.backend, options)
+        grounded = False
+    seller = spec.role == "seller"
+    return (LLMSeller if seller else LLMBuyer)(
+        backend, fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=getattr(options, "legal", False),
+        grounded=grounded, prompt=options.prompt, adviser=adviser_for(options.prompt, market, seed) if seller else None)
+
+
+def adviser(market: Market, seed, tools: Sequence[str] | None = None):
+    """An :class:`~negotiate.agents.llm.Adviser` walking an episode of ``market`` with the scripted sellers ``tools``
+    (seller specs; default the planner of the ``advice`` prompt, :data:`~negotiate.agents.llm.ADVISER`), each built
+    with ``seed``: the seller's, as the run gives a scripted seller."""
+    from negotiate.agents.llm import ADVISER, Adviser
+
+    return Adviser([parse_agent(tool, "seller").build(market, seed) for tool in (tools or (ADVISER,))])
+
+
+def adviser_for(prompt: str, market: Market, seed):
+    """The adviser a seller with ``prompt=advice`` (or ``tools``: all of :data:`~negotiate.agents.llm.TOOLS`) walks its
+    episode with; None for other prompts."""
+    from negotiate.agents.llm import TOOLS
+
+    return adviser(market, seed) if prompt == "advice" else adviser(market, seed, TOOLS) if prompt == "tools" else None
 
 
 def _check_seller_options(options, role: str, field_name: str, text: str) -> None:

@@ -30,7 +30,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from negotiate.agents.llm import TOOLS, Adviser
+from negotiate.agents.llm import TOOLS
+from negotiate.agents.registry import adviser
 from negotiate.agents.planner import read_reason
 from negotiate.agents.registry import parse_agent
 from negotiate.episode import run_episode
@@ -69,7 +70,7 @@ class Chooser:
     instant = True
 
     def __init__(self, market, seed, switch: dict[int, bool] | None = None, table: dict[tuple, bool] | None = None):
-        self.tools = Adviser(market, seed, TOOLS)  # both walk the episode as the tools prompt's lines do
+        self.tools = adviser(market, seed, TOOLS)  # both walk the episode as the tools prompt's lines do
         self.switch, self.table = switch or {}, table
         self.step = 0
         self.states: list[tuple[int, tuple]] = []

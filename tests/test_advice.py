@@ -18,8 +18,8 @@ pytest.importorskip("aiohttp")  # the fake OpenAI server
 from fake_openai import FakeOpenAI  # noqa: E402
 
 from negotiate.agents.backends import aclose_clients  # noqa: E402
-from negotiate.agents.llm import ADVISER, TOOLS, Adviser, LLMSeller, advice_line, render_seller, tool_lines  # noqa: E402
-from negotiate.agents.registry import parse_agent  # noqa: E402
+from negotiate.agents.llm import ADVISER, TOOLS, LLMSeller, advice_line, render_seller, tool_lines  # noqa: E402
+from negotiate.agents.registry import adviser as make_adviser, parse_agent  # noqa: E402
 from negotiate.episode import run_episode  # noqa: E402
 from negotiate.errors import UserError  # noqa: E402
 from negotiate.market import SPLITS, generate, load_spec  # noqa: E402
@@ -89,7 +89,7 @@ def test_the_advice_line_names_the_planners_message_and_its_verdict():
 def test_the_advice_follows_the_turns_line_of_the_facts_prompt():
     market = generate(SPLITS["train"], 5)
     obs = observe(EpisodeState(market), SELLER)
-    adviser = Adviser(market, seller_seed(market.seed))
+    adviser = make_adviser(market, seller_seed(market.seed))
     advice = adviser.advise(obs)
     facts = render_seller(obs, "tagged", "facts")[1]["content"].splitlines()
     advised = render_seller(obs, "tagged", "advice", advice)[1]["content"].splitlines()
@@ -193,7 +193,7 @@ async def test_a_seller_that_copies_either_tool_of_the_tools_prompt_makes_that_t
 def test_the_tools_prompt_is_the_advice_prompt_with_greedys_message_after_the_advice():
     market = generate(SPLITS["train"], 5)
     obs = observe(EpisodeState(market), SELLER)
-    adviser = Adviser(market, seller_seed(market.seed), TOOLS)
+    adviser = make_adviser(market, seller_seed(market.seed), TOOLS)
     planner, greedy = adviser.advise(obs)
     advised = render_seller(obs, "tagged", "advice", planner)[1]["content"].splitlines()
     tools = render_seller(obs, "tagged", "tools", (planner, greedy))[1]["content"].splitlines()

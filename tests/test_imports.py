@@ -74,3 +74,82 @@ def test_importing_the_engine_loads_no_agents_training_tui_or_heavy_packages():
     assert "negotiate.episode" in loaded and "negotiate.regulator" in loaded  # the check saw the engine load
     assert [name for name in loaded if _breaks(name)] == []
     assert [name for name in loaded if name.split(".")[0] in HEAVY] == []
+
+
+PACKAGES = {"negotiate": ROOT, "negotiate.agents": ROOT.parent / "agents", "negotiate.training": ROOT.parent / "training",
+            "negotiate.tui": ROOT.parent / "tui"}
+"""Where each installed package's source lives (pyproject's package-dir): the checkout's folders."""
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the project by its import name: ``agents/llm.py`` is ``negotiate.agents.llm``."""
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            name = ".".join([package, *parts])
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the project modules it imports, lazy imports included (``from m import name`` is an edge to ``m``,
+    or to the submodule ``m.name`` where that is a module)."""
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for _, imported in _imported(path):
+            while imported and imported not in modules:  # a name inside a module: the module that holds it
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: the import cycles."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def test_cycles_finds_a_cycle_through_a_lazy_import_and_nothing_in_a_chain():
+    # Worked by hand: a -> b -> c -> a (c's import inside a function) is one cycle; d -> a adds none.
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_project_has_no_import_cycle_lazy_imports_included():
+    # A cycle hides a layer that is not one: the model half (backends, pools, local, llm, registry), the planner and the
+    # scripted sellers, and the trainer and online GRPO once made three. A new one fails here, naming its modules.
+    modules = _modules()
+    assert {"negotiate.agents.llm", "negotiate.agents.registry", "negotiate.training.trainer", "negotiate.tui.app"} <= set(modules)
+    graph = _graph(modules)
+    assert "negotiate.agents.backends" in graph["negotiate.agents.llm"]  # the reader sees the imports it judges
+    assert _cycles(graph) == []

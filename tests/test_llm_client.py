@@ -100,6 +100,7 @@ async def test_one_client_per_server_and_key_closed_at_the_end(server, ours):
 
 
 async def test_a_runs_pools_are_its_own_and_close_with_it(server):
+    from negotiate.agents.backends import shared_clients
     from negotiate.agents.pools import Pools, use_pools
 
     pools = Pools(max_inflight=5)
@@ -108,8 +109,8 @@ async def test_a_runs_pools_are_its_own_and_close_with_it(server):
         await inside.complete(MESSAGES, role="seller")
         assert current_pools() is pools and pools.has_clients()
     assert current_pools() is not pools and not current_pools().has_clients()  # nothing leaked outside the run
-    assert pools.shared(inside.options).limiter.total_tokens == 5  # the run's --max-inflight, not the spec's 256
-    pool = pools.shared(inside.options).http
+    assert shared_clients(pools, inside.options).limiter.total_tokens == 5  # the run's --max-inflight, not the spec's 256
+    pool = shared_clients(pools, inside.options).http
     await pools.aclose()
     assert pool.closed and not pools.has_clients()
 

@@ -648,7 +648,7 @@ def test_dagger_learns_the_teachers_labels_on_the_random_sellers_states(tiny, tr
 @pytest.mark.skipif(not HAVE_TRL, reason="needs trl and datasets: pip install 'negotiate[train]'")
 def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, monkeypatch):
     from negotiate.training import online
-    from negotiate.training.trainer import train
+    from negotiate.training.methods import train
 
     # A random tiny model breaks every rule alike; reward something its samples vary in, so the step has a signal.
     def characters(events):

@@ -68,7 +68,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from negotiate.logs import configure
-    from negotiate.training.trainer import train
+    from negotiate.training.methods import train
 
     out = Path(config.out).absolute()
     made = next((p for p in reversed((out, *out.parents)) if not p.exists()), None)

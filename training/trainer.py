@@ -28,7 +28,7 @@
      ``kl_beta`` times the k3 estimate of KL(policy || reference), the reference being the
      model before training (the adapter switched off).
    - ``online-grpo`` lives in :mod:`negotiate.training.online` (TRL's GRPOTrainer, rollouts played
-     by this runtime).
+     by this runtime); :func:`negotiate.training.methods.train` picks one or the other.
 
 5. Every step appends one line to ``OUT/metrics.jsonl``; with ``eval_episodes`` the current
    policy plays that many held-out episodes before training, every ``eval_every`` steps and at
@@ -522,7 +522,8 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
     import anyio
 
     from negotiate.agents.local import HFBackend, HFOptions, _LocalModel
-    from negotiate.agents.llm import LLMSeller, adviser_for, request_seed
+    from negotiate.agents.llm import LLMSeller, request_seed
+    from negotiate.agents.registry import adviser_for
     from negotiate.run import LOCAL_TIMEOUT, Run, RunConfig
 
     was_training = model.training
@@ -613,13 +614,13 @@ class MetricsLog:
 
 
 def train(config: TrainConfig, *, progress=None) -> dict:
-    """Run ``config``; returns the summary also written to ``OUT/train.json``."""
+    """Run ``config``, a method that learns from collected traces (every one but ``online-grpo``, which
+    :func:`negotiate.training.methods.train` hands to :mod:`negotiate.training.online`); returns the summary
+    also written to ``OUT/train.json``."""
     config.check()
     config.check_inputs()
-    if config.method == "online-grpo":
-        from negotiate.training.online import train_online
-
-        return train_online(config, progress=progress)
+    if config.method not in FROM_TRACES:
+        raise ValueError(f"{config.method} does not learn from traces: negotiate.training.methods.train runs it")
     out = Path(config.out)
     grouped = config.method in ("rft", "offline-grpo")
     where = DataFilter(split=config.split, seller=config.seller, min_group=config.min_group if grouped else 1)

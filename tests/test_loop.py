@@ -49,7 +49,7 @@ def world(monkeypatch, tmp_path):
         assert main(args) == 0, args
         return 1.0
 
-    monkeypatch.setattr(loop, "run_stage", run_stage)
+    monkeypatch.setattr(loop.stages, "run_stage", run_stage)
     monkeypatch.setattr(loop.Serving, "policy", lambda self, r: ("http://127.0.0.1:9/v1", "base" if r is None else f"round-{r}"))
     monkeypatch.setattr(loop.Serving, "stop", lambda self: None)
 
@@ -436,7 +436,7 @@ def test_a_failing_stage_is_one_line_that_says_how_to_resume(world, monkeypatch)
     def broken(name, args, out_file, **kw):
         raise LoopError(f"{name} failed (exit 2): negotiate: --split: no such split (output: {out_file})")
 
-    monkeypatch.setattr(loop, "run_stage", broken)
+    monkeypatch.setattr(loop.stages, "run_stage", broken)
     with pytest.raises(LoopError) as caught:
         run_loop(config(), echo=lambda line: None)
     message = str(caught.value)

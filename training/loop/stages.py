@@ -1,0 +1,262 @@
+"""The loop's stages and how each runs: as a ``negotiate`` command in a child process (:func:`run_stage`), so that
+everything a stage writes is a trace or a checkpoint the other commands read, and a stage's memory (a model in
+training) is given back when it ends. The teacher's episodes (``serve``), SFT and each round's training (``train``),
+a round's rollouts (``collect``) and the held-out evaluations (``eval``) are the methods of :class:`Stages`.
+
+Every command line the loop runs is built here, in the ``*_args`` functions below, and nowhere else: the one place
+to change when the stages take typed configs instead of flags."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import structlog
+
+from negotiate.runner import slug as _slug
+from negotiate.trace import trace_files
+from negotiate.training.loop.config import LoopConfig, _flag, _list
+from negotiate.training.loop.report import write_report
+from negotiate.training.loop.rounds import ROUNDS, learning_signal
+from negotiate.training.loop.serving import Serving
+from negotiate.training.loop.state import State
+from negotiate.training.loop.summary import summarize_folder
+
+__all__ = ["FAILED_EPISODES", "STOP_GRACE", "LoopError", "Stages", "run_stage"]
+
+log = structlog.get_logger("negotiate.loop")
+
+
+class LoopError(RuntimeError):
+    """A stage that failed; the message is one line naming the stage and why."""
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: no orphan stage after a SIGKILL
+    except OSError:
+        pass
+
+
+STOP_GRACE = 30.0
+"""Seconds a stage has to stop by itself once the loop is interrupted, before it is killed."""
+
+
+def _stop(child: subprocess.Popen) -> None:
+    """Stop a stage when the loop itself is stopped (Ctrl-C, SIGTERM): as the stage would stop alone, keeping its
+    finished episodes whole (``subprocess.call`` killed it outright). Ctrl-C at a terminal reached it too; a SIGTERM
+    or a signal sent to the loop alone is passed on as SIGTERM."""
+    try:
+        child.wait(timeout=2.0)  # Ctrl-C from a terminal: the stage got it too and is stopping
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+FAILED_EPISODES = " episodes failed (commonest reason"
+"""What a serve, collect or eval prints when it finished with failed episodes (exit 1, as a crash exits too)."""
+
+
+def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_episodes: bool = True) -> float:
+    """Run ``negotiate ARGS`` as a child; its output goes to ``out_file``. Returns seconds; raises LoopError."""
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "negotiate", *args]
+    log.info("stage", stage=name, command=" ".join(args))
+    began = time.perf_counter()
+    with open(out_file, "ab") as out:
+        out.write(f"\n$ negotiate {' '.join(args)}\n".encode())
+        out.flush()
+        start = out.tell()
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        try:
+            code = child.wait()
+        except BaseException:
+            _stop(child)
+            raise
+    seconds = time.perf_counter() - began
+    with open(out_file, "rb") as out:
+        out.seek(start)
+        printed = out.read().decode(errors="replace")
+    if code == 1 and tolerate_failed_episodes and FAILED_EPISODES in printed:
+        # Exit 1 with that line: the run finished, and some episodes failed (each is in the trace with its reason); they
+        # count as missing markets in the tables. Every episode failing is caught by the stage that reads the results.
+        # Exit 1 without it is a crash (a Python traceback exits 1 too): the stage is not finished.
+        log.warning("stage had failed episodes", stage=name, output=str(out_file))
+        return seconds
+    if code != 0:
+        lines = [line.strip() for line in printed.splitlines() if line.strip()]
+        reason = lines[-1] if lines else "(no output)"
+        raise LoopError(f"{name} failed (exit {code}): {reason[:400]} (output: {out_file})")
+    log.info("stage done", stage=name, seconds=round(seconds, 1))
+    return seconds
+
+# -- the command lines ----------------------------------------------------------------------------------
+
+
+def _policy_spec(url: str, name: str, config: LoopConfig, temperature: float) -> str:
+    return (f"openai:{name}@{url}?format=tagged&server=vllm&temperature={temperature}&max_tokens={config.max_tokens}"
+            f"&logprobs=1&timeout=1800&retries=2&max_inflight={config.concurrency}" + ("&legal=1" if config.legal else "")
+            + ("&grounded=1" if config.grounded else "")
+            + ("" if config.prompt == "full" else f"&prompt={config.prompt}"))
+
+
+def _run_args(folder: Path, command: list[str], config: LoopConfig) -> list[str]:
+    """A serve/collect/eval command: resumed where its folder already holds a run (which keeps its own
+    settings), new otherwise."""
+    marker = "eval.json" if command[0] == "eval" else "run.json"
+    common = ["--quiet", "--concurrency", str(config.concurrency), "--seller-timeout", "3600", "--reply-timeout", "3600"]
+    if (folder / marker).exists():
+        return [command[0], "--resume", str(folder), *common]
+    if folder.exists():
+        shutil.rmtree(folder)
+    return [*command, "--out", str(folder), *common, *(["--fresh"] if config.fresh else [])]
+
+
+def _options(values: dict) -> list[str]:
+    """Trainer settings (a TrainConfig field name -> its value) as ``train`` flags."""
+    return [item for name, value in values.items() for item in (_flag(name), str(value))]
+
+
+def _train_flags(config: LoopConfig) -> list[str]:
+    """The flags every ``train`` of the run takes (SFT and rounds alike)."""
+    flags = ["--threads", str(config.threads)] if config.threads else []
+    return flags + ["--micro-batch", str(config.micro_batch), "--bf16" if config.bf16 else "--no-bf16", "--prompt", config.prompt]
+
+
+def teacher_args(config: LoopConfig, folder: Path) -> list[str]:
+    """The teacher's episodes on the training split (``serve``), for SFT."""
+    return _run_args(folder, ["serve", "--seller", config.teacher, "--split", config.split, "--buyers", config.buyers,
+                              "--episodes", str(config.teacher_episodes), "--seed", str(config.seed)], config)
+
+
+def sft_args(config: LoopConfig, traces: Path, base: Path, out: Path) -> list[str]:
+    """Round 0's training: SFT of the base model on the teacher's episodes in ``traces``."""
+    weights = ["--action-weights", config.action_weights] if config.action_weights else []
+    return ["train", "--method", "sft", "--traces", str(traces), "--model", str(base), "--out", str(out), "--max-steps",
+            str(config.sft_steps), "--batch-size", str(config.sft_batch), "--lr", str(config.sft_lr), "--lora-r", str(config.lora_r),
+            "--seed", str(config.seed), "--quiet", *weights, *_train_flags(config)]
+
+
+def round_args(config: LoopConfig, k: int, traces: list[Path], base: Path, adapter: Path, out: Path) -> list[str]:
+    """Round ``k``'s training by its method on ``traces``, continuing the previous round's ``adapter``."""
+    steps = ["--max-steps", str(config.grpo_steps)] if config.grpo_steps else ["--epochs", str(config.round_epochs)]
+    return ["train", "--method", config.round_method, "--traces", *map(str, traces), "--model", str(base), "--adapter", str(adapter),
+            "--out", str(out), "--batch-size", str(config.grpo_batch), "--lr", str(config.grpo_lr),
+            *_options(ROUNDS[config.round_method].train_options(config)), "--lora-r", str(config.lora_r), "--seed", str(config.seed + k),
+            "--quiet", *steps, *_train_flags(config)]
+
+
+def collect_args(config: LoopConfig, k: int, seller: str, folder: Path) -> list[str]:
+    """Round ``k``'s rollouts: groups of episodes of the previous round's policy (``seller``) on the training split."""
+    return _run_args(folder, ["collect", "--seller", seller, "--split", config.split, "--buyers", config.buyers, "--markets",
+                              str(config.markets), "--group", str(config.group), "--seed", str(config.seed + k), "--max-inflight",
+                              str(config.concurrency)], config)
+
+
+def eval_args(config: LoopConfig, sellers: str, buyers: str, folder: Path) -> list[str]:
+    """``sellers`` (comma-separated) on the held-out markets against ``buyers``."""
+    return _run_args(folder, ["eval", "--seller", sellers, "--split", config.eval_splits, "--buyers", buyers, "--episodes",
+                              str(config.eval_episodes), "--seed", str(config.eval_seed), "--max-inflight", str(config.concurrency)],
+                     config)
+
+
+# -- the stages -------------------------------------------------------------------------------------------
+
+
+def _fresh(folder: Path) -> None:
+    if folder.exists():
+        shutil.rmtree(folder)  # a training cut short starts over: its partial checkpoint is not a policy
+
+
+class Stages:
+    """The stages of one run in ``out``: each does its work and returns; recording it as finished is the caller's."""
+
+    def __init__(self, config: LoopConfig, out: Path, state: State, serving: Serving):
+        self.config, self.out, self.state, self.serving = config, out, state, serving
+        self.base = out / "base"
+        self.log_file = out / "loop.out"
+        """Where every stage's output goes."""
+
+    def round_folder(self, k: int) -> Path:
+        return self.out / f"round-{k:02d}"
+
+    def export(self) -> None:
+        from negotiate.training.trainer import export_model
+
+        export_model(self.config.model, self.base)
+
+    def teacher(self) -> None:
+        """Round 0's teacher episodes: played by ``--teacher``, or with ``--teacher-traces`` copied into the run."""
+        config, folder = self.config, self.round_folder(0) / "teacher"
+        if config.teacher_traces is None:
+            run_stage("teacher episodes", teacher_args(config, folder), self.log_file)
+            return
+        _fresh(folder)
+        folder.mkdir(parents=True)
+        for k, path in enumerate(trace_files(_list(config.teacher_traces))):  # the run keeps what it learned from
+            shutil.copyfile(path, folder / f"{k:02d}-{path.name}")
+
+    def sft(self) -> None:
+        r0 = self.round_folder(0)
+        self.serving.before_training()
+        _fresh(r0 / "checkpoint")
+        run_stage("round 0 sft", tolerate_failed_episodes=False, args=sft_args(self.config, r0 / "teacher", self.base, r0 / "checkpoint"),
+                  out_file=self.log_file)
+
+    def baselines(self) -> None:
+        """The scripted ladder, and the untrained model, on the held-out markets: each buyer column not yet evaluated."""
+        config = self.config
+        for buyers in self.state.missing("baselines"):
+            target = self.out / "baselines" / _slug(buyers)
+            sellers = _list(config.ladder)
+            if config.untrained:
+                url, name = self.serving.policy(None)
+                sellers.append(_policy_spec(url, name, config, config.eval_temperature))
+            run_stage(f"baselines ({buyers})", eval_args(config, ",".join(sellers), buyers, target), self.log_file)
+
+    def evaluate(self, k: int) -> None:
+        """Round ``k``'s policy on the held-out markets (each buyer column not yet evaluated), its summary, the report."""
+        config, folder = self.config, self.round_folder(k) / "eval"
+        for buyers in self.state.missing(f"round {k} eval"):
+            url, name = self.serving.policy(k)
+            spec = _policy_spec(url, name, config, config.eval_temperature)
+            run_stage(f"round {k} eval ({buyers})", eval_args(config, spec, buyers, folder / _slug(buyers)), self.log_file)
+        self.state.data["rounds"][str(k)] = {buyers: summarize_folder(folder / _slug(buyers)) for buyers in _list(config.eval_buyers)}
+        write_report(self.out, config, self.state)
+
+    def collect(self, k: int) -> None:
+        """Round ``k``'s rollouts, by round ``k - 1``'s policy."""
+        config, folder = self.config, self.round_folder(k)
+        url, name = self.serving.policy(k - 1)
+        run_stage(f"round {k} collect", collect_args(config, k, _policy_spec(url, name, config, config.temperature), folder / "rollouts"),
+                  self.log_file)
+        self.state.data.setdefault("rollouts", {})[str(k)] = summarize_folder(folder / "rollouts")
+
+    def learn(self, k: int) -> None:
+        """Round ``k``'s training by ``--round-method``, continuing round ``k - 1``'s adapter."""
+        config, folder, previous = self.config, self.round_folder(k), self.round_folder(k - 1) / "checkpoint"
+        method = ROUNDS[config.round_method]
+        self.serving.before_training()
+        _fresh(folder / "checkpoint")
+        traces = method.traces(config, self.out, k)
+        if not learning_signal(traces, config.round_method):
+            # rft, offline-grpo: every group's episodes scored alike (or none sold at a profit), nothing to prefer;
+            # dagger: no finished episode with a seller message to label. The round keeps the previous policy
+            # (a copy, so that every round has its checkpoint).
+            shutil.copytree(previous, folder / "checkpoint")
+            self.state.data.setdefault("notes", {})[str(k)] = f"no learning signal: {method.no_signal}, so the policy is unchanged"
+            log.warning("no learning signal", round=k)
+            return
+        run_stage(f"round {k} {config.round_method}", tolerate_failed_episodes=False,
+                  args=round_args(config, k, traces, self.base, previous / "adapter", folder / "checkpoint"), out_file=self.log_file)

@@ -313,6 +313,8 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("trace", type=Path, help="a trace file (*.jsonl)")
     replay.add_argument("--episode", help="episode id (default: the first; the UI lets you pick)")
     replay.add_argument("--text", action="store_true", help="print a plain transcript instead of opening the UI")
+    replay.add_argument("--full", action="store_true", help="with --text: print long fields whole (cut at 4000 "
+                        "characters, with a marker, by default)")
     replay.add_argument("--allow-partial", action="store_true",
                         help="skip a half-written trailing episode (a run still playing, or killed) instead of failing")
     replay.set_defaults(run=_replay)

@@ -78,21 +78,23 @@ def _episodes(paths: Iterable[str | Path], *, allow_partial: bool,
               on_skip: Callable[[str], None] | None) -> Iterator[tuple[str, EpisodeStart, EpisodeEnd, dict | None]]:
     """Each episode of the traces, once: (its run, its start and end events, its metrics recomputed; None where it failed).
     A one-line :class:`UserError` where an episode comes twice or its events are not an episode this runtime could play."""
-    seen: dict[tuple, dict[int, Path]] = {}  # the indices of each run, seller, run seed and split: where each was read
-    for path in trace_files(paths):
-        for episode in read_records(path, allow_partial=allow_partial, on_skip=on_skip):
+    seen: dict[tuple, dict[int, int]] = {}  # the indices of each run, seller, run seed and split: which file read each
+    files = trace_files(paths)
+    for read, path in enumerate(files):
+        # unique: an id twice in one file is refused, the same line as replay's, wherever the copies stand
+        for episode in read_records(path, allow_partial=allow_partial, on_skip=on_skip, unique=True):
             start, end = episode.start, episode.end
             run = start.run or str(path.parent)
             indices = seen.setdefault((run, start.seller, start.run_seed, start.split), {})
             if start.index is not None:
                 if start.index in indices:
-                    raise UserError(
-                        f"episode {start.episode} of run {run} appears twice (" + (
-                            "the file is given twice" if indices[start.index] == path else f"also in {indices[start.index]}"
-                        ) + "); pass each shard once",
-                        source=str(path), field="episode", value=start.episode,
-                    )
-                indices[start.index] = path
+                    before = indices[start.index]
+                    where = files[before]
+                    also = ("in this file under another id" if before == read else
+                            "the file is given twice; pass each shard once" if where == path else f"also in {where}; pass each shard once")
+                    raise UserError(f"episode index {start.index} of run {run} appears twice ({also})",
+                                    source=str(path), field="episode", value=start.episode)
+                indices[start.index] = read
             try:
                 metrics = None if episode.failed else metrics_from_events(episode.events)
             except (ValueError, UserError) as error:  # a record that parses but is not an episode this runtime could have played

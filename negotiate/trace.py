@@ -37,7 +37,7 @@ __all__ = [
     "SCHEMA_VERSION", "EventType", "Outcome", "EndReason", "TIMEOUT",
     "EpisodeStart", "MessageEvent", "ViolationEvent", "DealEvent", "NoticeEvent", "EpisodeEnd", "OtherEvent", "Event",
     "EpisodeRecord", "parse_event", "as_events",
-    "TraceWriter", "TraceWriteError", "encode", "read_episodes", "read_records", "scan", "drop_failed", "count_complete", "trace_files", "ScanResult", "Scanned", "shown",
+    "TraceWriter", "TraceWriteError", "encode", "read_episodes", "read_records", "scan", "drop_failed", "count_complete", "trace_files", "ScanResult", "Scanned", "shown", "twice_in_one_file",
 ]
 
 SCHEMA_VERSION = 2
@@ -619,7 +619,7 @@ def _not_json(path: Path, line_no: int, line: bytes, *, last: bool) -> UserError
 
 
 def read_episodes(path: str | Path, *, allow_partial: bool = False,
-                  on_skip: Callable[[str], None] | None = None) -> Iterator[list[dict]]:
+                  on_skip: Callable[[str], None] | None = None, unique: bool = False) -> Iterator[list[dict]]:
     """Yield each complete episode of a trace file as its list of events, the JSON objects as read
     (:func:`read_records` gives them typed).
 
@@ -627,6 +627,11 @@ def read_episodes(path: str | Path, *, allow_partial: bool = False,
     package raises :class:`UserError` naming the file, line, field and value. A
     half-written trailing episode (a run killed mid-write) raises too, unless
     ``allow_partial``; then ``on_skip`` gets one line naming each part dropped.
+
+    ``unique``: a complete episode whose id an earlier complete one in the file had raises :func:`twice_in_one_file`'s
+    error, giving both lines (``report`` and ``replay`` read so: one shows the first copy, the other counted both).
+    It keeps a 64-bit hash of each id read (about 50 bytes an episode: ``report`` must fit 20,000 episodes in 1.2 kB
+    each, tests/test_report_memory.py); on a hash seen before, the file is read again to the first copy, to be sure.
     """
     path = Path(path)
     if not path.exists():
@@ -634,6 +639,7 @@ def read_episodes(path: str | Path, *, allow_partial: bool = False,
     current: list[dict] | None = None
     start_line = 0
     broken: tuple[int, bytes] | None = None
+    seen: set[int] | None = set() if unique else None  # the hash of each complete episode's id
 
     def skip(what: str) -> None:
         if on_skip is not None:
@@ -667,6 +673,12 @@ def read_episodes(path: str | Path, *, allow_partial: bool = False,
         else:
             current.append(event)
             if kind == "episode_end":
+                if seen is not None:
+                    episode_id = current[0].get("episode")
+                    key = hash(orjson.dumps(episode_id))  # any JSON value, told apart as written
+                    if key in seen and (first := _first_complete(path, episode_id, start_line)) is not None:
+                        raise twice_in_one_file(path, episode_id, first, start_line)
+                    seen.add(key)
                 yield current
                 current = None
     if broken is not None:
@@ -684,11 +696,40 @@ def read_episodes(path: str | Path, *, allow_partial: bool = False,
         skip(f"{path}:{start_line}: episode {current[0].get('episode')!r} has no episode_end")
 
 
+def _first_complete(path: Path, episode_id: object, before: int) -> int | None:
+    """The line of the first complete episode called ``episode_id`` that starts before line ``before`` (None: none,
+    two ids whose hashes met)."""
+    candidate = None
+    for line_no, _offset, line in _lines(path):
+        if line_no >= before:
+            return None
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        kind = event.get("type") if isinstance(event, dict) else None
+        if kind == "episode_start":
+            candidate = line_no if event.get("episode") == episode_id else None
+        elif kind == "episode_end" and candidate is not None:
+            return candidate
+    return None
+
+
+def twice_in_one_file(path: Path, episode_id: object, first: int, second: int) -> UserError:
+    """The one line ``report`` and ``replay`` both give for an episode id that one trace file holds twice.
+
+    >>> print(twice_in_one_file(Path("t.jsonl"), "greedy-000001", 3, 9))
+    t.jsonl:9: episode: 'greedy-000001': the same episode id twice in one file (lines 3 and 9); keep one copy
+    """
+    return UserError(f"the same episode id twice in one file (lines {first} and {second}); keep one copy",
+                     source=f"{path}:{second}", field="episode", value=episode_id)
+
+
 def read_records(path: str | Path, *, allow_partial: bool = False,
-                 on_skip: Callable[[str], None] | None = None) -> Iterator[EpisodeRecord]:
+                 on_skip: Callable[[str], None] | None = None, unique: bool = False) -> Iterator[EpisodeRecord]:
     """Each complete episode of a trace file (schema 1 or 2) as an :class:`EpisodeRecord`; errors as
     :func:`read_episodes` (which yields the raw JSON objects, for tools that rewrite traces)."""
-    for events in read_episodes(path, allow_partial=allow_partial, on_skip=on_skip):
+    for events in read_episodes(path, allow_partial=allow_partial, on_skip=on_skip, unique=unique):
         yield EpisodeRecord.of(events)
 
 

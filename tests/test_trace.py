@@ -295,3 +295,76 @@ def test_allow_partial_reports_each_part_it_drops(tmp_path):
     dropped.clear()
     assert [e[0]["episode"] for e in read_episodes(path, allow_partial=True, on_skip=dropped.append)] == ["b"]
     assert dropped == [f"{path}:1: episode 'a' has no episode_end", f"{path}:6: episode 'c' has no episode_end"]
+
+
+# -- an episode id twice in one file: report and replay give the same line --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A real run's trace of 3 greedy episodes (ids greedy-000000..2, indices 0..2), as its lines."""
+    from negotiate.cli import main
+
+    out = tmp_path_factory.mktemp("served") / "run"
+    assert main(["serve", "--episodes", "3", "--seller", "greedy", "--out", str(out), "--quiet"]) == 0
+    lines = (out / "greedy.jsonl").read_bytes().splitlines(keepends=True)
+    starts = [k for k, line in enumerate(lines) if line.startswith(b'{"type":"episode_start"')]
+    return [lines[a:b] for a, b in zip(starts, starts[1:] + [len(lines)])]
+
+
+def _first_lines(episodes: list[list[bytes]]) -> list[int]:
+    """The line number each episode starts on, counted from 1."""
+    return [1 + sum(len(e) for e in episodes[:k]) for k in range(len(episodes))]
+
+
+def _reindexed(episode: list[bytes], index: int) -> list[bytes]:
+    start = orjson.loads(episode[0])
+    return [orjson.dumps(start | {"index": index}) + b"\n", *episode[1:]]
+
+
+@pytest.mark.parametrize("layout", ["adjacent", "apart", "apart, another index"])
+def test_the_same_episode_id_twice_in_one_file_is_one_line_from_report_and_replay_alike(served, tmp_path, capsys, layout):
+    from negotiate.cli import main
+
+    e0, e1, e2 = served
+    if layout == "adjacent":
+        episodes = [e0, e0, e1]
+    elif layout == "apart":
+        episodes = [e0, e1, e2, e0]
+    else:  # what report used to count twice: the copy claims index 7
+        episodes = [e0, e1, _reindexed(e0, 7), e2]
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"".join(line for e in episodes for line in e))
+    first, second = (_first_lines(episodes)[k] for k in ((0, 1) if layout == "adjacent" else (0, 3) if layout == "apart" else (0, 2)))
+    expected = (f"{path}:{second}: episode: 'greedy-000000': the same episode id twice in one file "
+                f"(lines {first} and {second}); keep one copy")
+    for command in (["report", str(path)], ["replay", str(path), "--text"], ["replay", str(path), "--text", "--episode", "greedy-000001"]):
+        assert main(command) == 2, command
+        captured = capsys.readouterr()
+        assert captured.err == f"negotiate {command[0]}: error: {expected}\n" and captured.out == ""
+
+
+def test_one_file_given_twice_and_one_index_twice_under_two_ids_are_told_apart(served, tmp_path, capsys):
+    from negotiate.cli import main
+
+    e0, e1, _ = served
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"".join(e0 + e1))
+    assert main(["report", str(path), str(path)]) == 2
+    assert "appears twice (the file is given twice; pass each shard once)" in capsys.readouterr().err
+    # The same index under another id, in one file: not "the file is given twice".
+    renamed = [orjson.dumps(orjson.loads(e1[0]) | {"index": 0}) + b"\n", *e1[1:]]
+    path.write_bytes(b"".join(e0 + renamed))
+    assert main(["report", str(path)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"{path}: episode: 'greedy-000001': episode index 0 of run {orjson.loads(e0[0])['run']} appears twice "
+        "(in this file under another id)")
+
+
+def test_unique_reading_costs_nothing_when_every_id_differs(served, tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"".join(line for e in served for line in e))
+    assert [e[0]["episode"] for e in read_episodes(path, unique=True)] == ["greedy-000000", "greedy-000001", "greedy-000002"]
+    doubled = tmp_path / "d.jsonl"
+    doubled.write_bytes(path.read_bytes() * 2)
+    assert len(list(read_episodes(doubled))) == 6  # without unique (training's readers): read as written

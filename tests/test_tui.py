@@ -345,6 +345,49 @@ def test_replay_text_is_plain(trace, capsys):
     assert "episode greedy-000001" in capsys.readouterr().out
 
 
+def _with_long_fields(trace, tmp_path, talk: str, thought: str):
+    """The trace's first episode with its first message's talk and thought replaced."""
+    events = next(read_episodes(trace))
+    first = next(e for e in events if e["type"] == "message")
+    first["talk"], first["thought"] = talk, thought
+    path = tmp_path / "long.jsonl"
+    with TraceWriter(path) as writer:
+        writer.write(events)
+    return path
+
+
+def test_replay_text_cuts_long_fields_with_a_marker_and_full_prints_them_whole(trace, tmp_path, capsys):
+    path = _with_long_fields(trace, tmp_path, "a" * 50_000, "b\x1b" * 5_000)  # 10,000 characters, 5,000 of them ESC
+    assert main(["replay", str(path), "--text"]) == 0
+    out = capsys.readouterr().out
+    # 4000 characters shown, then how many were left out: 46,000 of the talk, 6,000 of the thought (counted before
+    # the escapes were cleaned out of what shows: 2,000 b's of the 4,000 characters).
+    assert '"' + "a" * 4000 + ' … [46,000 more characters cut; replay --text --full prints them]"' in out
+    assert "thought: " + "b" * 2000 + " … [6,000 more characters cut; replay --text --full prints them]" in out
+    assert "a" * 4001 not in out and "\x1b" not in out
+    assert main(["replay", str(path), "--text", "--full"]) == 0
+    whole = capsys.readouterr().out
+    assert '"' + "a" * 50_000 + '"' in whole and "thought: " + "b" * 5000 + "\n" in whole and "more characters cut" not in whole
+    assert main(["replay", str(path), "--full"]) == 2  # the viewer always cuts: one line saying so
+    assert capsys.readouterr().err == ("negotiate replay: error: --full: prints whole fields with --text only "
+                                       "(the viewer cuts them to stay quick)\n")
+
+
+async def test_replay_viewer_cuts_a_100_kb_reply_with_a_marker(trace, tmp_path):
+    path = _with_long_fields(trace, tmp_path, "word " * 20_000, "idea " * 20_000)
+    app = NegotiateApp.replay(load_trace(path), str(path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("right")
+        body = app.screen.query_one("#transcript .body").content
+        console = Console(width=200, file=io.StringIO(), record=True)
+        console.print(body)
+        text = console.export_text()
+        cut_at = ReplayScreen.field_limit
+        assert text.count("more characters cut") == 2
+        assert f"{100_000 - cut_at:,} more characters cut; replay --text --full prints them" in text
+        assert text.count("word") == cut_at // 5 and text.count("idea") == cut_at // 5
+
+
 def test_replay_errors_are_one_line(tmp_path, trace, capsys):
     def error_line() -> str:
         lines = capsys.readouterr().err.strip().splitlines()

@@ -104,6 +104,8 @@ def _r(value) -> str:
 
 def replay(args: argparse.Namespace) -> int:
     """Step through a trace's episodes in the UI, or print one as plain text with ``--text``."""
+    if getattr(args, "full", False) and not args.text:
+        raise UserError("prints whole fields with --text only (the viewer cuts them to stay quick)", field="--full")
     skipped: list[str] = []
     episodes = load_trace(args.trace, allow_partial=args.allow_partial, on_skip=skipped.append)
     if skipped:
@@ -113,7 +115,7 @@ def replay(args: argparse.Namespace) -> int:
         if hasattr(sys.stdout, "reconfigure"):
             sys.stdout.reconfigure(errors="replace")  # a talk in any script still prints under an ASCII locale
         try:
-            sys.stdout.write(plain_transcript(episodes[index]))
+            sys.stdout.write(plain_transcript(episodes[index], full=getattr(args, "full", False)))
             sys.stdout.flush()
         except BrokenPipeError:  # `| head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -79,6 +79,10 @@ class ReplayScreen(Screen):
 
     autoplay_seconds = 0.8
     """Seconds between steps while autoplay runs."""
+    field_limit: int | None = 1000
+    """Characters of a talk, thought or raw reply drawn (about 17 lines of the transcript at 80 columns), the rest cut
+    with a marker: every key redraws the transcript, and 100 KB fields drawn whole took 2.8 s a key, cut at 4000
+    characters 0.25 s, at 1000 0.16 s, where 1 KB fields take 0.14 s (``benchmarks/bench_replay.py``)."""
 
     def __init__(self, episodes: list[Recorded], source: str, index: int = 0) -> None:
         super().__init__()
@@ -183,7 +187,7 @@ class ReplayScreen(Screen):
         for k, step in enumerate(steps[: self.step]):
             mark = Text("▌" if k == self.step - 1 else " ", style="bold magenta")
             for event in step:
-                for style, line in event_lines(event, thoughts=self.thoughts, arrow="→"):
+                for style, line in event_lines(event, thoughts=self.thoughts, arrow="→", limit=self.field_limit):
                     lines.add_row(mark, _hanging(line, style))
         transcript = self.query_one("#transcript", Conversation)
         transcript.border_title = esc(f"Step {self.step} of {len(steps)}" + ("  ▶ playing" if self.playing else ""))

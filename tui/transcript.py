@@ -24,7 +24,7 @@ from negotiate.trace import (
 
 from negotiate.tui.text import action_label, clean, money, ratio
 
-__all__ = ["Recorded", "load_trace", "find_episode", "event_lines", "hang_width", "market_lines", "end_lines", "plain_transcript",
+__all__ = ["FIELD_MAX", "cut", "Recorded", "load_trace", "find_episode", "event_lines", "hang_width", "market_lines", "end_lines", "plain_transcript",
            "price_points"]
 
 Line = tuple[str, str]
@@ -36,6 +36,26 @@ THOUGHT_STYLE = "dim italic"
 DEAL_STYLE = "bold green"
 VIOLATION_STYLE = "bold red"
 NOTICE_STYLE = "dim"
+
+
+FIELD_MAX = 4000
+"""Characters of one free-text field (talk, thought, raw reply, error, notice) a transcript shows, the longest thought
+a parsed message keeps: past it the field is cut with :func:`cut`'s marker (``replay --text --full`` prints it whole).
+A 50 MB talk printed whole took 6.4 s and 312 MB; a 100 KB reply redrawn at each key took 1.4 to 2.7 s a key."""
+
+
+def cut(value: object, limit: int | None = FIELD_MAX) -> str:
+    """``value`` cleaned, and past ``limit`` characters cut with a marker saying how many were left out (None: whole).
+
+    >>> cut("x" * 12, 5)
+    'xxxxx … [7 more characters cut; replay --text --full prints them]'
+    >>> cut("ab\x1bc", 5), cut("x" * 9, None)
+    ('abc', 'xxxxxxxxx')
+    """
+    text = value if isinstance(value, str) else "" if value is None else str(value)
+    if limit is None or len(text) <= limit:
+        return clean(text)
+    return clean(text[:limit]) + f" … [{len(text) - limit:,} more characters cut; replay --text --full prints them]"
 
 
 def _q(value: object) -> str:
@@ -82,14 +102,16 @@ class Recorded(EpisodeRecord):
 
 def load_trace(path: str | Path, *, allow_partial: bool = False, on_skip=None) -> list[Recorded]:
     """Every complete episode of a trace file; a missing, empty or truncated file is a UserError (a truncated one is
-    not with ``allow_partial``: ``on_skip`` gets a line for each part dropped, as :func:`read_episodes` says)."""
+    not with ``allow_partial``: ``on_skip`` gets a line for each part dropped, as :func:`read_episodes` says); so is an
+    episode id the file holds twice (``report``'s line: either copy could not be picked with ``--episode``)."""
     path = Path(path)
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.jsonl") if not p.name.endswith(".log.jsonl"))
         hint = f" (it holds {', '.join(found[:4])}{', ...' if len(found) > 4 else ''})" if found else ""
         raise UserError(f"is a folder; give one trace file{hint}", source=str(path))
     try:
-        episodes = [Recorded(events) for events in read_episodes(path, allow_partial=allow_partial, on_skip=on_skip)]
+        episodes = [Recorded(events) for events in read_episodes(path, allow_partial=allow_partial, on_skip=on_skip,
+                                                                      unique=True)]  # an id twice: report's line
     except OSError as error:
         raise UserError(f"cannot read the trace ({error.strerror or error})", source=str(path)) from None
     if not episodes:
@@ -109,12 +131,13 @@ def find_episode(episodes: list[Recorded], episode_id: str | None, source: str =
     raise UserError(f"no such episode; the trace has {listed}", source=source or None, field="--episode", value=episode_id)
 
 
-def _talk_lines(text: str, indent: str) -> list[str]:
-    return [f'{indent}"{line}"' if k == 0 else f"{indent} {line}" for k, line in enumerate(clean(text).split("\n"))]
+def _talk_lines(text: str, indent: str, limit: int | None) -> list[str]:
+    return [f'{indent}"{line}"' if k == 0 else f"{indent} {line}" for k, line in enumerate(cut(text, limit).split("\n"))]
 
 
-def event_lines(event: Event | dict, *, thoughts: bool = True, arrow: str = "->") -> list[Line]:
-    """One trace event as styled lines (a message can take several: header, talk, thought, error)."""
+def event_lines(event: Event | dict, *, thoughts: bool = True, arrow: str = "->", limit: int | None = FIELD_MAX) -> list[Line]:
+    """One trace event as styled lines (a message can take several: header, talk, thought, error); each free-text
+    field cut at ``limit`` characters with a marker (:func:`cut`; None: whole)."""
     if isinstance(event, dict):
         event = parse_event(event)
     if isinstance(event, MessageEvent):
@@ -126,14 +149,14 @@ def event_lines(event: Event | dict, *, thoughts: bool = True, arrow: str = "->"
         style = SELLER_STYLE if is_seller else BUYER_STYLE
         lines: list[Line] = [(style, f"{head} {sender} {arrow} {to}  {action_label(event.action)}")]
         if event.talk:
-            lines += [("", line) for line in _talk_lines(event.talk, "       ")]
+            lines += [("", line) for line in _talk_lines(event.talk, "       ", limit)]
         if thoughts and event.thought:
-            thought = clean(event.thought).split("\n")
+            thought = cut(event.thought, limit).split("\n")
             lines += [(THOUGHT_STYLE, ("       thought: " if k == 0 else "                ") + line) for k, line in enumerate(thought)]
         if event.valid is False:
-            lines.append((VIOLATION_STYLE, f"       invalid: {clean(event.error or 'no reason given')}"))
+            lines.append((VIOLATION_STYLE, f"       invalid: {cut(event.error or 'no reason given', limit)}"))
         if event.raw and event.action is None:
-            raw = clean(event.raw).split("\n")
+            raw = cut(event.raw, limit).split("\n")
             lines += [(NOTICE_STYLE, ("       raw: " if k == 0 else "            ") + line) for k, line in enumerate(raw[:6])]
         return lines
     if isinstance(event, DealEvent):
@@ -143,9 +166,9 @@ def event_lines(event: Event | dict, *, thoughts: bool = True, arrow: str = "->"
             detail = f" (seller +{price - cost}, buyer +{value - price})"
         return [(DEAL_STYLE, f"     DEAL {_q(event.buyer)} buys {_q(event.product)} at {money(clean(price))}{detail}")]
     if isinstance(event, ViolationEvent):
-        return [(VIOLATION_STYLE, f"     VIOLATION by {_q(event.who)}: {_q(event.kind)}: {clean(event.detail)}")]
+        return [(VIOLATION_STYLE, f"     VIOLATION by {_q(event.who)}: {_q(event.kind)}: {cut(event.detail, limit)}")]
     if isinstance(event, NoticeEvent):
-        return [(NOTICE_STYLE, f"     notice {_q(event.to)}: {clean(event.text)}")]
+        return [(NOTICE_STYLE, f"     notice {_q(event.to)}: {cut(event.text, limit)}")]
     if isinstance(event, EpisodeEnd):
         return end_lines(event)
     return [(NOTICE_STYLE, f"     ({clean(event.type)} event)")]
@@ -210,12 +233,13 @@ def market_lines(episode: Recorded) -> list[Line]:
     return lines
 
 
-def plain_transcript(episode: Recorded) -> str:
-    """The whole episode as plain text: no markup, no control characters, one event after another."""
+def plain_transcript(episode: Recorded, *, full: bool = False) -> str:
+    """The whole episode as plain text: no markup, no control characters, one event after another; a free-text field
+    longer than :data:`FIELD_MAX` cut with a marker unless ``full``."""
     out = [text for _, text in market_lines(episode)]
     for step in episode.steps:
         for event in step:
-            out += [text for _, text in event_lines(event)]
+            out += [text for _, text in event_lines(event, limit=None if full else FIELD_MAX)]
     return "\n".join(line.rstrip() for line in out) + "\n"
 
 

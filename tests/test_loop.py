@@ -642,7 +642,7 @@ def test_sft_on_given_teacher_traces_copies_them_into_the_run_and_plays_no_teach
 
 
 def test_the_readmes_loop_runs_are_config_files_that_check(tmp_path, monkeypatch):
-    files = sorted(f for f in Path("benchmarks/loops").glob("*.toml") if f.stem != "hindsight-tools")
+    files = sorted(f for f in Path("docs/experiments").glob("*.toml") if f.stem != "hindsight-tools")
     assert {f.stem for f in files} >= {"planner-concession", "planner-accept4", "accept4-rounds"}
     configs = {f.stem: _config_from(["--config", str(f)]) for f in files}
     # the settings the README's planner/conceding run was made with (its loop.json), flag for flag
@@ -676,7 +676,7 @@ def test_the_readmes_loop_runs_are_config_files_that_check(tmp_path, monkeypatch
     (given / "hindsight.jsonl").write_text("")
     (tmp_path / "specs").symlink_to(root / "specs")
     monkeypatch.chdir(tmp_path)  # the file names runs/hindsight, where benchmarks/hindsight.py writes it
-    tools = _config_from(["--config", str(root / "benchmarks" / "loops" / "hindsight-tools.toml")]).to_json()
+    tools = _config_from(["--config", str(root / "docs" / "experiments" / "hindsight-tools.toml")]).to_json()
     assert {k: tools[k] for k in tools if tools[k] != advice[k]} == {
         "teacher_traces": str(given), "prompt": "tools", "grounded": False, "seed": 7, "sft_steps": 120, "round_method": "rft",
         "group": 4, "round_action_weights": None, "grpo_steps": None, "eval_buyers": "concession,threshold",

@@ -69,6 +69,7 @@ from negotiate.errors import UserError
 from negotiate.protocol import json_schema
 
 from negotiate.agents.pools import current_pools
+from negotiate.agents.views import PROMPTS  # the seller's prompt views, by name
 
 __all__ = [
     "OpenAIOptions",
@@ -89,10 +90,6 @@ log = structlog.get_logger("negotiate.llm")
 
 FORMATS = ("json", "tagged")
 """How a model writes its message: a JSON object under the four-part schema, or tagged text."""
-PROMPTS = ("full", "compact", "facts", "advice", "tools")
-"""The seller's prompt (``negotiate.agents.llm.render_seller`` or ``render_seller_compact``; ``facts`` is the
-compact one with the facts the planner's reasons name; ``advice`` adds the message the planner would send; ``tools``
-adds the planner's and greedy's)."""
 SERVERS = ("auto", "vllm", "openai", "llamacpp", "generic")
 """Server kinds, by how each takes a JSON schema for structured output."""
 CLIENTS = ("http", "aiohttp", "openai")

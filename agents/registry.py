@@ -141,23 +141,27 @@ def adviser(market: Market, seed, tools: Sequence[str] | None = None):
 
 
 def adviser_for(prompt: str, market: Market, seed):
-    """The adviser a seller with ``prompt=advice`` (or ``tools``: all of :data:`~negotiate.agents.llm.TOOLS`) walks its
-    episode with; None for other prompts."""
-    from negotiate.agents.llm import TOOLS
+    """The adviser a seller whose prompt view shows scripted moves (its ``tools``: ``advice`` the planner's, ``tools``
+    the planner's and greedy's) walks its episode with; None for a view that shows none."""
+    from negotiate.agents.views import view
 
-    return adviser(market, seed) if prompt == "advice" else adviser(market, seed, TOOLS) if prompt == "tools" else None
+    tools = view(prompt).tools
+    return adviser(market, seed, tools) if tools else None
 
 
 def _check_seller_options(options, role: str, field_name: str, text: str) -> None:
     """``legal=1`` constrains a seller's tagged replies, on vLLM only (the regex goes to its ``structured_outputs``);
-    ``prompt=compact``, ``facts``, ``advice`` and ``tools`` are the seller's, and ask for tagged replies."""
+    every prompt view but ``full`` is the seller's, and asks for tagged replies (``negotiate.agents.views``)."""
+    from negotiate.agents.views import view
+
+    shown = view(options.prompt)
     if options.prompt != "full":
         if role != "seller":
             raise UserError(f"prompt={options.prompt} is a seller's prompt; a buyer's prompt is always the full one",
                             field=field_name, value=text)
-        if options.format != "tagged":
+        if shown.tagged and options.format != "tagged":
             raise UserError(f"prompt={options.prompt} asks for tagged replies; add format=tagged", field=field_name, value=text)
-    if getattr(options, "grounded", False) and not (options.legal and options.prompt in ("facts", "advice")):
+    if getattr(options, "grounded", False) and not (options.legal and shown.grounds):
         raise UserError("grounded=1 binds the thought to the facts prompt under legal=1; add legal=1&prompt=facts (or prompt=advice)",
                         field=field_name, value=text)
     if not getattr(options, "legal", False):

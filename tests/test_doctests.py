@@ -11,6 +11,7 @@ import pytest
 @pytest.mark.parametrize("name", ["negotiate.metrics", "negotiate.workers", "negotiate.runner",
                                   "negotiate.training.rewards", "negotiate.training.dataset", "negotiate.training.server",
                                   "negotiate.report", "negotiate.plots", "negotiate.agents.planner", "negotiate.agents.llm",
+                                  "negotiate.agents.views.text", "negotiate.agents.views.advice", "negotiate.agents.views.tools",
                                   "negotiate.training.loop", "negotiate.tui.transcript", "negotiate.tui.replay"])
 def test_doctests_pass(name):
     module = importlib.import_module(name)

@@ -14,9 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from negotiate.agents.llm import (
-    PERSONAS, _example, grounded_pattern, legal_pattern, number_range, parse_reply, render_buyer, render_seller, render_seller_compact,
-)
+from negotiate.agents.llm import PERSONAS, grounded_pattern, legal_pattern, number_range, parse_reply, render_buyer, render_seller, render_seller_compact
+from negotiate.agents.views.text import _example
 from negotiate.agents.planner import read_reason, reason_action
 from negotiate.market import Buyer, Market, MarketSpec, Product
 from negotiate.protocol import SELLER, TALK_MAX, Action, Message, ParseFailure

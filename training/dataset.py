@@ -161,16 +161,16 @@ def _completion(event: MessageEvent) -> str:
 
 def _advised(episode: EpisodeRecord, prompt: str):
     """(observation, the seller's message event, the advice there) for each seller message of ``episode``: the
-    message the ``advice`` prompt's planner would send (:data:`~negotiate.agents.llm.ADVISER`, walking the
-    episode as a teacher does), under ``tools`` the messages of each of :data:`~negotiate.agents.llm.TOOLS`, None under
-    any other prompt."""
-    if prompt not in ("advice", "tools"):
-        return ((obs, event, None) for obs, event in replay(episode)[0])
-    from negotiate.agents.llm import ADVISER, TOOLS
+    messages the prompt view's tools would send there, each walking the episode as a teacher does (one tool: its
+    message, as the ``advice`` prompt's planner; several: a tuple, as under ``tools``), None for a view that shows none."""
+    from negotiate.agents.views import view
 
-    if prompt == "advice":
-        return _teacher_walk(episode, ADVISER)
-    walks = [_teacher_walk(episode, tool) for tool in TOOLS]  # each tool walks the episode; the prompt shows what each would send
+    tools = view(prompt).tools
+    if not tools:
+        return ((obs, event, None) for obs, event in replay(episode)[0])
+    if len(tools) == 1:
+        return _teacher_walk(episode, tools[0])
+    walks = [_teacher_walk(episode, tool) for tool in tools]  # each tool walks the episode; the prompt shows what each would send
     return ((steps[0][0], steps[0][1], tuple(label for _, _, label in steps)) for steps in zip(*walks))
 
 
@@ -178,7 +178,7 @@ def decisions(events: Sequence[Event | dict] | EpisodeRecord, reward: float, gro
               prompt: str = "full") -> list[Decision]:
     """The seller decisions of one episode (timeouts skipped: the seller wrote nothing). A model's decisions keep
     the prompt it saw; a scripted seller's are rendered with the ``full``, ``compact``, ``facts``, ``advice`` or ``tools`` prompt."""
-    from negotiate.agents.llm import render_seller  # prompt files: loaded only when building data
+    from negotiate.agents.views import render_seller  # prompt files: loaded only when building data
 
     episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
     out: list[Decision] = []
@@ -285,13 +285,15 @@ def teacher_decisions(events: Sequence[Event | dict] | EpisodeRecord, teacher: s
     trace logged it, else rendered (``render_seller``); the completion is the teacher's message as tagged
     text. States where the teacher would wait (it returns nothing) give no decision. ``valid`` is True: a
     scripted seller keeps the rules."""
-    from negotiate.agents.llm import render_seller
+    from negotiate.agents.views import render_seller
 
     episode = events if isinstance(events, EpisodeRecord) else EpisodeRecord.of(events)
     out: list[Decision] = []
     logged = any((e.extra or {}).get("prompt") for e in episode.seller_messages())
     # The advice prompt of a state nobody logged: the adviser walks the episode too (a policy's episodes log theirs)
-    rendered = prompt in ("advice", "tools") and not logged
+    from negotiate.agents.views import view
+
+    rendered = bool(view(prompt).tools) and not logged
     advised = (advice for _, _, advice in _advised(episode, prompt)) if rendered else itertools.repeat(None)
     for obs, event, label in _teacher_walk(episode, teacher):
         advice = next(advised)

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import structlog
 
-from negotiate.agents.backends import PROMPTS
+from negotiate.agents.views import PROMPTS
 from negotiate.errors import UserError
 
 from negotiate.training.dataset import (DataFilter, Decision, Episode, advantages, by_group, check_teacher, load_episodes,

@@ -670,17 +670,19 @@ class _Engine:
     tokenizer: object
 
 
-_ENGINES: dict[tuple, _Engine] = {}
-"""One engine per process and engine settings (GPU memory is the limit); it serves the event loop that first used it."""
-_ENGINE_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def _engines(pools) -> dict:
+    """The vLLM engines of ``pools``' run: engine settings -> :class:`_Engine`. One per settings (GPU memory is the
+    limit); an engine serves the event loop that first used it, and stops at exit (:func:`shutdown_engines`)."""
+    return pools.memo(("vllm-engines",), dict)
 
 
-def _shutdown_engines() -> None:
-    """Stop every engine while the interpreter is whole (``atexit``, and tests that stop theirs). ``AsyncLLM.__del__``
-    stops it again when the engine is collected, at the latest after vLLM's module globals are gone at exit, where
-    its ``shutdown`` prints a ``TypeError`` (``'NoneType' object is not callable``): a stopped engine's is made a no-op."""
-    while _ENGINES:
-        engine = _ENGINES.popitem()[1].engine
+def shutdown_engines(engines: dict) -> None:
+    """Stop every engine of ``engines`` (:func:`_engines`) while the interpreter is whole (``atexit``, and tests that stop
+    theirs). ``AsyncLLM.__del__`` stops it again when the engine is collected, at the latest after vLLM's module globals
+    are gone at exit, where its ``shutdown`` prints a ``TypeError`` (``'NoneType' object is not callable``): a stopped
+    engine's is made a no-op."""
+    while engines:
+        engine = engines.popitem()[1].engine
         try:
             engine.shutdown()
         except Exception as error:  # its event loop is closed by now, or it died: nothing left to stop
@@ -756,12 +758,11 @@ class VLLMBackend:
 
     async def _engine(self) -> _Engine:
         key = self.settings.engine_key()
-        loop = asyncio.get_running_loop()
-        lock = _ENGINE_LOCKS.get(loop)
-        if lock is None:
-            lock = _ENGINE_LOCKS[loop] = asyncio.Lock()
+        pools = self.pools or current_pools()
+        engines = _engines(pools)
+        lock = pools.memo(("vllm-engine-lock", asyncio.get_running_loop()), asyncio.Lock)
         async with lock:
-            found = _ENGINES.get(key)
+            found = engines.get(key)
             if found is None:
                 try:
                     # vLLM logs each step of its start and stop (some 170 lines): the console shows its lines at
@@ -785,9 +786,9 @@ class VLLMBackend:
                     except Exception as error:
                         reason = " ".join(str(error).split())  # one line: engine errors often span several
                         raise LLMError(f"vllm cannot start {self.settings.model}: {type(error).__name__}: {reason[:500]}") from None
-                    if not _ENGINES:
-                        atexit.register(_shutdown_engines)  # once per process: it empties _ENGINES
-                    found = _ENGINES[key] = _Engine(engine, tokenizer)
+                    if not engines:
+                        atexit.register(shutdown_engines, engines)  # once per table: it empties it
+                    found = engines[key] = _Engine(engine, tokenizer)
             return found
 
     async def complete(self, messages: list[dict], *, role: str, seed: int | None = None, constraint: str | None = None) -> Completion:

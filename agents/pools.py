@@ -16,12 +16,14 @@ closed by it. It is a store and knows no agent: the backends (``negotiate.agents
   per episode; the backend, its parsed schema and URL, once per run);
 * the request log, where every backend of the run writes a line per model request;
 * the local models (``hf:``): one per (path, dtype), loaded once and batched across every
-  episode of the run, and one backend per ``hf:``/``vllm:`` spec. Local models outlive a
-  loop: an evaluation's splits and the check before a run share them.
+  episode of the run, and one backend per ``hf:``/``vllm:`` spec; the in-process vLLM engines
+  (``vllm:``), one per engine settings. Local models outlive a loop: an evaluation's splits and
+  the check before a run share them.
 
 Agents built outside any run (a test, a script that builds one agent) use the pools of the
-current context (:func:`current_pools`): a run installs its own for its duration; otherwise one
-made on first use for the process, which :func:`negotiate.agents.backends.aclose_clients` closes.
+current context (:func:`current_pools`): a run installs its own for its duration; otherwise the
+context's own, made on first use, which :func:`negotiate.agents.backends.aclose_clients` closes.
+Nothing here is module state: the pools are the run's, or the context's.
 """
 
 from __future__ import annotations
@@ -99,19 +101,20 @@ class Pools:
             await shared.aclose()
 
 
-_CURRENT: contextvars.ContextVar[Pools | None] = contextvars.ContextVar("negotiate_pools", default=None)
-_PROCESS: list[Pools] = []
-"""The pools of agents built outside any run, made on first use (empty until then)."""
+_CURRENT: contextvars.ContextVar[Pools] = contextvars.ContextVar("negotiate_pools")
+"""The pools of the run in progress in this context (:class:`use_pools`), or this context's own (:func:`current_pools`)."""
 
 
 def current_pools() -> Pools:
-    """The pools of the run in progress in this context, else those of agents built outside a run."""
-    pools = _CURRENT.get()
-    if pools is not None:
+    """The pools of the run in progress in this context; outside any run, this context's own, made on first use and
+    shared by every agent built in it (a script's, a test's). There are no process-wide pools: a context that
+    never ran anything has none, and tasks started from a context share what it held when they started."""
+    try:
+        return _CURRENT.get()
+    except LookupError:
+        pools = Pools()
+        _CURRENT.set(pools)
         return pools
-    if not _PROCESS:
-        _PROCESS.append(Pools())
-    return _PROCESS[0]
 
 
 class use_pools:

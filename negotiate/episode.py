@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from functools import lru_cache
 
 from negotiate.bus import Bus
 from negotiate.market import Market
@@ -77,17 +78,11 @@ def _guard(agent, who: str):
     return (_GuardedInstant if getattr(agent, "decide", None) is not None else _Guarded)(agent, who)
 
 
-_SPEC_DICTS: dict[int, tuple[object, dict]] = {}
-
-
+@lru_cache(maxsize=64)
 def _spec_dict(spec) -> dict:
-    """The spec as JSON data, dumped once per spec object (a run reuses one spec for every episode)."""
-    hit = _SPEC_DICTS.get(id(spec))
-    if hit is None or hit[0] is not spec:
-        if len(_SPEC_DICTS) > 64:
-            _SPEC_DICTS.clear()
-        hit = _SPEC_DICTS[id(spec)] = (spec, spec.model_dump(mode="json"))
-    return hit[1]
+    """The spec as JSON data, dumped once per spec (a run reuses one spec for every episode). A pure memo of a frozen
+    value, keyed by the spec itself: no state an episode can see or change (the dict is only read)."""
+    return spec.model_dump(mode="json")
 
 
 def start_event(episode_id: str, market: Market, seller, buyers: dict, labels: dict) -> EpisodeStart:

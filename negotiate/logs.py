@@ -22,17 +22,17 @@ def _short_line(_logger, _name, event: dict) -> dict:
     return event
 
 
-_console = {"level": logging.WARNING}
-
-
 def console_level() -> int:
-    """The level of this process's console lines, as :func:`configure` last set it (the CLI's default before)."""
-    return _console["level"]
+    """The level of this process's console lines, as :func:`configure` last set it (WARNING, the CLI's default, before):
+    read off the console handler it installed on the ``negotiate`` logger, so the setting lives in one place."""
+    for handler in logging.getLogger("negotiate").handlers:
+        if getattr(handler, "negotiate_console", False):
+            return handler.level
+    return logging.WARNING
 
 
 def configure(log_file: Path | None = None, *, console_level: int = logging.INFO) -> None:
     """Send structlog events through stdlib logging: JSON to ``log_file``, one short line to stderr."""
-    _console["level"] = console_level
     root = logging.getLogger("negotiate")
     for handler in list(root.handlers):
         root.removeHandler(handler)
@@ -41,6 +41,7 @@ def configure(log_file: Path | None = None, *, console_level: int = logging.INFO
     root.propagate = False
     pre_chain = [structlog.stdlib.add_log_level, structlog.processors.TimeStamper(fmt="iso")]
     console = logging.StreamHandler(sys.stderr)
+    console.negotiate_console = True  # what console_level() reads
     console.setLevel(console_level)
     console.setFormatter(structlog.stdlib.ProcessorFormatter(
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _short_line,

@@ -22,11 +22,11 @@ import types
 import anyio
 import pytest
 
-from negotiate import logs
 from negotiate.agents import local
 from negotiate.agents.backends import Completion, LLMError
 from negotiate.agents.llm import LLMBuyer, LLMSeller
 from negotiate.agents.local import HFOptions, VLLMOptions, _Batcher, _Generated, _Job
+from negotiate.agents.pools import Pools, use_pools
 from negotiate.agents.registry import parse_agent
 from negotiate.errors import UserError
 from negotiate.market import Buyer, Market, MarketSpec, Product
@@ -231,10 +231,9 @@ def fake_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     tokenizer = _FakeTokenizer()
     monkeypatch.setattr(local, "_load_tokenizer", lambda model: tokenizer)
-    monkeypatch.setattr(local, "_ENGINES", {})
-    monkeypatch.setattr("negotiate.agents.pools._PROCESS", [])  # fresh pools: no backend of another test's engine
     vllm.engines, vllm.tokenizer = engines, tokenizer
-    return vllm
+    with use_pools(Pools()):  # fresh pools, and so no engine or backend of another test's
+        yield vllm
 
 
 def test_vllm_spec_defaults_and_keys(fake_vllm):
@@ -275,7 +274,7 @@ async def test_on_cpu_the_vllm_engine_runs_eager_in_bf16_without_chunked_prefill
     fake_vllm.on_cpu = True
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
-    monkeypatch.setitem(logs._console, "level", logging.ERROR)  # --quiet
+    monkeypatch.setattr(local, "console_level", lambda: logging.ERROR)  # --quiet
     backend = parse_agent("vllm:m?kv_cache_gib=3", SELLER).build(market(), 5).backend
     await backend.warm()
     assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"  # vLLM's own start and stop lines (some 170) at the run's console level

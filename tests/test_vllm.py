@@ -183,8 +183,7 @@ async def test_the_in_process_vllm_engine_plays_with_token_ids_and_logprobs(smol
     finally:
         from negotiate.agents import local, pools
 
-        local._shutdown_engines()
-        pools._PROCESS.clear()  # the backends of the stopped engine
+        local.shutdown_engines(local._engines(pools.current_pools()))  # the backends of the stopped engine go with it
         server.start()
 
 

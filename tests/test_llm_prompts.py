@@ -248,7 +248,8 @@ def test_talk_is_cleaned_and_truncated_not_refused():
     assert isinstance(result, Message)
     assert "\x07" not in result.talk and "\x1b" not in result.talk and len(result.talk) <= TALK_MAX
     assert result.talk.startswith("Hi there[31m word")
-    assert notes and "truncated" in notes[0]
+    # each repair is noted, in the order made: the control characters (now recorded too), then the cut
+    assert notes == ["removed 2 control characters from talk: U+0007, U+001B", "talk truncated from 1012 to 600 characters"]
     data = '{"thought": "t", "to": "b1", "talk": "' + "x" * 900 + '", "action": {"kind": "offer", "product": "p1", "price": 450}}'
     result, notes, _ = parse_reply(data, SELLER)
     assert isinstance(result, Message) and len(result.talk) == TALK_MAX and notes

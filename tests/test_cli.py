@@ -1011,17 +1011,30 @@ def test_report_pairs_each_repeat_of_a_group_and_each_buyer_column_with_its_own_
     assert "--baseline: 'planner': played the same markets against buyers threshold in 2 separate runs" in error_line(capsys)
 
 
-_INTERRUPT_ON_SCIPY = """
+_INTERRUPT_AT = """
 import importlib.abc, os, signal, sys
+
+point = sys.argv[1]
+if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    sys.exit(f"SIGINT is not Python's default handler here but {signal.getsignal(signal.SIGINT)!r}")
+
+def interrupt():
+    os.kill(os.getpid(), signal.SIGINT)  # handled by the time kill() returns; if it came later, the loop waits
+    while True:  # for it, so that it lands at this point, however busy the machine
+        pass
 
 class Interrupt(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "scipy":  # the heaviest of the command line's imports: Ctrl-C comes while it loads
+        if name == point:
             sys.meta_path.remove(self)
-            os.kill(os.getpid(), signal.SIGINT)
+            interrupt()
         return None
 
-sys.meta_path.insert(0, Interrupt())
+if point == "configure":  # after every module has loaded: the command line sets up its logging
+    import negotiate.logs
+    negotiate.logs.configure = lambda *args, **kwargs: interrupt()
+else:  # while a module loads
+    sys.meta_path.insert(0, Interrupt())
 sys.argv = ["negotiate", "splits"]
 from importlib.metadata import entry_points
 (script,) = [e for e in entry_points(group="console_scripts") if e.name == "negotiate"]
@@ -1029,11 +1042,19 @@ sys.exit(script.load()())
 """
 
 
-def test_ctrl_c_while_the_command_line_loads_is_one_line():
-    """A real SIGINT, sent while the installed ``negotiate`` script imports scipy: one line and exit 130, no
-    traceback (the script imported the command line's every module before anything could catch it)."""
+@pytest.mark.parametrize("point", ["scipy", "negotiate.workers", "configure"])
+def test_ctrl_c_while_the_command_line_loads_is_one_line(point):
+    """A real SIGINT while the installed ``negotiate`` script loads the command line (as it imports scipy, the
+    heaviest of its modules, or negotiate.workers, the last) or while ``main`` sets up, before the command's own
+    handling: one line and exit 130, no traceback.
+
+    The child gets SIGINT's default action back, so that Python installs its handler as it does under a
+    terminal: a shell starts a background job (a CI script's, say) with SIGINT ignored, and a child inherits
+    that, so the signal did nothing and ``splits`` ran to the end."""
+    import signal
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _INTERRUPT_ON_SCIPY], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", _INTERRUPT_AT, point], capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert (done.returncode, done.stderr, done.stdout) == (130, "negotiate: interrupted\n", "")

@@ -37,8 +37,9 @@ from negotiate.regulator import ACTIVE, SellerObservation
 from negotiate.agents.backends import Completion, openai_backend, openai_options
 from negotiate.agents.moves import units_left
 from negotiate.agents.planner import bid_in_play, turn_facts
+from negotiate.agents.policy import Policy
 from negotiate.agents.pools import current_pools
-from negotiate.agents.views import ADVISER, TOOLS, advice_line, render_buyer, render_seller, render_seller_compact, tool_lines, view
+from negotiate.agents.views import ADVISER, TOOLS, advice_line, render_buyer, render_seller, render_seller_compact, tool_lines
 from negotiate.agents.views.compact import _buyer_facts
 from negotiate.agents.views.text import PERSONAS, PromptTemplate, _template
 
@@ -255,26 +256,41 @@ class LLMAgent:
     """A model takes time: the bus puts a deadline on every call."""
     role: ClassVar[str] = ""
 
-    def __init__(self, backend, *, fmt: str = "json", reask: int = 0, seed: int | None = None, legal: bool = False,
-                 prompt: str = "full", grounded: bool = False, adviser: Adviser | None = None):
+    def __init__(self, backend, policy: Policy | None = None, *, seed: int | None = None, adviser: Adviser | None = None):
         self.backend = backend
         """The model boundary: ``await backend.complete(messages, role=..., seed=...)`` -> Completion."""
-        self.format = fmt
-        self.prompt = prompt
-        """``full``, ``compact``, ``facts`` or ``advice`` (the seller only: :func:`render_seller_compact`)."""
-        self.view = view(prompt)
+        self.policy = policy or Policy()
+        """What the model is shown and how its reply is decoded (``negotiate.agents.policy``)."""
+        self.view = self.policy.view
         """The prompt view (``negotiate.agents.views``): what the model is shown."""
         if self.view.tools and adviser is None:
-            raise ValueError(f"prompt={prompt} needs an Adviser walking the episode (adviser=)")
+            raise ValueError(f"prompt={self.policy.prompt} needs an Adviser walking the episode (adviser=)")
         self.adviser = adviser
-        """``prompt=advice``: the planner beside the seller, whose next message the prompt shows."""
-        self.legal = legal
-        """Decode each reply under :func:`legal_pattern` (the backend takes ``constraint=``)."""
-        self.grounded = grounded
-        """Decode each reply under :func:`grounded_pattern` instead: a reason with the prompt's facts as its thought."""
-        self.reask = reask
+        """The view's tools (``advice``: the planner) beside the seller, whose next messages the prompt shows."""
         self._seed = seed
         self._calls = 0
+
+    @property
+    def format(self) -> str:
+        return self.policy.format
+
+    @property
+    def prompt(self) -> str:
+        return self.policy.prompt
+
+    @property
+    def legal(self) -> bool:
+        """Decode each reply under :func:`legal_pattern` (the backend takes ``constraint=``)."""
+        return self.policy.legal
+
+    @property
+    def grounded(self) -> bool:
+        """Decode each reply under :func:`grounded_pattern` instead: a reason with the prompt's facts as its thought."""
+        return self.policy.grounded
+
+    @property
+    def reask(self) -> int:
+        return self.policy.reask
 
     def describe(self) -> dict:
         out = {"kind": "llm", **self.backend.describe(), "format": self.format}

@@ -56,9 +56,11 @@ import numpy as np
 from negotiate.errors import UserError
 from negotiate.market import Market
 
+from negotiate.agents.policy import Policy
+
 from negotiate.agents.scripted import BUYERS, SELLERS
 
-__all__ = ["AgentSpec", "parse_agent", "describe_agents", "adviser", "adviser_for"]
+__all__ = ["AgentSpec", "parse_agent", "describe_agents", "adviser", "adviser_for", "policy_seller"]
 
 
 _PARAMS = {
@@ -109,7 +111,7 @@ class AgentSpec:
 def _model_agent(spec: AgentSpec, market: Market, seed, pools=None):
     """The agent of a parsed ``openai:``, ``hf:`` or ``vllm:`` spec: its backend is the run's (``pools``; by default
     the current context's), one per spec; a seller whose prompt shows scripted moves walks its episode with them."""
-    from negotiate.agents.llm import LLMBuyer, LLMSeller, request_seed
+    from negotiate.agents.llm import LLMBuyer, request_seed
     from negotiate.agents.pools import current_pools
 
     pools = pools or current_pools()
@@ -118,17 +120,24 @@ def _model_agent(spec: AgentSpec, market: Market, seed, pools=None):
 
         options = openai_options(pools, spec.params)
         backend = openai_backend(pools, options)
-        grounded = options.grounded
     else:  # torch and vllm load only when used
         from negotiate.agents.local import local_backend, local_options
 
         options = local_options(spec)
         backend = local_backend(pools, spec.backend, options)
-        grounded = False
-    seller = spec.role == "seller"
-    return (LLMSeller if seller else LLMBuyer)(
-        backend, fmt=options.format, reask=options.reask, seed=request_seed(seed), legal=getattr(options, "legal", False),
-        grounded=grounded, prompt=options.prompt, adviser=adviser_for(options.prompt, market, seed) if seller else None)
+    policy = Policy.of(options)
+    if spec.role == "seller":
+        return policy_seller(policy, backend, market, seed)
+    return LLMBuyer(backend, policy, seed=request_seed(seed))
+
+
+def policy_seller(policy: Policy, backend, market: Market, seed):
+    """The seller ``policy`` plays with ``backend`` in one episode of ``market``: its prompt view, its reply's format and
+    constraints, and, where the view shows scripted moves, its advisers walking the episode (each built with ``seed``,
+    the seller's, as the run gives a scripted seller)."""
+    from negotiate.agents.llm import LLMSeller, request_seed
+
+    return LLMSeller(backend, policy, seed=request_seed(seed), adviser=adviser(market, seed, policy.tools) if policy.tools else None)
 
 
 def adviser(market: Market, seed, tools: Sequence[str] | None = None):
@@ -150,30 +159,10 @@ def adviser_for(prompt: str, market: Market, seed):
 
 
 def _check_seller_options(options, role: str, field_name: str, text: str) -> None:
-    """``legal=1`` constrains a seller's tagged replies, on vLLM only (the regex goes to its ``structured_outputs``);
-    every prompt view but ``full`` is the seller's, and asks for tagged replies (``negotiate.agents.views``)."""
-    from negotiate.agents.views import view
-
-    shown = view(options.prompt)
-    if options.prompt != "full":
-        if role != "seller":
-            raise UserError(f"prompt={options.prompt} is a seller's prompt; a buyer's prompt is always the full one",
-                            field=field_name, value=text)
-        if shown.tagged and options.format != "tagged":
-            raise UserError(f"prompt={options.prompt} asks for tagged replies; add format=tagged", field=field_name, value=text)
-    if getattr(options, "grounded", False) and not (options.legal and shown.grounds):
-        raise UserError("grounded=1 binds the thought to the facts prompt under legal=1; add legal=1&prompt=facts (or prompt=advice)",
-                        field=field_name, value=text)
-    if not getattr(options, "legal", False):
-        return
-    if role != "seller":
-        raise UserError("legal=1 constrains the seller's replies; a buyer's are judged by the regulator's buyer guard",
-                        field=field_name, value=text)
-    if options.format != "tagged":
-        raise UserError("legal=1 constrains the tagged form; add format=tagged", field=field_name, value=text)
-    if getattr(options, "server", "vllm") not in ("vllm", "auto"):
-        raise UserError(f"legal=1 needs a vLLM server (its structured_outputs regex); server={options.server}",
-                        field=field_name, value=text)
+    """The spec's policy (``negotiate.agents.policy``), checked: ``legal=1`` constrains a seller's tagged replies, on vLLM
+    only (the regex goes to its ``structured_outputs``); every prompt view but ``full`` is the seller's, and asks for
+    tagged replies (``negotiate.agents.views``)."""
+    Policy.of(options).check(role=role, server=getattr(options, "server", None), field=field_name, value=text)
 
 
 def parse_agent(text: str, role: str, *, field_name: str | None = None) -> AgentSpec:

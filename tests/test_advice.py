@@ -19,6 +19,7 @@ from fake_openai import FakeOpenAI  # noqa: E402
 
 from negotiate.agents.backends import aclose_clients  # noqa: E402
 from negotiate.agents.llm import ADVISER, TOOLS, LLMSeller, advice_line, render_seller, tool_lines  # noqa: E402
+from negotiate.agents.policy import Policy  # noqa: E402
 from negotiate.agents.registry import adviser as make_adviser, parse_agent  # noqa: E402
 from negotiate.episode import run_episode  # noqa: E402
 from negotiate.errors import UserError  # noqa: E402
@@ -102,7 +103,7 @@ def test_the_advice_follows_the_turns_line_of_the_facts_prompt():
 
 def test_an_advice_prompt_needs_an_adviser():
     with pytest.raises(ValueError, match="adviser"):
-        LLMSeller(object(), fmt="tagged", prompt="advice")
+        LLMSeller(object(), Policy(prompt="advice", format="tagged"))
 
 
 def test_the_advice_prompt_asks_for_tagged_replies_and_is_the_sellers():
@@ -203,7 +204,7 @@ def test_the_tools_prompt_is_the_advice_prompt_with_greedys_message_after_the_ad
     assert tool_lines((planner, None)).endswith("\nGreedy: wait for a reply") and tool_lines(None).startswith("Advice: wait")
     assert adviser.advise(obs) == (planner, greedy)  # asking leaves no trace
     with pytest.raises(ValueError, match="prompt=tools needs an Adviser"):
-        LLMSeller(object(), fmt="tagged", prompt="tools")
+        LLMSeller(object(), Policy(prompt="tools", format="tagged"))
     with pytest.raises(UserError, match="grounded=1 binds"):  # the thought of greedy's move is no planner's reason
         parse_agent("openai:m@http://127.0.0.1:1/v1?format=tagged&prompt=tools&legal=1&grounded=1", "seller")
 

@@ -692,7 +692,7 @@ def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, mo
 @pytest.mark.parametrize("argv, message", [
     (["--method", "ppo", "--traces", "x"], "--method: 'ppo': unknown method; choose from sft, rft, dagger, offline-grpo, online-grpo"),
     (["--method", "sft"], "--traces: sft learns from traces: give --traces DIR"),
-    (["--traces", "x", "--prompt", "short"], "--prompt: 'short': unknown prompt; choose from full, compact"),
+    (["--traces", "x", "--prompt", "short"], "--prompt: 'short': choose from full, compact"),
     (["--traces", "x", "--reward", "money"], "--reward: 'money': unknown reward"),
     (["--traces", "x", "--top", "0"], "--top: 0.0: must be in (0, 1]"),
     (["--traces", "x", "--batch-size", "0"], "--batch-size: 0: must be at least 1"),

@@ -49,7 +49,6 @@ from pathlib import Path
 
 import structlog
 
-from negotiate.agents.views import PROMPTS
 from negotiate.errors import UserError
 
 from negotiate.training.dataset import (DataFilter, Decision, Episode, advantages, by_group, check_teacher, load_episodes,
@@ -149,8 +148,7 @@ class TrainConfig:
         if self.method == "offline-grpo" and self.kl_beta > 0 and not self.lora:
             raise UserError("a KL to the reference needs LoRA (the reference is the model with its adapter off); "
                             "drop --no-lora or set --kl-beta 0", field="--kl-beta", value=self.kl_beta)
-        if self.prompt not in PROMPTS:
-            raise UserError(f"unknown prompt; choose from {', '.join(PROMPTS)}", field="--prompt", value=self.prompt)
+        self.policy.check()  # the prompt view and decoding of evaluation and rollouts, checked once
         if self.method == "dagger":
             check_teacher(self.teacher)
         if parse_action_weights(self.action_weights) and self.method not in IMITATION:
@@ -205,6 +203,14 @@ class TrainConfig:
         if self.method != "online-grpo":
             trace_files(self.traces)
         resolve_model(self.model)
+
+    @property
+    def policy(self):
+        """The seller policy in evaluation and rollouts (``negotiate.agents.policy``): the prompt view, tagged replies,
+        the temperature and the token budget of this config."""
+        from negotiate.agents.policy import Policy
+
+        return Policy(prompt=self.prompt, format="tagged", temperature=self.temperature, max_tokens=self.max_tokens)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -522,24 +528,23 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
     import anyio
 
     from negotiate.agents.local import HFBackend, HFOptions, _LocalModel
-    from negotiate.agents.llm import LLMSeller, request_seed
-    from negotiate.agents.registry import adviser_for
+    from negotiate.agents.registry import policy_seller
     from negotiate.run import LOCAL_TIMEOUT, Run, RunConfig
 
     was_training = model.training
     local = _LocalModel.in_memory(model, tokenizer, label)
     local.batch = config.gen_batch
-    options = HFOptions(model=label, path=label, temperature=config.temperature, max_tokens=config.max_tokens, batch=config.gen_batch)
+    policy = config.policy
+    options = HFOptions(model=label, path=label, temperature=policy.temperature, max_tokens=policy.max_tokens, batch=config.gen_batch)
     backend = HFBackend(options, model=local)
 
-    class Policy:
-        """The weights being trained, as a seller spec the run builds its episodes with (tagged format)."""
+    class Weights:
+        """The weights being trained, as a seller spec the run builds its episodes with: the config's policy."""
 
         text = label
 
         def build(self, market, seed, pools=None):
-            return LLMSeller(backend, fmt="tagged", seed=request_seed(seed), prompt=config.prompt,
-                             adviser=adviser_for(config.prompt, market, seed))
+            return policy_seller(policy, backend, market, seed)
 
     # Market m's episodes are indices m * group + repeat of a run grouped by ``group``, as collect numbers them.
     run = Run(RunConfig(sellers=(label,), buyers=config.eval_buyers, split=split, seed=run_seed, group=group,
@@ -547,7 +552,7 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
     results: list = [None] * len(jobs)
 
     async def one(k: int, index: int, repeat: int) -> None:
-        plan = run.episode(Policy(), index * group + repeat, episode_id=f"{label}-{index:06d}-{repeat:02d}")
+        plan = run.episode(Weights(), index * group + repeat, episode_id=f"{label}-{index:06d}-{repeat:02d}")
         results[k] = (await plan.play()).events
 
     async def main() -> None:

@@ -8,7 +8,6 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from negotiate.agents.backends import PROMPTS
 from negotiate.errors import UserError
 from negotiate.trace import trace_files
 from negotiate.training.loop.rounds import ROUNDS
@@ -110,13 +109,9 @@ class LoopConfig:
         if self.round_method not in ROUND_METHODS:
             raise UserError(f"choose from {', '.join(ROUND_METHODS)}", field="--round-method", value=self.round_method)
         method = ROUNDS[self.round_method]
-        if self.prompt not in PROMPTS:
-            raise UserError(f"choose from {', '.join(PROMPTS)}", field="--prompt", value=self.prompt)
+        self.policy.check(server="vllm")  # the prompt view and decoding, checked once, in the spec's words
         if self.round_epochs <= 0:
             raise UserError("must be above 0", field="--round-epochs", value=self.round_epochs)
-        if self.grounded and not (self.legal and self.prompt in ("facts", "advice")):
-            raise UserError("binds the thought to the facts prompt under --legal; add --legal --prompt facts (or advice)", field="--grounded",
-                            value=True)
         if self.sft_from is not None and not (Path(self.sft_from) / "loop.json").is_file():
             raise UserError("not a loop run folder (no loop.json)", field="--sft-from", value=self.sft_from)
         if self.sft_from is not None and Path(self.sft_from).resolve() == Path(self.out).resolve():
@@ -183,6 +178,16 @@ class LoopConfig:
         for split in [self.split, *_list(self.eval_splits)]:
             if split.endswith(".toml") and not Path(split).is_file():
                 raise UserError("no such spec file", field="--split" if split == self.split else "--eval-splits", value=split)
+
+    @property
+    def policy(self):
+        """The policy the loop trains, serves and evaluates (``negotiate.agents.policy``): its prompt view, tagged replies,
+        ``legal`` and ``grounded`` decoding, the rollouts' temperature and the token budget (evaluations replace the
+        temperature with ``eval_temperature``)."""
+        from negotiate.agents.policy import Policy
+
+        return Policy(prompt=self.prompt, format="tagged", legal=self.legal, grounded=self.grounded, temperature=self.temperature,
+                      max_tokens=self.max_tokens)
 
     @property
     def round_weights(self) -> str:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
@@ -105,10 +106,13 @@ def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_epi
 
 
 def _policy_spec(url: str, name: str, config: LoopConfig, temperature: float) -> str:
-    return (f"openai:{name}@{url}?format=tagged&server=vllm&temperature={temperature}&max_tokens={config.max_tokens}"
-            f"&logprobs=1&timeout=1800&retries=2&max_inflight={config.concurrency}" + ("&legal=1" if config.legal else "")
-            + ("&grounded=1" if config.grounded else "")
-            + ("" if config.prompt == "full" else f"&prompt={config.prompt}"))
+    """The agent spec of the policy the server serves as ``name``: the config's policy at ``temperature``, with the
+    loop's client settings (keys in the order the loop has always written them: the spec names the trace files)."""
+    p = replace(config.policy, temperature=temperature)
+    return (f"openai:{name}@{url}?format={p.format}&server=vllm&temperature={p.temperature}&max_tokens={p.max_tokens}"
+            f"&logprobs=1&timeout=1800&retries=2&max_inflight={config.concurrency}" + ("&legal=1" if p.legal else "")
+            + ("&grounded=1" if p.grounded else "")
+            + ("" if p.prompt == "full" else f"&prompt={p.prompt}"))
 
 
 def _run_args(folder: Path, command: list[str], config: LoopConfig) -> list[str]:

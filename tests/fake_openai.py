@@ -6,7 +6,9 @@ strategy that reads our prompt (seller or buyer, JSON or tagged) and answers in
 that format; a test may pass its own ``reply`` function. Faults are queued per
 request (:class:`Fault`: an HTTP status, a fixed content, a finish reason, a delay or
 a hang), and every request is recorded, so tests can assert on what the client sent
-(structured-output fields, log-probs, ``return_token_ids``).
+(structured-output fields, log-probs, ``return_token_ids``). It counts the requests in flight (``in_flight``,
+``max_in_flight``) as a client's bound does, and can hold the first ones until a bound is reached
+(``hold``), so that a test sees the bound reached whatever the machine's load.
 
     async with FakeOpenAI() as server:
         server.faults.append(Fault(status=429))
@@ -122,7 +124,7 @@ class FakeOpenAI:
     """An OpenAI-compatible server with scripted behaviour; use as ``async with FakeOpenAI() as server``."""
 
     def __init__(self, reply=scripted_reply, *, model: str = "fake-model", api_key: str | None = None, latency: float = 0.0,
-                 owned_by: str | None = "fake"):
+                 owned_by: str | None = "fake", hold: int = 0):
         self.reply = reply
         """body -> str or Reply."""
         self.model = model
@@ -137,8 +139,19 @@ class FakeOpenAI:
         """Consumed one per request, before normal answers."""
         self.requests: list[dict] = []
         """Every chat request's JSON body, in arrival order (``_headers`` added)."""
-        self.in_flight = 0
         self.max_in_flight = 0
+        """The most chat requests :attr:`in_flight` at once."""
+        self.hold = hold
+        """Hold the first chat requests (answer none) until this many are in flight at once, then answer as usual:
+        a test of a bound of N asks N and sees exactly N, however slow the machine. A minute is the hang guard."""
+        self.on_request = None
+        """Called with each chat request's body as it arrives (on the server's thread), after it is counted."""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The server's event loop (set once it runs)."""
+        self._handling: dict[int, web.Request] = {}
+        self._held = asyncio.Event()
+        if hold <= 0:
+            self._held.set()
         self.model_lists = 0
         """``GET /v1/models`` requests seen."""
         self._closing = asyncio.Event()
@@ -150,6 +163,7 @@ class FakeOpenAI:
         return f"http://127.0.0.1:{self.port}/v1"
 
     async def __aenter__(self) -> FakeOpenAI:
+        self.loop = asyncio.get_running_loop()
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
@@ -160,9 +174,26 @@ class FakeOpenAI:
         self.port = site._server.sockets[0].getsockname()[1]
         return self
 
+    @property
+    def in_flight(self) -> int:
+        """The chat requests being answered whose client still waits: a request whose connection the client has
+        closed (it gave up: a timeout, a market that closed) no longer counts, as it no longer counts in the
+        client's bound, though its handler may not have been cancelled yet (a busy machine runs this thread
+        late, and sees the close and the next request at once)."""
+        return sum(1 for request in self._handling.values() if request.transport is not None and not request.transport.is_closing())
+
     async def __aexit__(self, *exc) -> None:
         self._closing.set()
         await self._runner.cleanup()
+
+    async def _wait_for(self, event: asyncio.Event, seconds: float) -> None:
+        """Until ``event`` is set, the server closes, or ``seconds`` pass."""
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._closing.wait())]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def _wait(self, seconds: float) -> None:
         if seconds > 0:
@@ -186,9 +217,16 @@ class FakeOpenAI:
         body = await request.json()
         body["_headers"] = dict(request.headers)
         self.requests.append(body)
-        self.in_flight += 1
+        self._handling[id(request)] = request
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        if self.on_request is not None:
+            self.on_request(body)
         try:
+            if not self._held.is_set():
+                if self.in_flight >= self.hold:
+                    self._held.set()
+                else:
+                    await self._wait_for(self._held, 60.0)
             fault = self.faults.popleft() if self.faults else Fault()
             await self._wait(fault.delay or self.latency)
             if not self._authorized(request):
@@ -203,7 +241,7 @@ class FakeOpenAI:
                 answer = Reply(answer)
             return web.Response(body=orjson.dumps(self._completion(body, answer, fault)), content_type="application/json")
         finally:
-            self.in_flight -= 1
+            del self._handling[id(request)]
 
     def _completion(self, body: dict, answer: Reply, fault: Fault) -> dict:
         words = answer.content.split(" ")

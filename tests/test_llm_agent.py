@@ -339,21 +339,24 @@ async def test_a_timeout_is_a_timeout_error_for_the_bus(server):
 # -- one client per server, and the in-flight bound -------------------------------------------------------
 
 
-async def test_requests_in_flight_are_bounded_per_server(server):
-    server.latency = 0.1
-    agent = parse_agent(spec(server, f"{FAST}&max_inflight=2"), SELLER).build(market(), 0)
-    other = parse_agent(spec(server, f"{FAST}&max_inflight=2&format=tagged"), SELLER).build(market(), 1)
-    assert _shared(agent.backend.options) is _shared(other.backend.options)  # one client per (URL, key)
-    results: list[Generated] = []
+async def test_requests_in_flight_are_bounded_per_server():
+    async with FakeOpenAI(latency=0.1, hold=2) as server:  # nothing answered till 2 are in flight
+        try:
+            agent = parse_agent(spec(server, f"{FAST}&max_inflight=2"), SELLER).build(market(), 0)
+            other = parse_agent(spec(server, f"{FAST}&max_inflight=2&format=tagged"), SELLER).build(market(), 1)
+            assert _shared(agent.backend.options) is _shared(other.backend.options)  # one client per (URL, key)
+            results: list[Generated] = []
 
-    async def one(a):
-        results.append(await a.act(seller_obs()))
+            async def one(a):
+                results.append(await a.act(seller_obs()))
 
-    began = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for k in range(6):
-            tg.start_soon(one, agent if k % 2 else other)
-    assert len(results) == 6 and all(isinstance(r.result, Message) for r in results)
-    assert server.max_in_flight == 2
-    assert time.perf_counter() - began >= 0.3 - 0.02
-    assert min(r.extra["latency_s"] for r in results) >= 0.09  # injected latency shows; queueing does not
+            began = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for k in range(6):
+                    tg.start_soon(one, agent if k % 2 else other)
+            assert len(results) == 6 and all(isinstance(r.result, Message) for r in results)
+            assert server.max_in_flight == 2
+            assert time.perf_counter() - began >= 0.3 - 0.02
+            assert min(r.extra["latency_s"] for r in results) >= 0.09  # injected latency shows; queueing does not
+        finally:
+            await aclose_clients()

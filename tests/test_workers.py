@@ -52,12 +52,14 @@ def test_two_workers_play_the_same_episodes_as_one_process(tmp_path):
 
 
 def test_workers_keep_the_runs_bound_on_requests_in_flight(tmp_path):
-    with fake_server(latency=0.02) as server:
+    # The server answers nothing till 3 are in flight: each worker's 4 episodes open with a seller's request, and
+    # the workers' parts of the bound (2 and 1) let 3 go, not 4.
+    with serve_in_thread(latency=0.02, hold=3) as server:
         spec = f"openai:fake-model@{server.url}?max_tokens=64"
         code = main(["serve", "--episodes", "8", "--seller", spec, "--buyers", spec, "--split", "train", "--workers", "2",
                      "--max-inflight", "3", "--concurrency", "8", "--out", str(tmp_path / "run"), "--quiet"])
         assert code == 0
-        assert 1 < server.max_in_flight <= 3  # 2 and 1: the parts add up to the run's bound
+        assert server.max_in_flight == 3  # 2 and 1: the parts add up to the run's bound
         requests = len(server.requests)
     (path,) = (tmp_path / "run").glob("openai*.jsonl")
     episodes = list(read_episodes(path))
@@ -87,11 +89,11 @@ def test_workers_log_to_the_console_at_the_runs_level(tmp_path):
 
 
 def test_a_specs_max_inflight_is_shared_out_among_workers(tmp_path):
-    with fake_server(latency=0.02) as server:
+    with serve_in_thread(latency=0.02, hold=2) as server:  # nothing answered till 2 are in flight: one per worker
         spec = f"openai:fake-model@{server.url}?max_tokens=64&max_inflight=2"
         assert main(["serve", "--episodes", "6", "--seller", spec, "--buyers", spec, "--workers", "2",
                      "--out", str(tmp_path / "run"), "--quiet"]) == 0
-        assert server.max_in_flight <= 2  # one per worker, not two each
+        assert server.max_in_flight == 2  # one per worker, not two each
 
 
 def test_local_models_are_refused_with_workers(tmp_path, capsys):

@@ -266,9 +266,7 @@ async def test_an_overpaying_llm_buyer_meets_the_buyer_guard(server):
 
 async def test_a_hanging_seller_request_times_out_and_the_episode_goes_on(server):
     server.faults.append(Fault(delay=30))
-    began = time.perf_counter()
-    ep = await episode(spec(server, "retries=0&timeout=0.3"), "threshold")
-    assert time.perf_counter() - began < 5
+    ep = await episode(spec(server, "retries=0&timeout=0.3"), "threshold")  # its 30 s would pass episode()'s 20 s guard
     assert ep.outcome in ("terminated", "truncated"), ep.reason
     assert violations(ep)[0] == (SELLER, "timeout")
     assert messages(ep, SELLER)[1]["valid"]
@@ -276,18 +274,14 @@ async def test_a_hanging_seller_request_times_out_and_the_episode_goes_on(server
 
 async def test_a_hanging_buyer_request_is_a_timeout_taken_as_a_reject(server):
     server.faults.append(Fault(delay=30))
-    began = time.perf_counter()
     ep = await episode("greedy", spec(server, "retries=0&timeout=0.3"))
-    assert time.perf_counter() - began < 5
     assert ep.outcome in ("terminated", "truncated"), ep.reason
     assert [kind for who, kind in violations(ep) if who != SELLER][:1] == ["timeout"]
 
 
 async def test_the_bus_deadline_bounds_a_slow_server_too(server):
     server.latency = 30
-    began = time.perf_counter()
     ep = await episode(spec(server, "retries=0&timeout=60"), "threshold", seller_timeout=0.2)
-    assert time.perf_counter() - began < 5
     assert ep.outcome == "truncated" and {kind for _, kind in violations(ep)} == {"timeout"}
 
 

@@ -138,13 +138,21 @@ async def test_without_retry_after_the_backoff_is_exponential_with_jitter(server
     began = time.perf_counter()
     completion = await backend(server, client=ours, retries=2).complete(MESSAGES, role="seller")
     waited = time.perf_counter() - began
-    assert completion.retries == 2 and 0.375 + 0.75 - 0.02 <= waited < 1.5 + 1.0  # 0.5 s then 1 s, less up to a quarter
+    assert completion.retries == 2 and waited >= 0.375 + 0.75 - 0.02  # 0.5 s then 1 s, less up to a quarter (at most: the rules' test)
 
 
-def test_backoff_and_retry_after_rules():
+def test_backoff_and_retry_after_rules(monkeypatch):
+    from types import SimpleNamespace
+
+    from negotiate.agents import backends
+
     assert _retry_after(None) is None and _retry_after({}) is None
     assert _retry_after({"retry-after-ms": "250"}) == 0.25 and _retry_after({"retry-after": "3"}) == 3.0
-    assert 1.0 < _retry_after({"retry-after": formatdate(time.time() + 2, usegmt=True)}) <= 2.0
+    # an HTTP date (whole seconds) 2 s after the clock's now (it was the real clock's: a now late in its second,
+    # or read a moment later, made it less than the 1 s asserted)
+    monkeypatch.setattr(backends, "time", SimpleNamespace(time=lambda: 1_800_000_000.0))
+    assert _retry_after({"retry-after": formatdate(1_800_000_002, usegmt=True)}) == 2.0
+    monkeypatch.undo()
     assert _retry_after({"retry-after": "soon"}) is None
     assert _backoff(0, {"retry-after": "2"}) == 2.0
     for attempt, high in [(0, 0.5), (1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (10, 8.0)]:
@@ -209,17 +217,15 @@ async def test_403_and_404(server, ours):
 
 async def test_a_hang_is_retried_then_answers(server, ours):
     server.faults.append(Fault(delay=30))
-    began = time.perf_counter()
     completion = await backend(server, client=ours, timeout=0.3).complete(MESSAGES, role="seller")
-    assert completion.retries == 1 and completion.text == ANSWER and time.perf_counter() - began < 2.5
+    assert completion.retries == 1 and completion.text == ANSWER  # the first try cut at 0.3 s, not answered at 30 s
 
 
 async def test_hangs_past_the_retries_are_an_llm_timeout(server, ours):
     server.faults.extend([Fault(delay=30), Fault(delay=30)])
-    began = time.perf_counter()
     with pytest.raises(LLMTimeout, match=r"no reply within 0.2s \(1 retries\)") as caught:
         await backend(server, client=ours, timeout=0.2).complete(MESSAGES, role="seller")
-    assert isinstance(caught.value, TimeoutError) and time.perf_counter() - began < 2.5 and len(server.requests) == 2
+    assert isinstance(caught.value, TimeoutError) and len(server.requests) == 2
 
 
 async def test_a_refused_connection_says_cannot_reach_the_server(ours):
@@ -228,7 +234,7 @@ async def test_a_refused_connection_says_cannot_reach_the_server(ours):
     with pytest.raises(LLMError, match=r"cannot reach the server \(ConnectionRefusedError") as caught:
         await backend(None, client=ours, url=url, retries=1).complete(MESSAGES, role="seller")
     await aclose_clients()
-    assert url in str(caught.value) and 0.3 < time.perf_counter() - began < 3  # retried once, after a backoff
+    assert url in str(caught.value) and time.perf_counter() - began > 0.3  # retried once, after a backoff (0.375-0.5 s)
 
 
 async def test_an_answer_that_is_not_json_is_an_llm_error(ours):
@@ -255,6 +261,12 @@ async def test_an_answer_that_is_not_json_is_an_llm_error(ours):
 # -- the in-flight bound ----------------------------------------------------------------------------
 
 
+async def settle() -> None:
+    """Let every task run till it waits on something outside the loop: some turns of the loop, not a time."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 async def test_the_limiter_is_fifo_resizable_and_survives_cancellation():
     limiter = _Limiter(1)
     order: list[int] = []
@@ -268,12 +280,12 @@ async def test_the_limiter_is_fifo_resizable_and_survives_cancellation():
     first = asyncio.create_task(hold(0))
     await asyncio.sleep(0)
     waiting = [asyncio.create_task(hold(k)) for k in (1, 2, 3)]
-    await asyncio.sleep(0.01)
+    await settle()
     assert order == [0] and limiter.borrowed_tokens == 1
     waiting[0].cancel()  # a cancelled waiter gives up its place
-    await asyncio.sleep(0.01)
+    await settle()
     limiter.total_tokens = 2  # a larger bound wakes the next waiter at once
-    await asyncio.sleep(0.01)
+    await settle()
     assert order == [0, 2] and limiter.borrowed_tokens == 2
     release.set()
     await asyncio.gather(first, *waiting[1:])
@@ -288,7 +300,7 @@ async def test_a_waiter_cancelled_after_its_grant_passes_the_slot_on():
     await asyncio.sleep(0)
     await limiter.__aexit__(None, None, None)  # grants the slot to `late` ...
     late.cancel()  # ... which is cancelled before it runs
-    await asyncio.sleep(0.01)
+    await settle()
     assert after.done() and limiter.borrowed_tokens == 1
     await limiter.__aexit__(None, None, None)
     assert limiter.borrowed_tokens == 0

@@ -65,13 +65,17 @@ def test_workers_keep_the_runs_bound_on_requests_in_flight(tmp_path):
     episodes = list(read_episodes(path))
     assert sorted(events[0]["index"] for events in episodes) == list(range(8))
     logged = [e for events in episodes for e in events if e["type"] == "message" and "latency_s" in (e.get("extra") or {})]
-    # Every model reply is in the parent's trace, but for a few the market closed on while they were asked for.
-    assert 0.9 * requests <= len(logged) <= requests
+    # Every model reply is in the parent's trace, but for those the market closed on while they were asked for
+    # (how many depends on the timing); each episode has at least the seller's first.
+    assert len(episodes) <= len(logged) <= requests and all(any("latency_s" in (e.get("extra") or {}) for e in events)
+                                                            for events in episodes)
     # Each worker logs its own requests, one line each.
     lines = [orjson.loads(line) for p in sorted((tmp_path / "run").glob("requests.worker-*.log.jsonl")) for line in p.read_bytes().splitlines()]
     assert len(list((tmp_path / "run").glob("requests.worker-*.log.jsonl"))) == 2
-    answered = [line for line in lines if line["event"] == "llm request"]  # the rest: cancelled when a market closed
-    assert len(logged) <= len(answered) <= requests and all(line["latency_s"] >= 0.02 for line in answered)
+    answered = [line for line in lines if line["event"] == "llm request"]
+    cancelled = [line for line in lines if line["event"] == "llm request cancelled"]  # when a market closed
+    assert len(logged) <= len(answered) <= requests <= len(answered) + len(cancelled)
+    assert all(line["latency_s"] >= 0.02 for line in answered)
 
 
 def test_workers_log_to_the_console_at_the_runs_level(tmp_path):
@@ -122,12 +126,13 @@ def test_stopped_workers_keep_every_finished_episode_and_resume_finishes(tmp_pat
         # SIGINT's default action back: a shell starts background jobs (a CI script's, say) with SIGINT ignored.
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"},
                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a hang guard
         while time.monotonic() < deadline:
             files = list(out.glob("openai*.jsonl"))
             if files and files[0].read_bytes().count(b'"type":"episode_end"') >= 3:
                 break
             time.sleep(0.1)
+        server.latency = 3600  # no more answers: the run cannot finish before the signal, however late it comes
         process.send_signal(signal.SIGINT)  # the parent alone, as `kill -INT` would
         _, err = process.communicate(timeout=60)
         assert process.returncode == 130, err
@@ -135,6 +140,7 @@ def test_stopped_workers_keep_every_finished_episode_and_resume_finishes(tmp_pat
         kept = scan(path)
         assert kept.good_bytes == path.stat().st_size  # whole episodes only
         assert 3 <= len(kept.complete) < 40
+        server.latency = 0.05
         assert main(["serve", "--resume", str(out), "--quiet", "--workers", "2", "--max-inflight", "8"]) == 0
     indices = sorted(events[0]["index"] for events in read_episodes(path))
     assert indices == list(range(40))

@@ -16,6 +16,7 @@ import importlib.util
 import logging
 import os
 import sys
+import threading
 import time
 import types
 
@@ -327,64 +328,64 @@ async def test_a_vllm_engine_that_cannot_start_is_an_llm_error(fake_vllm):
 
 
 class _StandIn:
-    """What the batcher needs of a model: ``batch`` and a blocking ``generate(jobs)``."""
+    """What the batcher needs of a model: ``batch`` and a blocking ``generate(jobs)``. With a ``gate``, each
+    generation sets ``started`` and waits (in the worker thread) till the test opens the gate."""
 
-    def __init__(self, batch: int, delay: float = 0.05, fail: bool = False):
-        self.batch, self.delay, self.fail = batch, delay, fail
+    def __init__(self, batch: int, delay: float = 0.05, fail: bool = False, gate: threading.Event | None = None):
+        self.batch, self.delay, self.fail, self.gate = batch, delay, fail, gate
+        self.started = threading.Event()
         self.seen: list[list[str]] = []
 
     def generate(self, jobs):
-        time.sleep(self.delay)  # in the worker thread: the event loop stays free meanwhile
         self.seen.append([job.messages[0]["content"] for job in jobs])
+        self.started.set()
+        if self.gate is not None:
+            assert self.gate.wait(60), "the test never opened the gate"  # a hang guard
+        else:
+            time.sleep(self.delay)  # in the worker thread: the event loop stays free meanwhile
         if self.fail:
             raise LLMError("model exploded")
         return [_Generated([1, 2], [-0.1, -0.2], [5], job.messages[0]["content"].upper(), "stop", len(jobs), self.delay) for job in jobs]
 
 
-async def _submit(batcher, text):
+def _queue(batcher, text) -> asyncio.Future:
     job = _Job([{"role": "user", "content": text}], 0.7, 1.0, 8, None, asyncio.get_running_loop().create_future())
     batcher.submit(job)
-    return await job.future
+    return job.future
+
+
+async def _submit(batcher, text):
+    return await _queue(batcher, text)
+
+
+async def _generating(model: _StandIn) -> None:
+    """Until the model's worker thread is in a generation (waited for in another thread: the loop stays free)."""
+    assert await anyio.to_thread.run_sync(model.started.wait, 60)
 
 
 async def test_requests_arriving_during_a_batch_form_the_next_batch():
-    model = _StandIn(batch=3)
+    model = _StandIn(batch=3, gate=threading.Event())
     batcher = _Batcher(model)
-    results = {}
-
-    async def ask(text, after=0.0):
-        await anyio.sleep(after)
-        results[text] = (await _submit(batcher, text)).text
-
-    ticks = 0
-
-    async def heartbeat():  # the loop is never blocked by generation
-        nonlocal ticks
-        while len(results) < 7:
-            ticks += 1
-            await anyio.sleep(0.005)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(heartbeat)
-        for k in range(2):
-            tg.start_soon(ask, f"first{k}")
-        for k in range(5):
-            tg.start_soon(ask, f"later{k}", 0.02)
+    firsts = [_queue(batcher, f"first{k}") for k in range(2)]
+    await _generating(model)  # the first batch is in the worker thread, held there ...
+    laters = [_queue(batcher, f"later{k}") for k in range(5)]  # ... while the event loop takes more requests
+    model.gate.set()
+    results = [answer.text for answer in await asyncio.gather(*firsts, *laters)]
     assert [len(b) for b in model.seen] == [2, 3, 2] == batcher.batches
-    assert set(model.seen[0]) == {"first0", "first1"}
-    assert results == {t: t.upper() for t in results} and len(results) == 7
-    assert ticks > 5
+    assert model.seen == [["first0", "first1"], ["later0", "later1", "later2"], ["later3", "later4"]]
+    assert results == ["FIRST0", "FIRST1", "LATER0", "LATER1", "LATER2", "LATER3", "LATER4"]
 
 
 async def test_a_cancelled_request_is_skipped_and_the_others_go_on():
-    model = _StandIn(batch=1, delay=0.05)
+    model = _StandIn(batch=1, gate=threading.Event())
     batcher = _Batcher(model)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_submit, batcher, "a")
-        await anyio.sleep(0.001)  # "a" is submitted first
-        with anyio.move_on_after(0.01):
-            await _submit(batcher, "b")  # still queued behind "a" when it gives up
-        assert (await _submit(batcher, "c")).text == "C"
+    first = _queue(batcher, "a")
+    await _generating(model)  # "a" is in the worker thread, held there till the gate opens
+    with anyio.move_on_after(0.01) as scope:
+        await _submit(batcher, "b")  # queued behind "a" when it gives up
+    assert scope.cancelled_caught
+    model.gate.set()
+    assert (await first).text == "A" and (await _submit(batcher, "c")).text == "C"
     assert model.seen == [["a"], ["c"]]
 
 

@@ -231,12 +231,10 @@ async def test_a_context_overflow_fails_the_episode_with_the_servers_reason(llam
     market = dataclasses.replace(market, products=(dataclasses.replace(market.products[0], name=long_name), *market.products[1:]))
     seller = parse_agent(spec(llamacpp), SELLER).build(market, [1, 2])
     buyers = {b.id: parse_agent("threshold", "buyer").build(market, [1, 1, k]) for k, b in enumerate(market.buyers)}
-    began = time.perf_counter()
     with anyio.fail_after(60):
         ep = await run_episode(market, seller, buyers, seller_timeout=60, reply_timeout=60)
     assert ep.outcome == "failed", ep.reason
     assert "LLMError" in ep.reason and f"{MODEL} at {llamacpp}" in ep.reason and "request failed (400)" in ep.reason
     assert f"maximum context length is {N_CTX} tokens" in ep.reason, ep.reason
-    assert time.perf_counter() - began < 30  # refused before any work, and a 400 is not retried
     assert not messages(ep)
 

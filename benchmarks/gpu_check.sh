@@ -50,11 +50,11 @@ step 60 "teacher: greedy on $markets compact markets" \
     "$py" -m negotiate serve --seller greedy --split "$repo/specs/compact.toml" --episodes $markets --seed 0 --out "$work/teacher" --quiet
 step 180 "negotiate train --method sft, $steps steps of $size decisions, bf16, on the GPU" \
     "$py" -m negotiate train --method sft --model "$work/random" --traces "$work/teacher" --max-steps $steps --batch-size $size \
-    --micro-batch $size --bf16 --eval-episodes 0 --out "$work/sft"
+    --set micro_batch=$size --set bf16=true --eval-episodes 0 --out "$work/sft"
 cp "$work/sft/train.json" "$work/sft/metrics.jsonl" "$out/" 2>/dev/null
 step 180 "negotiate train --method online-grpo (TRL's GRPOTrainer, rollouts by transformers), ${online[0]} steps of ${online[2]}" \
-    "$py" -m negotiate train --method online-grpo --model "$work/random" --split "$repo/specs/compact.toml" --max-steps ${online[0]} \
-    --group ${online[1]} --batch-size ${online[2]} --max-tokens ${online[3]} --bf16 --eval-episodes 0 --out "$work/online"
+    "$py" -m negotiate train --method online-grpo --model "$work/random" --set split="$repo/specs/compact.toml" --max-steps ${online[0]} \
+    --set group=${online[1]} --batch-size ${online[2]} --set max_tokens=${online[3]} --set bf16=true --eval-episodes 0 --out "$work/online"
 cp "$work/online/train.json" "$out/online-train.json" 2>/dev/null
 cp "$work/online/metrics.jsonl" "$out/online-metrics.jsonl" 2>/dev/null
 step 120 "negotiate serve --seller hf: (the trained checkpoint, bf16, on the GPU), $served markets" \

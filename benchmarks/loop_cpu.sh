@@ -35,27 +35,27 @@
 set -euo pipefail
 OUT=${1:-runs/loop-cpu}
 ROUNDS=${ROUNDS:-1}
-METHOD=(--round-method rft --round-epochs 2)
+METHOD=(--round-method rft --set round_epochs=2)
 if [ "${GRPO:-0}" = 1 ]; then METHOD=(--round-method offline-grpo); fi
-if [ "${DAGGER:-0}" = 1 ]; then METHOD=(--round-method dagger --grpo-steps 64); fi
-if [ "${AGGREGATE:-0}" = 1 ]; then METHOD+=(--aggregate); fi
+if [ "${DAGGER:-0}" = 1 ]; then METHOD=(--round-method dagger --set grpo_steps=64); fi
+if [ "${AGGREGATE:-0}" = 1 ]; then METHOD+=(--set aggregate=true); fi
 if [ -n "${SFT_FROM:-}" ]; then METHOD+=(--sft-from "$SFT_FROM"); fi
-if [ "${LEGAL:-0}" = 1 ]; then METHOD+=(--legal); fi
-if [ -n "${ACTION_WEIGHTS:-}" ]; then METHOD+=(--action-weights "$ACTION_WEIGHTS"); fi
-if [ -n "${ROUND_ACTION_WEIGHTS:-}" ]; then METHOD+=(--round-action-weights "$ROUND_ACTION_WEIGHTS"); fi
-SIZE=(--teacher-episodes 300 --sft-steps 80 --markets 32)
-GROUP=(--group 4)
+if [ "${LEGAL:-0}" = 1 ]; then METHOD+=(--set legal=true); fi
+if [ -n "${ACTION_WEIGHTS:-}" ]; then METHOD+=(--set "action_weights=$ACTION_WEIGHTS"); fi
+if [ -n "${ROUND_ACTION_WEIGHTS:-}" ]; then METHOD+=(--set "round_action_weights=$ROUND_ACTION_WEIGHTS"); fi
+SIZE=(--set teacher_episodes=300 --sft-steps 80 --set markets=32)
+GROUP=(--set group=4)
 if [ "${COMPACT:-0}" = 1 ]; then
     # docs/experiments/compact-prompt.md: 2.3x fewer prompt tokens pay for twice the teacher's decisions and rounds of 64 markets.
-    METHOD+=(--prompt compact --legal --no-untrained); SIZE=(--teacher-episodes 600 --sft-steps 160 --markets 64)
+    METHOD+=(--prompt compact --set legal=true --set untrained=false); SIZE=(--set teacher_episodes=600 --sft-steps 160 --set markets=64)
 fi
 if [ "${DAGGER:-0}" = 1 ]; then
     # docs/experiments/dagger.md: the teacher labels every state of 128 markets x 2 of the policy's; 64 steps of 16 labels.
-    SIZE[-1]=128; GROUP=(--group 2)
+    SIZE[-1]=markets=128; GROUP=(--set group=2)
 fi
 cd "$(dirname "$0")/.."
 negotiate loop --out "$OUT" --model smollm2 --teacher "${TEACHER:-greedy}" --buyers "${BUYERS:-threshold}" --split specs/compact.toml \
-    "${SIZE[@]}" --sft-batch 16 --sft-lr 4e-4 \
-    --rounds "$ROUNDS" "${METHOD[@]}" "${GROUP[@]}" --temperature "${TEMPERATURE:-1.0}" --grpo-batch 16 --grpo-lr 2e-4 \
+    "${SIZE[@]}" --set sft_batch=16 --set sft_lr=4e-4 \
+    --rounds "$ROUNDS" "${METHOD[@]}" "${GROUP[@]}" --set "temperature=${TEMPERATURE:-1.0}" --set grpo_batch=16 --set grpo_lr=2e-4 \
     --eval-splits specs/compact.toml,specs/compact-correlated.toml,specs/compact-shapes.toml --eval-episodes 64 \
-    --eval-buyers "${EVAL_BUYERS:-threshold}" --ladder greedy,planner,posted,concession,dutch,oracle --max-tokens 48 --concurrency 64 --threads 2
+    --eval-buyers "${EVAL_BUYERS:-threshold}" --set ladder=greedy,planner,posted,concession,dutch,oracle --set max_tokens=48 --set concurrency=64 --set threads=2

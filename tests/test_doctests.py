@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("name", ["negotiate.metrics", "negotiate.workers", "negotiate.runner",
+@pytest.mark.parametrize("name", ["negotiate.metrics", "negotiate.settings", "negotiate.workers", "negotiate.runner",
                                   "negotiate.training.rewards", "negotiate.training.dataset", "negotiate.training.server",
                                   "negotiate.report", "negotiate.plots", "negotiate.agents.planner", "negotiate.agents.llm",
                                   "negotiate.agents.views.text", "negotiate.agents.views.advice", "negotiate.agents.views.tools",

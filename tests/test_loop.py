@@ -17,7 +17,9 @@ from negotiate.cli import main
 from negotiate.errors import UserError
 from negotiate.trace import read_records, trace_files
 from negotiate.training import loop
+from negotiate.settings import read_settings
 from negotiate.training.loop import EVAL_FIELDS, SFT_FIELDS, LoopConfig, LoopError, results_table, run_loop
+from negotiate.training.trainer import TrainConfig
 
 SPEC = 'split = "train"\nname = "tiny"\nbuyers = 2\nproducts = 2\n'
 
@@ -32,9 +34,11 @@ def world(monkeypatch, tmp_path):
     def run_stage(name, args, out_file, *, tolerate_failed_episodes=True):
         calls.append(name)
         crash["args"][name] = args
-        if args[0] == "train":
-            crash["train_args"].append(args)
-            out = Path(args[args.index("--out") + 1])
+        if args[0] == "train":  # the stage runs `train --config FILE`: the typed config, as the child reads it
+            assert args[1] == "--config" and Path(args[2]).name == "train.toml"
+            train = TrainConfig(**read_settings(args[2], TrainConfig, command="train"))
+            crash["train_args"].append(train)
+            out = Path(train.out)
             out.mkdir(parents=True)
             (out / "metrics.jsonl").write_text("{}\n")
         if name == crash["at"]:
@@ -88,9 +92,9 @@ def test_a_loop_killed_mid_training_resumes_at_that_stage_and_keeps_every_finish
     calls.clear()
     data = run_loop(config(), echo=lambda line: None)
     assert calls == ["round 1 rft", "round 1 eval (threshold)"]  # ...is redone; nothing finished runs twice
-    args = crash["train_args"][-1]
-    assert args[args.index("--method") + 1] == "rft" and args[args.index("--epochs") + 1] == "1.0" and "--kl-beta" not in args
-    assert args[args.index("--adapter") + 1].endswith("round-00/checkpoint/adapter")
+    train = crash["train_args"][-1]
+    assert train.method == "rft" and train.epochs == 1.0 and train.max_steps is None and train.kl_beta == 0.0
+    assert train.adapter.endswith("round-00/checkpoint/adapter")
     assert data["done"][-2:] == ["round 1 train", "round 1 eval"]
     assert set(data["rounds"]) == {"0", "1"}
     results = (out / "results.md").read_text()
@@ -203,7 +207,7 @@ def test_a_run_started_where_bf16_is_fast_resumes_in_bf16_where_it_is_not(world,
     with pytest.raises(UserError, match=r"--bf16 True; rerun with the same value"):
         run_loop(config(bf16=False), echo=lambda line: None)
     data = run_loop(config(), echo=lambda line: None)
-    assert data["config"]["bf16"] is True and all("--bf16" in args for args in crash["train_args"])
+    assert data["config"]["bf16"] is True and all(train.bf16 for train in crash["train_args"])
     assert json.loads((out / "loop.json").read_text())["config"]["bf16"] is True
 
 
@@ -211,19 +215,19 @@ def test_offline_grpo_rounds_pass_their_kl_and_steps(world):
     config, calls, crash, out = world
     run_loop(config(round_method="offline-grpo", kl_beta=0.05, grpo_steps=3), echo=lambda line: None)
     assert "round 1 offline-grpo" in calls
-    args = crash["train_args"][-1]
-    assert args[args.index("--method") + 1] == "offline-grpo" and args[args.index("--kl-beta") + 1] == "0.05"
-    assert args[args.index("--max-steps") + 1] == "3" and "--epochs" not in args
+    train = crash["train_args"][-1]
+    assert train.method == "offline-grpo" and train.kl_beta == 0.05
+    assert train.max_steps == 3 and train.epochs == 1.0  # the steps given; epochs stays the trainer's default, unused
 
 
 def test_dagger_rounds_label_the_policys_states_with_the_teacher_and_need_no_group(world):
     config, calls, crash, out = world
     run_loop(config(round_method="dagger", teacher="planner", group=1, markets=3, grpo_steps=2), echo=lambda line: None)
     assert "round 1 dagger" in calls
-    args = crash["train_args"][-1]
-    assert args[args.index("--method") + 1] == "dagger" and args[args.index("--teacher") + 1] == "planner"
-    assert args[args.index("--min-group") + 1] == "1" and "--kl-beta" not in args
-    assert args[args.index("--traces") + 1].endswith("round-01/rollouts")
+    train = crash["train_args"][-1]
+    assert train.method == "dagger" and train.teacher == "planner"
+    assert train.min_group == 1 and train.kl_beta == 0.0
+    assert len(train.traces) == 1 and train.traces[0].endswith("round-01/rollouts")
     assert json.loads((out / "loop.json").read_text())["done"][-2:] == ["round 1 train", "round 1 eval"]
 
 
@@ -233,15 +237,14 @@ def test_aggregated_dagger_rounds_learn_from_the_teachers_episodes_and_every_rou
     assert [c for c in calls if c.endswith("dagger")] == ["round 1 dagger", "round 2 dagger"]
     first, second = crash["train_args"][-2:]
 
-    def traces(args):
-        tail = args[args.index("--traces") + 1:]
-        return [Path(t).relative_to(out).as_posix() for t in tail[:tail.index("--model")]]
+    def traces(train):
+        return [Path(t).relative_to(out).as_posix() for t in train.traces]
 
     assert traces(first) == ["round-00/teacher", "round-01/rollouts"]
     assert traces(second) == ["round-00/teacher", "round-01/rollouts", "round-02/rollouts"]
     for name in traces(second):
         assert any((out / name).rglob("*.jsonl")), name  # each is a folder of finished episodes
-    assert second[second.index("--adapter") + 1].endswith("round-01/checkpoint/adapter")
+    assert second.adapter.endswith("round-01/checkpoint/adapter")
 
 
 def test_an_aggregated_dagger_round_has_a_signal_from_the_teachers_episodes_even_where_its_rollouts_have_none(world, tmp_path):
@@ -260,15 +263,15 @@ def test_an_aggregated_dagger_round_has_a_signal_from_the_teachers_episodes_even
 def test_action_weights_reach_the_sft_and_the_imitation_rounds_and_round_0_depends_on_them(world):
     config, calls, crash, out = world
     run_loop(config(round_method="dagger", group=1, markets=3, grpo_steps=2, action_weights="accept=4"), echo=lambda line: None)
-    sft, dagger = crash["args"]["round 0 sft"], crash["args"]["round 1 dagger"]
-    assert sft[sft.index("--action-weights") + 1] == dagger[dagger.index("--action-weights") + 1] == "accept=4"
+    sft, dagger = crash["train_args"]
+    assert sft.action_weights == dagger.action_weights == "accept=4"
     with pytest.raises(UserError, match=r"--action-weights.*round 0 depends on it"):  # another SFT: not taken from this run
         run_loop(config(out=str(out.parent / "b"), sft_from=str(out)), echo=lambda line: None)
     run_loop(config(out=str(out.parent / "c"), sft_from=str(out), action_weights="accept=4", round_method="offline-grpo"),
              echo=lambda line: None)
-    assert "--action-weights" not in crash["args"]["round 1 offline-grpo"]  # a policy gradient weighs by advantage only
+    assert crash["train_args"][-1].method == "offline-grpo" and crash["train_args"][-1].action_weights == ""  # a policy gradient weighs by advantage only
     run_loop(config(out=str(out.parent / "d"), rounds=0), echo=lambda line: None)
-    assert "--action-weights" not in crash["args"]["round 0 sft"]
+    assert crash["train_args"][-1].method == "sft" and crash["train_args"][-1].action_weights == ""
     # One setting, one spelling: accept=4.0 with offer=1 is accept=4, so the first run resumes with it (nothing left to do).
     calls.clear()
     run_loop(config(round_method="dagger", group=1, markets=3, grpo_steps=2, action_weights="offer=1, accept=4.0"), echo=lambda line: None)
@@ -279,13 +282,15 @@ def test_round_action_weights_replace_the_sfts_in_the_rounds_so_a_weighted_sft_c
     config, calls, crash, out = world
     run_loop(config(round_method="dagger", group=1, markets=3, grpo_steps=2, action_weights="accept=4", round_action_weights="end=2"),
              echo=lambda line: None)
-    sft, dagger = crash["args"]["round 0 sft"], crash["args"]["round 1 dagger"]
-    assert sft[sft.index("--action-weights") + 1] == "accept=4" and dagger[dagger.index("--action-weights") + 1] == "end=2"
+    sft, dagger = crash["train_args"]
+    assert sft.action_weights == "accept=4" and dagger.action_weights == "end=2"
     # The SFT does not depend on the rounds' weights: --sft-from takes it, and "none" makes the rounds weigh every decision 1.
     crash["args"].clear()
+    crash["train_args"].clear()
     run_loop(config(out=str(out.parent / "b"), sft_from=str(out), round_method="dagger", group=1, markets=3, grpo_steps=2,
                     action_weights="accept=4", round_action_weights="none"), echo=lambda line: None)
-    assert "round 0 sft" not in crash["args"] and "--action-weights" not in crash["args"]["round 1 dagger"]
+    assert "round 0 sft" not in crash["args"] and [t.method for t in crash["train_args"]] == ["dagger"]
+    assert crash["train_args"][0].action_weights == ""
     assert json.loads((out.parent / "b" / "loop.json").read_text())["config"]["round_action_weights"] == ""
     # A run's rounds keep their weights: resuming with others is refused.
     with pytest.raises(UserError, match="round_action_weights|round-action-weights"):
@@ -346,8 +351,7 @@ def test_a_run_takes_round_0_from_an_earlier_one_and_only_trains_its_rounds(worl
     assert data["done"][:6] == list(loop.ROUND0_STAGES)
     teacher = sorted(p.relative_to(out) for p in (out / "round-00").rglob("*") if p.is_file())
     assert teacher and sorted(p.relative_to(other) for p in (other / "round-00").rglob("*") if p.is_file()) == teacher
-    args = crash["train_args"][-1]
-    assert args[args.index("--adapter") + 1] == str(other / "round-00" / "checkpoint" / "adapter")
+    assert crash["train_args"][-1].adapter == str(other / "round-00" / "checkpoint" / "adapter")
     results = (other / "results.md").read_text()
     assert "| SFT (round 0) |" in results and "| round 1 − SFT (round 0) (paired) |" in results and "| greedy |" in results
     # A flag round 0 depends on must match; the round's own flags may differ (markets, method, above).
@@ -398,8 +402,8 @@ def test_the_compact_prompt_goes_to_the_sft_and_into_the_policys_spec(world):
     config, calls, crash, out = world
     run_loop(config(prompt="compact"), echo=lambda line: None)
     sft, round1 = crash["train_args"]
-    assert sft[sft.index("--method") + 1] == "sft" and sft[sft.index("--prompt") + 1] == "compact"
-    assert round1[round1.index("--prompt") + 1] == "compact"
+    assert sft.method == "sft" and sft.prompt == "compact"
+    assert round1.prompt == "compact"
     for stage in ("round 0 eval (threshold)", "round 1 collect", "round 1 eval (threshold)"):
         args = crash["args"][stage]
         assert args[args.index("--seller") + 1].endswith("&prompt=compact"), stage
@@ -606,8 +610,9 @@ def test_a_config_file_sets_the_loop_flags_and_the_command_line_overrides_it(tmp
     config = _config_from(["--config", str(file), "--out", str(tmp_path / "x")])
     assert (config.teacher, config.teacher_episodes, config.legal, config.sft_lr, config.rounds) == ("planner", 600, True, 1.0, 3)
     assert config.sft_steps == LoopConfig().sft_steps  # not in the file: the default
-    # a flag given on the command line wins, even where it says what the default says (--no-legal, --rounds 2)
-    config = _config_from(["--config", str(file), "--no-legal", "--rounds", "2", "--teacher-episodes", "5"])
+    # --set wins over the file, and a flag typed over both, even where it says what the default says (legal=false, --rounds 2)
+    config = _config_from(["--config", str(file), "--set", "legal=false", "--set", "teacher-episodes=5", "--rounds", "2",
+                           "--set", "rounds=4"])
     assert (config.legal, config.rounds, config.teacher_episodes, config.teacher) == (False, 2, 5, "planner")
     expected = LoopConfig(split="train", eval_splits="train")
     expected.check()  # bf16 left unset is decided by the machine
@@ -625,7 +630,7 @@ def test_sft_on_given_teacher_traces_copies_them_into_the_run_and_plays_no_teach
     (copied,) = trace_files([out / "round-00" / "teacher"])
     assert copied.read_bytes() == trace.read_bytes()
     sft, round1 = crash["train_args"]
-    assert sft[sft.index("--traces") + 1] == str(out / "round-00" / "teacher") and round1[round1.index("--method") + 1] == "rft"
+    assert sft.traces == (str(out / "round-00" / "teacher"),) and round1.method == "rft"
     assert json.loads((out / "loop.json").read_text())["config"]["teacher_traces"] == str(given.resolve())
     # The run keeps its copy: with the given traces gone, a rerun still resumes (and finds nothing left to do).
     for path in given.iterdir():
@@ -684,12 +689,12 @@ def test_the_readmes_loop_runs_are_config_files_that_check(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("text, message", [
-    ("teacher_epsiodes = 600\n", "teacher_epsiodes: not a loop flag; choose from out, model, teacher"),
+    ("teacher_epsiodes = 600\n", "teacher_epsiodes: not a loop setting; choose from out, model, teacher"),
     ('rounds = "two"\n', "rounds: 'two': must be an integer"),
     ("legal = 1\n", "legal: 1: must be true or false"),
     ("sft_lr = true\n", "sft_lr: True: must be a number"),
     ('teacher = 3\n', "teacher: 3: must be a string"),
-    ("rounds = 2\nrounds-x = 1\n", "rounds-x: not a loop flag"),
+    ("rounds = 2\nrounds-x = 1\n", "rounds-x: not a loop setting"),
     ("sft-steps = 2\nsft_steps = 3\n", "sft_steps: is given twice"),
     ("rounds = \n", "not valid TOML"),
     ('round_method = "foo"\n', "round_method: 'foo': choose from rft, dagger, offline-grpo"),  # a value check() refuses
@@ -740,6 +745,6 @@ def test_bf16_left_unset_follows_the_cpu_and_is_kept_as_decided(monkeypatch, tmp
 
     monkeypatch.setattr(local, "cpu_bf16", lambda: has_bf16)
     monkeypatch.setattr("negotiate.training.server.detect_device", lambda: "cpu")
-    argv = ["--split", "train", "--eval-splits", "train", *([] if given is None else ["--bf16" if given else "--no-bf16"])]
+    argv = ["--split", "train", "--eval-splits", "train", *([] if given is None else ["--set", f"bf16={str(given).lower()}"])]
     config = _config_from(argv)
     assert config.bf16 is expected and config.to_json()["bf16"] is expected  # loop.json holds the decision, not "auto"

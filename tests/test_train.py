@@ -693,20 +693,20 @@ def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, mo
     (["--method", "ppo", "--traces", "x"], "--method: 'ppo': unknown method; choose from sft, rft, dagger, offline-grpo, online-grpo"),
     (["--method", "sft"], "--traces: sft learns from traces: give --traces DIR"),
     (["--traces", "x", "--prompt", "short"], "--prompt: 'short': choose from full, compact"),
-    (["--traces", "x", "--reward", "money"], "--reward: 'money': unknown reward"),
-    (["--traces", "x", "--top", "0"], "--top: 0.0: must be in (0, 1]"),
+    (["--traces", "x", "--set", "reward=money"], "--set: reward: 'money': unknown reward"),
+    (["--traces", "x", "--set", "top=0"], "--set: top: 0.0: must be in (0, 1]"),
     (["--traces", "x", "--batch-size", "0"], "--batch-size: 0: must be at least 1"),
     (["--traces", "x", "--max-steps", "0"], "--max-steps: 0: must be at least 1"),
     (["--traces", "x", "--epochs", "0"], "--epochs: 0.0: must be above 0"),
-    (["--traces", "x", "--method", "offline-grpo", "--kl-beta", "0.1", "--no-lora"], "--kl-beta: 0.1: a KL to the reference needs LoRA"),
+    (["--traces", "x", "--method", "offline-grpo", "--set", "kl_beta=0.1", "--set", "lora=false"], "--set: kl_beta: 0.1: a KL to the reference needs LoRA"),
     (["--traces", "x", "--method", "dagger", "--teacher", "oracle"], "--teacher: 'oracle': this seller cannot follow another seller's"),
-    (["--traces", "x", "--action-weights", "bid=2"], "--action-weights: 'bid=2': 'bid' is not a seller action; choose from offer, accept"),
-    (["--traces", "x", "--action-weights", "accept"], "--action-weights: 'accept': 'accept' is not kind=weight (e.g. accept=4)"),
-    (["--traces", "x", "--action-weights", "accept=0"], "the weight of 'accept' must be a number above 0, not '0'"),
-    (["--traces", "x", "--action-weights", "accept=many"], "the weight of 'accept' must be a number above 0, not 'many'"),
-    (["--traces", "x", "--action-weights", "accept=2,accept=3"], "'accept' is given twice"),
-    (["--traces", "x", "--method", "offline-grpo", "--action-weights", "accept=2"],
-     "--action-weights: 'accept=2': weighs imitated decisions: use it with --method sft, rft, dagger"),
+    (["--traces", "x", "--set", "action_weights=bid=2"], "--set: action_weights: 'bid=2': 'bid' is not a seller action; choose from offer, accept"),
+    (["--traces", "x", "--set", "action_weights=accept"], "--set: action_weights: 'accept': 'accept' is not kind=weight (e.g. accept=4)"),
+    (["--traces", "x", "--set", "action_weights=accept=0"], "the weight of 'accept' must be a number above 0, not '0'"),
+    (["--traces", "x", "--set", "action_weights=accept=many"], "the weight of 'accept' must be a number above 0, not 'many'"),
+    (["--traces", "x", "--set", "action_weights=accept=2,accept=3"], "'accept' is given twice"),
+    (["--traces", "x", "--method", "offline-grpo", "--set", "action_weights=accept=2"],
+     "--set: action_weights: 'accept=2': weighs imitated decisions: use it with --method sft, rft, dagger"),
 ])
 def test_train_flags_are_checked_before_anything_loads(argv, message, capsys, tmp_path):
     assert main(["train", "--out", str(tmp_path / "o"), *argv]) == 2
@@ -734,14 +734,14 @@ def test_every_train_flag_is_a_config_field_with_help():
     (["--lr", "-1"], "--lr: -1.0: must be above 0"),
     (["--lr", "nan"], "--lr: nan: must be a finite number"),
     (["--epochs", "nan"], "--epochs: nan: must be a finite number"),
-    (["--kl-beta", "-1"], "--kl-beta: -1.0: must be 0 or more"),
-    (["--weight-decay", "-0.1"], "--weight-decay: -0.1: must be 0 or more"),
-    (["--temperature", "-1"], "--temperature: -1.0: must be from 0 to 2 (0: greedy)"),
+    (["--set", "kl_beta=-1"], "--set: kl_beta: -1.0: must be 0 or more"),
+    (["--set", "weight_decay=-0.1"], "--set: weight_decay: -0.1: must be 0 or more"),
+    (["--set", "temperature=-1"], "--set: temperature: -1.0: must be from 0 to 2 (0: greedy)"),
     (["--eval-episodes", "-5"], "--eval-episodes: -5: must be 0 or more (0: none)"),
-    (["--eval-every", "-1"], "--eval-every: -1: must be 0 or more (0: only before and after)"),
-    (["--clip-eps", "-1"], "--clip-eps: -1.0: must be above 0"),
-    (["--max-grad-norm", "0"], "--max-grad-norm: 0.0: must be above 0 (inf: no clipping)"),
-    (["--min-group", "0"], "--min-group: 0: must be at least 1"),
+    (["--set", "eval_every=-1"], "--set: eval_every: -1: must be 0 or more (0: only before and after)"),
+    (["--set", "clip_eps=-1"], "--set: clip_eps: -1.0: must be above 0"),
+    (["--set", "max_grad_norm=0"], "--set: max_grad_norm: 0.0: must be above 0 (inf: no clipping)"),
+    (["--set", "min_group=0"], "--set: min_group: 0: must be at least 1"),
     (["--threads", "0"], "--threads: 0: must be at least 1"),
 ])
 def test_a_number_out_of_its_range_is_one_line_naming_its_flag_and_no_folder_is_made(argv, message, capsys, tmp_path):
@@ -776,11 +776,11 @@ def test_an_unknown_eval_split_is_refused_under_its_own_flag_before_the_traces_a
     spec = tmp_path / "bad.toml"
     spec.write_text('split = "nosuch"\n')
     for split, message in [
-        ("nosuch", "--eval-split: 'nosuch': unknown split; choose from train"),
-        (str(tmp_path), f"--eval-split: '{tmp_path}': is a folder; give a split or a .toml spec file"),
+        ("nosuch", "--set: eval_split: 'nosuch': unknown split; choose from train"),
+        (str(tmp_path), f"--set: eval_split: '{tmp_path}': is a folder; give a split or a .toml spec file"),
         (str(spec), f"{spec}: split: 'nosuch': unknown split"),
     ]:
-        argv = ["train", "--traces", str(traces / "run"), "--eval-split", split, "--eval-episodes", "1", "--out", str(tmp_path / "o")]
+        argv = ["train", "--traces", str(traces / "run"), "--set", f"eval_split={split}", "--eval-episodes", "1", "--out", str(tmp_path / "o")]
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
@@ -823,7 +823,7 @@ def test_a_run_refused_after_reading_the_traces_takes_back_only_what_it_made(tra
     (tmp_path / "keep" / "x").write_text("x")
     (tmp_path / "empty").mkdir()
     for out in (tmp_path / "new" / "deep" / "o", tmp_path / "keep", tmp_path / "empty"):
-        argv = ["train", "--traces", str(traces / "run"), "--seller", "nosuch", "--model", str(model), "--out", str(out), "--quiet"]
+        argv = ["train", "--traces", str(traces / "run"), "--set", "seller=nosuch", "--model", str(model), "--out", str(out), "--quiet"]
         assert main(argv) == 2
         assert "no usable episodes" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()

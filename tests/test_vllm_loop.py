@@ -38,9 +38,11 @@ def test_the_closed_loop_runs_unattended_on_vllm_and_a_rerun_redoes_nothing(tmp_
     spec = tmp_path / "tiny.toml"
     spec.write_text('split = "train"\nname = "tiny"\nbuyers = 2\nproducts = 2\n')
     out = tmp_path / "run"
-    args = ["loop", "--out", str(out), "--model", str(model), "--split", str(spec), "--eval-splits", str(spec), "--teacher-episodes", "6",
-            "--sft-steps", "2", "--sft-batch", "4", "--rounds", "1", "--markets", "2", "--group", "2", "--grpo-batch", "4",
-            "--eval-episodes", "3", "--ladder", "greedy", "--max-tokens", "16", "--concurrency", "8", "--threads", "1", "--lora-r", "8"]
+    settings = tmp_path / "tiny-loop.toml"  # the keys that are no flag of loop (negotiate loop --keys)
+    settings.write_text('teacher_episodes = 6\nsft_batch = 4\nmarkets = 2\ngroup = 2\ngrpo_batch = 4\nladder = "greedy"\n'
+                        'max_tokens = 16\nconcurrency = 8\nthreads = 1\nlora_r = 8\n')
+    args = ["loop", "--config", str(settings), "--out", str(out), "--model", str(model), "--split", str(spec), "--eval-splits", str(spec),
+            "--sft-steps", "2", "--rounds", "1", "--eval-episodes", "3"]
     assert main(args) == 0
 
     state = json.loads((out / "loop.json").read_text())

@@ -1,4 +1,4 @@
-"""``negotiate train``: flags generated from :class:`TrainConfig` (one place for names, defaults and help)."""
+"""``negotiate train``: its settings are :class:`TrainConfig`'s (``negotiate.settings``: flags, ``--config``, ``--set``, ``--keys``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from rich.console import Console
 
 from negotiate.errors import UserError
 
-from negotiate.training.trainer import TrainConfig, config_fields, flag_of
+from negotiate.settings import add_settings, settings_from_args
+from negotiate.training.trainer import TrainConfig
 
 __all__ = ["add_train_arguments", "config_from_args", "run_train", "TRAIN_INSTALL"]
 
@@ -20,40 +21,17 @@ TRAIN_INSTALL = "pip install 'negotiate[train]'"
 _NEEDS = ("torch", "transformers", "peft")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, config_fields_: list[tuple], *, omit_defaults: bool = False) -> None:
-    """One flag per field of a config dataclass: (name, type text, default, help) as ``config_fields()`` gives them.
-    With ``omit_defaults``, a flag not given stays out of the parsed arguments (its default is still in its help),
-    so that a caller can tell it from one given with the default's value."""
-    for name, kind, default, help_text in config_fields_:
-        parsed_default = argparse.SUPPRESS if omit_defaults else default
-        if name == "traces":
-            parser.add_argument("--traces", nargs="+", default=[] if not omit_defaults else parsed_default, metavar="DIR",
-                                help=help_text)
-        elif kind in ("bool", "bool | None"):
-            parser.add_argument(flag_of(name), action=argparse.BooleanOptionalAction, default=parsed_default,
-                                help=_with_default(help_text, default))
-        else:
-            convert = {"int": int, "int | None": int, "float": float}.get(kind, str)
-            parser.add_argument(flag_of(name), type=convert, default=parsed_default, help=_with_default(help_text, default))
-
-
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, config_fields())
+    add_settings(parser, TrainConfig, command="train")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None,
                         help="least severe log line shown on the console (default: warning; --quiet: error); "
                              "OUT/train.log.jsonl gets every line")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, and only errors logged to the console")
 
 
-def _with_default(help_text: str, default) -> str:
-    """The help of a flag with its default, unless the help already says it (``(default: torch's choice)``)."""
-    return help_text if "(default:" in help_text or default == "" else f"{help_text} (default: {default})"
-
-
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    values = {name: getattr(args, name) for name, *_ in config_fields()}
-    values["traces"] = tuple(str(p) for p in values["traces"])
-    return TrainConfig(**values)
+    """The run's settings, checked: defaults, then ``--config``'s file, ``--set``, the flags typed."""
+    return settings_from_args(TrainConfig, args, command="train")
 
 
 def run_train(args: argparse.Namespace, console: Console) -> int:

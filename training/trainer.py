@@ -44,12 +44,13 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import structlog
 
 from negotiate.errors import UserError
+from negotiate.settings import flag_of, setting
 
 from negotiate.training.dataset import (DataFilter, Decision, Episode, advantages, by_group, check_teacher, load_episodes,
                                        parse_action_weights)
@@ -66,15 +67,6 @@ FROM_TRACES = tuple(method for method in METHODS if method != "online-grpo")
 """The methods that learn from collected traces (``--traces``); online-grpo plays its own episodes."""
 
 
-def _help(text: str, **kw):
-    return field(metadata={"help": text}, **kw)
-
-
-def flag_of(name: str) -> str:
-    """The ``negotiate train`` flag of a config field: ``eval_split`` -> ``--eval-split``."""
-    return "--" + name.replace("_", "-")
-
-
 def check_split(name: str, flag: str) -> None:
     """A split name or a TOML spec file (read now: a wrong field names the file), refused under ``flag``, before
     anything loads, where it is neither (the markets are built only when the policy plays)."""
@@ -87,56 +79,57 @@ def check_split(name: str, flag: str) -> None:
 
 @dataclass
 class TrainConfig:
-    """One training run. Each field is a ``negotiate train`` flag (``--epochs`` for ``epochs``)."""
+    """One training run. Each field is a setting of ``negotiate train`` (``negotiate.settings``): a key of its ``--config``
+    file and of ``--set``, and, where marked ``flag=True``, a flag (``--epochs`` for ``epochs``)."""
 
-    traces: tuple[str, ...] = _help(f"trace files or folders to learn from ({', '.join(FROM_TRACES)})", default=())
-    model: str = _help("the starting model: a folder saved by transformers, a .gguf file, or smollm2", default="smollm2")
-    out: str = _help("checkpoint folder to write", default="checkpoints/seller")
-    method: str = _help(f"one of {', '.join(METHODS)}", default="sft")
-    reward: str = _help(f"reward function, one of {', '.join(REWARDS)}", default=DEFAULT_REWARD)
-    split: str | None = _help("use only episodes of this split", default=None)
-    seller: str | None = _help("use only episodes of this seller spec (as the trace names it)", default=None)
-    min_group: int = _help("drop groups with fewer episodes (at least 1; rft and offline-grpo need 2 or more)", default=2)
-    top: float = _help("sft: the share of episodes kept, best rewards first", default=1.0)
-    teacher: str = _help("dagger: the scripted seller whose replies label the episodes' states", default="greedy")
-    action_weights: str = _help("sft, rft, dagger: weigh each imitated decision's loss by the kind of its action, e.g. accept=4 "
+    traces: tuple[str, ...] = setting(f"trace files or folders to learn from ({', '.join(FROM_TRACES)})", default=(), flag=True)
+    model: str = setting("the starting model: a folder saved by transformers, a .gguf file, or smollm2", default="smollm2", flag=True)
+    out: str = setting("checkpoint folder to write", default="checkpoints/seller", flag=True)
+    method: str = setting(f"one of {', '.join(METHODS)}", default="sft", flag=True)
+    reward: str = setting(f"reward function, one of {', '.join(REWARDS)}", default=DEFAULT_REWARD)
+    split: str | None = setting("use only episodes of this split", default=None)
+    seller: str | None = setting("use only episodes of this seller spec (as the trace names it)", default=None)
+    min_group: int = setting("drop groups with fewer episodes (at least 1; rft and offline-grpo need 2 or more)", default=2)
+    top: float = setting("sft: the share of episodes kept, best rewards first", default=1.0)
+    teacher: str = setting("dagger: the scripted seller whose replies label the episodes' states", default="greedy", flag=True)
+    action_weights: str = setting("sft, rft, dagger: weigh each imitated decision's loss by the kind of its action, e.g. accept=4 "
                                 "(kinds not named weigh 1): a rare decision, such as the planner's accept, counts more", default="")
-    lora: bool = _help("train a LoRA adapter (peft) instead of every weight", default=True)
-    lora_r: int = _help("LoRA rank", default=16)
-    lora_alpha: int = _help("LoRA alpha", default=32)
-    adapter: str | None = _help("continue training this LoRA adapter (a folder with adapter_config.json, trained on --model) "
+    lora: bool = setting("train a LoRA adapter (peft) instead of every weight", default=True)
+    lora_r: int = setting("LoRA rank", default=16)
+    lora_alpha: int = setting("LoRA alpha", default=32)
+    adapter: str | None = setting("continue training this LoRA adapter (a folder with adapter_config.json, trained on --model) "
                                 "instead of a fresh one", default=None)
-    epochs: float = _help("passes over the examples", default=1.0)
-    max_steps: int | None = _help("optimizer steps to take, in place of --epochs (the decisions are reshuffled at each pass)",
-                                  default=None)
-    batch_size: int = _help("decisions per optimizer step", default=8)
-    micro_batch: int = _help("decisions per forward pass (they share one pass over their common prompt prefix); "
+    epochs: float = setting("passes over the examples", default=1.0, flag=True)
+    max_steps: int | None = setting("optimizer steps to take, in place of --epochs (the decisions are reshuffled at each pass)",
+                                  default=None, flag=True)
+    batch_size: int = setting("decisions per optimizer step", default=8, flag=True)
+    micro_batch: int = setting("decisions per forward pass (they share one pass over their common prompt prefix); "
                              "gradients accumulate over the step", default=8)
-    bf16: bool = _help("compute in bfloat16 (torch.autocast; the weights and the optimizer stay float32)", default=False)
-    lr: float = _help("AdamW learning rate", default=1e-4)
-    weight_decay: float = _help("AdamW weight decay", default=0.0)
-    max_grad_norm: float = _help("clip the gradient's norm to this (above 0; inf: no clipping)", default=1.0)
-    clip_eps: float = _help("offline-grpo: ratio clip epsilon", default=0.2)
-    kl_beta: float = _help("offline-grpo: weight of the KL to the starting model (0: none)", default=0.0)
-    scale_advantages: bool = _help("offline-grpo: divide advantages by the group's standard deviation", default=True)
-    max_length: int = _help("drop decisions longer than this many tokens", default=2048)
-    prompt: str = _help("the seller's prompt, full, compact, facts, advice or tools: how a scripted teacher's decisions are rendered, and the "
-                        "prompt in evaluation and rollouts (a model's own decisions keep the prompt it saw)", default="full")
-    seed: int = _help("shuffling and sampling seed", default=0)
-    threads: int | None = _help("torch threads, 1 or more (default: torch's choice)", default=None)
-    eval_episodes: int = _help("held-out episodes the policy plays before, during and after training (0: none)", default=0)
-    eval_every: int = _help("steps between evaluations (0: only before and after)", default=0)
-    eval_split: str = _help("split (or TOML spec) of the evaluation markets", default="train")
-    eval_buyers: str = _help("buyer spec in evaluation and rollouts", default="threshold")
-    fresh: bool = _help("evaluation and rollouts: ask the policy for a message only once every scripted buyer has answered "
+    bf16: bool = setting("compute in bfloat16 (torch.autocast; the weights and the optimizer stay float32)", default=False)
+    lr: float = setting("AdamW learning rate", default=1e-4, flag=True)
+    weight_decay: float = setting("AdamW weight decay", default=0.0)
+    max_grad_norm: float = setting("clip the gradient's norm to this (above 0; inf: no clipping)", default=1.0)
+    clip_eps: float = setting("offline-grpo: ratio clip epsilon", default=0.2)
+    kl_beta: float = setting("offline-grpo: weight of the KL to the starting model (0: none)", default=0.0)
+    scale_advantages: bool = setting("offline-grpo: divide advantages by the group's standard deviation", default=True)
+    max_length: int = setting("drop decisions longer than this many tokens", default=2048)
+    prompt: str = setting("the seller's prompt, full, compact, facts, advice or tools: how a scripted teacher's decisions are rendered, and the "
+                        "prompt in evaluation and rollouts (a model's own decisions keep the prompt it saw)", default="full", flag=True)
+    seed: int = setting("shuffling and sampling seed", default=0, flag=True)
+    threads: int | None = setting("torch threads, 1 or more (default: torch's choice)", default=None, flag=True)
+    eval_episodes: int = setting("held-out episodes the policy plays before, during and after training (0: none)", default=0, flag=True)
+    eval_every: int = setting("steps between evaluations (0: only before and after)", default=0)
+    eval_split: str = setting("split (or TOML spec) of the evaluation markets", default="train")
+    eval_buyers: str = setting("buyer spec in evaluation and rollouts", default="threshold")
+    fresh: bool = setting("evaluation and rollouts: ask the policy for a message only once every scripted buyer has answered "
                         "its last one, so it decides on the state its message lands in (as serve --fresh)", default=False)
-    eval_seed: int = _help("run seed of the evaluation markets (keep it apart from the training runs' seeds)", default=1_000_003)
-    temperature: float = _help("sampling temperature in evaluation and rollouts, 0 to 2 (0: greedy, which online-grpo's "
+    eval_seed: int = setting("run seed of the evaluation markets (keep it apart from the training runs' seeds)", default=1_000_003)
+    temperature: float = setting("sampling temperature in evaluation and rollouts, 0 to 2 (0: greedy, which online-grpo's "
                                "rollouts cannot be)", default=0.7)
-    max_tokens: int = _help("most tokens per seller reply in evaluation and rollouts", default=96)
-    gen_batch: int = _help("replies generated together in evaluation and rollouts", default=16)
-    markets: int = _help("online-grpo: markets in the prompt dataset", default=64)
-    group: int = _help("online-grpo: episodes per market per step (GRPO's num_generations)", default=4)
+    max_tokens: int = setting("most tokens per seller reply in evaluation and rollouts", default=96)
+    gen_batch: int = setting("replies generated together in evaluation and rollouts", default=16)
+    markets: int = setting("online-grpo: markets in the prompt dataset", default=64)
+    group: int = setting("online-grpo: episodes per market per step (GRPO's num_generations)", default=4)
 
     def check(self) -> None:
         if self.method not in METHODS:
@@ -217,8 +210,10 @@ class TrainConfig:
 
 
 def config_fields():
-    """(name, type text, default, help) of every TrainConfig field, for the command line."""
-    return [(f.name, f.type, f.default, f.metadata.get("help", "")) for f in fields(TrainConfig)]
+    """(name, type text, default, help) of every TrainConfig field (``negotiate.settings.settings_of``)."""
+    from negotiate.settings import settings_of
+
+    return [(s.name, s.kind, s.default, s.help) for s in settings_of(TrainConfig)]
 
 
 # -- the policy -----------------------------------------------------------------------------------

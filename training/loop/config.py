@@ -5,10 +5,11 @@ typed overrides the file. Bad values are one line naming the flag (or the file a
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from negotiate.errors import UserError
+from negotiate.settings import add_settings, read_settings, setting, settings_from_args, settings_of
 from negotiate.trace import trace_files
 from negotiate.training.loop.rounds import ROUNDS
 
@@ -21,81 +22,78 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256)
 """The ranks vLLM's ``--max-lora-rank`` takes."""
 
 
-def _help(text: str, **kw):
-    return field(metadata={"help": text}, **kw)
-
-
 @dataclass
 class LoopConfig:
-    """One closed-loop run. Each field is a ``negotiate loop`` flag (``--teacher-episodes`` for ``teacher_episodes``)."""
+    """One closed-loop run. Each field is a setting of ``negotiate loop`` (``negotiate.settings``): a key of its
+    ``--config`` file and of ``--set``, and, where marked ``flag=True``, a flag (``--sft-steps`` for ``sft_steps``)."""
 
-    out: str = _help("run folder (rerun the same command to resume it)", default="runs/loop")
-    model: str = _help("the starting model: a transformers folder, a .gguf file, or smollm2", default="smollm2")
-    teacher: str = _help("the scripted seller SFT imitates", default="greedy")
-    teacher_traces: str | None = _help("SFT imitates the sellers of these traces (comma-separated files or folders, copied into the "
+    out: str = setting("run folder (rerun the same command to resume it)", default="runs/loop", flag=True)
+    model: str = setting("the starting model: a transformers folder, a .gguf file, or smollm2", default="smollm2", flag=True)
+    teacher: str = setting("the scripted seller SFT imitates", default="greedy", flag=True)
+    teacher_traces: str | None = setting("SFT imitates the sellers of these traces (comma-separated files or folders, copied into the "
                                        "run) instead of --teacher's episodes; --teacher then names the scripted seller the rows "
                                        "are paired against and the held-out states are answered by", default=None)
-    action_weights: str = _help("SFT and rft/dagger rounds: weigh each imitated decision's loss by the kind of its action, e.g. "
+    action_weights: str = setting("SFT and rft/dagger rounds: weigh each imitated decision's loss by the kind of its action, e.g. "
                                 "accept=4 (kinds not named weigh 1)", default="")
-    round_action_weights: str | None = _help("rft/dagger rounds: action weights that replace --action-weights in the "
+    round_action_weights: str | None = setting("rft/dagger rounds: action weights that replace --action-weights in the "
                                              "rounds, e.g. none (every decision weighs 1) (default: as --action-weights)",
                                              default=None)
-    split: str = _help("training split or TOML spec (teacher episodes and rollouts)", default="specs/compact.toml")
-    buyers: str = _help("buyer spec in teacher episodes and rollouts", default="threshold")
-    seed: int = _help("run seed of the teacher's markets; round K collects on seed + K", default=0)
-    teacher_episodes: int = _help("teacher episodes for SFT", default=400)
-    sft_steps: int = _help("SFT optimizer steps", default=100)
-    sft_batch: int = _help("SFT decisions per step", default=8)
-    sft_lr: float = _help("SFT learning rate", default=4e-4)
-    rounds: int = _help("rounds after SFT (round 0 is SFT)", default=2)
-    round_method: str = _help(f"how a round learns from its rollouts: {', '.join(ROUND_METHODS)} (rft: imitate each group's best "
+    split: str = setting("training split or TOML spec (teacher episodes and rollouts)", default="specs/compact.toml", flag=True)
+    buyers: str = setting("buyer spec in teacher episodes and rollouts", default="threshold", flag=True)
+    seed: int = setting("run seed of the teacher's markets; round K collects on seed + K", default=0)
+    teacher_episodes: int = setting("teacher episodes for SFT", default=400)
+    sft_steps: int = setting("SFT optimizer steps", default=100, flag=True)
+    sft_batch: int = setting("SFT decisions per step", default=8)
+    sft_lr: float = setting("SFT learning rate", default=4e-4)
+    rounds: int = setting("rounds after SFT (round 0 is SFT)", default=2, flag=True)
+    round_method: str = setting(f"how a round learns from its rollouts: {', '.join(ROUND_METHODS)} (rft: imitate each group's best "
                               "episode; dagger: imitate the teacher's reply in every state the policy reached; offline-grpo: "
-                              "the clipped group-relative policy gradient)", default="rft")
-    markets: int = _help("markets collected per round", default=16)
-    group: int = _help("episodes per market per round (the group its episodes are compared in)", default=4)
-    temperature: float = _help("sampling temperature of the rollouts", default=1.0)
-    grpo_steps: int | None = _help("optimizer steps per round (default: --round-epochs passes over the round's decisions)", default=None)
-    round_epochs: float = _help("passes over the round's decisions (when --grpo-steps is not given)", default=1.0)
-    grpo_batch: int = _help("decisions per optimizer step in a round", default=16)
-    grpo_lr: float = _help("learning rate in a round", default=2e-4)
-    kl_beta: float = _help("offline-grpo: weight of the KL to the base model", default=0.0)
-    aggregate: bool = _help("dagger: learn from the teacher's episodes and every round's rollouts so far (DAgger's aggregated "
+                              "the clipped group-relative policy gradient)", default="rft", flag=True)
+    markets: int = setting("markets collected per round", default=16)
+    group: int = setting("episodes per market per round (the group its episodes are compared in)", default=4)
+    temperature: float = setting("sampling temperature of the rollouts", default=1.0)
+    grpo_steps: int | None = setting("optimizer steps per round (default: --round-epochs passes over the round's decisions)", default=None)
+    round_epochs: float = setting("passes over the round's decisions (when --grpo-steps is not given)", default=1.0)
+    grpo_batch: int = setting("decisions per optimizer step in a round", default=16)
+    grpo_lr: float = setting("learning rate in a round", default=2e-4)
+    kl_beta: float = setting("offline-grpo: weight of the KL to the base model", default=0.0)
+    aggregate: bool = setting("dagger: learn from the teacher's episodes and every round's rollouts so far (DAgger's aggregated "
                             "dataset), not only this round's", default=False)
-    lora_r: int = _help(f"LoRA rank, one of {', '.join(map(str, LORA_RANKS))}", default=16)
-    bf16: bool | None = _help("train in bfloat16 autocast (default: where the CPU has bf16 instructions, avx512_bf16 or amx_bf16, "
+    lora_r: int = setting(f"LoRA rank, one of {', '.join(map(str, LORA_RANKS))}", default=16)
+    bf16: bool | None = setting("train in bfloat16 autocast (default: where the CPU has bf16 instructions, avx512_bf16 or amx_bf16, "
                               "or on a GPU: there 2.3x faster per decision than fp32; on an AVX2-only CPU 18.6x slower, "
                               "benchmarks/bench_decisions.py)", default=None)
-    micro_batch: int = _help("decisions per training forward pass (they share one pass over their common prompt prefix)", default=8)
-    max_tokens: int = _help("most tokens per seller reply", default=48)
-    eval_splits: str = _help("comma-separated held-out splits or TOML specs",
-                             default="specs/compact.toml,specs/compact-correlated.toml,specs/compact-shapes.toml")
-    eval_buyers: str = _help("comma-separated buyer specs; each is a column of held-out evaluations", default="threshold")
-    eval_episodes: int = _help("held-out markets per split", default=64)
-    eval_seed: int = _help("run seed of the held-out markets (no training run may use it)", default=1_000_003)
-    eval_temperature: float = _help("sampling temperature in evaluation", default=0.7)
-    ladder: str = _help("scripted sellers evaluated once on the held-out markets", default="greedy,posted,concession,dutch,oracle")
-    untrained: bool = _help("evaluate the untrained model too", default=True)
-    legal: bool = _help("decode the policy's replies (rollouts and evaluations) under a regex of the replies the rules allow "
+    micro_batch: int = setting("decisions per training forward pass (they share one pass over their common prompt prefix)", default=8)
+    max_tokens: int = setting("most tokens per seller reply", default=48)
+    eval_splits: str = setting("comma-separated held-out splits or TOML specs",
+                             default="specs/compact.toml,specs/compact-correlated.toml,specs/compact-shapes.toml", flag=True)
+    eval_buyers: str = setting("comma-separated buyer specs; each is a column of held-out evaluations", default="threshold", flag=True)
+    eval_episodes: int = setting("held-out markets per split", default=64, flag=True)
+    eval_seed: int = setting("run seed of the held-out markets (no training run may use it)", default=1_000_003)
+    eval_temperature: float = setting("sampling temperature in evaluation", default=0.7)
+    ladder: str = setting("scripted sellers evaluated once on the held-out markets", default="greedy,posted,concession,dutch,oracle")
+    untrained: bool = setting("evaluate the untrained model too", default=True)
+    legal: bool = setting("decode the policy's replies (rollouts and evaluations) under a regex of the replies the rules allow "
                         "(the seller spec's legal=1)", default=False)
-    grounded: bool = _help("with --legal and --prompt facts (or advice): decode each reply's thought as a reason in the planner's words that "
+    grounded: bool = setting("with --legal and --prompt facts (or advice): decode each reply's thought as a reason in the planner's words that "
                            "states the prompt's facts, and its action as the one the reason's verdict names (grounded=1)",
                            default=False)
-    fresh: bool = _help("ask every seller (the teacher, the policy, the ladder) for a message only once every scripted buyer has "
+    fresh: bool = setting("ask every seller (the teacher, the policy, the ladder) for a message only once every scripted buyer has "
                         "answered it, so the policy decides on the state its message lands in, as the teacher did (eval --fresh)",
                         default=False)
-    prompt: str = _help("the policy's prompt: full; compact (each buyer's thread of actions without talk, under half the "
+    prompt: str = setting("the policy's prompt: full; compact (each buyer's thread of actions without talk, under half the "
                         "tokens); facts (compact, with the turns each buyer has and each bidder's last bids and trend); advice "
                         "(facts, and the message the planner would send); or tools (advice, and greedy's message). "
-                        "SFT renders the teacher's decisions with it, and the policy is served with it", default="full")
-    serve: str = _help(f"how a new policy goes into service: {', '.join(SERVE_MODES)}", default="auto")
-    server_url: str | None = _help("use this running vLLM server (started with --enable-lora on the base model) instead of starting one",
-                                   default=None)
-    port: int | None = _help("port of the server this command starts (default: a free one)", default=None)
-    concurrency: int = _help("episodes in flight (and requests in flight to the server)", default=64)
-    threads: int | None = _help("torch threads in training (default: torch's choice)", default=None)
-    sft_from: str | None = _help("take round 0 (the exported model, teacher episodes, SFT, serving choice, baselines and round 0's "
+                        "SFT renders the teacher's decisions with it, and the policy is served with it", default="full", flag=True)
+    serve: str = setting(f"how a new policy goes into service: {', '.join(SERVE_MODES)}", default="auto")
+    server_url: str | None = setting("use this running vLLM server (started with --enable-lora on the base model) instead of starting one",
+                                   default=None, flag=True)
+    port: int | None = setting("port of the server this command starts (default: a free one)", default=None)
+    concurrency: int = setting("episodes in flight (and requests in flight to the server)", default=64)
+    threads: int | None = setting("torch threads in training (default: torch's choice)", default=None)
+    sft_from: str | None = setting("take round 0 (the exported model, teacher episodes, SFT, serving choice, baselines and round 0's "
                                  "evaluation) from this earlier run folder instead of redoing it; every flag round 0 depends on "
-                                 "must match that run's", default=None)
+                                 "must match that run's", default=None, flag=True)
 
     def check(self) -> None:
         if self.bf16 is None:  # decided once, on the machine the run starts on, and kept in loop.json
@@ -199,7 +197,7 @@ class LoopConfig:
 
 
 def loop_fields():
-    return [(f.name, f.type, f.default, f.metadata.get("help", "")) for f in fields(LoopConfig)]
+    return [(s.name, s.kind, s.default, s.help) for s in settings_of(LoopConfig)]
 
 
 def _flag(name: str) -> str:
@@ -224,64 +222,22 @@ def _those(has) -> str:
 
 
 def add_loop_arguments(parser) -> None:
-    from negotiate.training.options import add_config_arguments
-
-    parser.add_argument("--config", metavar="FILE", help="a TOML file of loop flags (teacher_episodes = 600, legal = true, ...); "
-                                                         "flags given on the command line override it")
-    # A flag not given stays out of the parsed arguments, so that --config's value, not the default, stands for it.
-    add_config_arguments(parser, loop_fields(), omit_defaults=True)
+    add_settings(parser, LoopConfig, command="loop")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None,
                         help="least severe log line shown on the console (default: warning; OUT/loop.log.jsonl gets every line)")
     parser.add_argument("--quiet", action="store_true", help="only errors on the console")
 
 
-_KINDS = {"int": (int,), "int | None": (int,), "float": (int, float), "bool": (bool,), "bool | None": (bool,), "str": (str,),
-          "str | None": (str,)}
-
-
 def read_loop_config(path: str | Path) -> dict:
-    """The loop flags in a TOML file (``teacher_episodes = 600`` or ``teacher-episodes = 600``), checked against
+    """The loop settings in a TOML file (``teacher_episodes = 600`` or ``teacher-episodes = 600``), checked against
     :class:`LoopConfig`'s fields: a one-line :class:`UserError` naming the file, the key and the value otherwise.
 
     Relative paths in it (``out``, ``split``, ``eval_splits``, ``model``, ``sft_from``) are relative to where the
     command runs, as they are on the command line, not to the file."""
-    import tomllib
-
-    given, path = str(path), Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as error:
-        raise UserError(f"cannot read it ({error.strerror or error})", field="--config", value=given) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise UserError(f"not valid TOML ({error})", source=str(path)) from None
-    kinds = {name: kind for name, kind, *_ in loop_fields()}
-    values = {}
-    for key, value in data.items():
-        name = key.replace("-", "_")
-        if name not in kinds:
-            raise UserError(f"not a loop flag; choose from {', '.join(kinds)}", source=str(path), field=key)
-        if name in values:
-            raise UserError("is given twice (with - and with _)", source=str(path), field=key)
-        allowed = _KINDS.get(kinds[name], (str,))
-        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            kind = {"int": "an integer", "int | None": "an integer", "float": "a number", "bool": "true or false",
-                    "bool | None": "true or false"}.get(kinds[name], "a string")
-            raise UserError(f"must be {kind}", source=str(path), field=key, value=value)
-        values[name] = float(value) if kinds[name] == "float" else value
-    return values
+    return read_settings(path, LoopConfig, command="loop")
 
 
 def loop_config_from_args(args) -> LoopConfig:
-    """The run's settings, checked: each field's default, replaced by ``--config``'s value, replaced by the flag
-    given on the command line."""
-    given = {name: getattr(args, name) for name, *_ in loop_fields() if hasattr(args, name)}
-    from_file = read_loop_config(args.config) if args.config is not None else {}
-    config = LoopConfig(**(from_file | given))
-    try:
-        config.check()
-    except UserError as error:
-        name = (error.field or "").removeprefix("--").replace("-", "_")
-        if name in from_file and name not in given:  # the file's value, not a flag the user typed: name the file
-            raise UserError(f"{name}{str(error)[len(error.field):]}", source=args.config) from None
-        raise
-    return config
+    """The run's settings, checked: each field's default, replaced by ``--config``'s value, by ``--set``'s, by the flag
+    typed on the command line."""
+    return settings_from_args(LoopConfig, args, command="loop")

@@ -20,13 +20,15 @@ from pathlib import Path
 import structlog
 
 from negotiate.runner import slug as _slug
+from negotiate.settings import to_toml
 from negotiate.trace import trace_files
-from negotiate.training.loop.config import LoopConfig, _flag, _list
+from negotiate.training.loop.config import LoopConfig, _list
 from negotiate.training.loop.report import write_report
 from negotiate.training.loop.rounds import ROUNDS, learning_signal
 from negotiate.training.loop.serving import Serving
 from negotiate.training.loop.state import State
 from negotiate.training.loop.summary import summarize_folder
+from negotiate.training.trainer import TrainConfig
 
 __all__ = ["FAILED_EPISODES", "STOP_GRACE", "LoopError", "Stages", "run_stage"]
 
@@ -127,15 +129,10 @@ def _run_args(folder: Path, command: list[str], config: LoopConfig) -> list[str]
     return [*command, "--out", str(folder), *common, *(["--fresh"] if config.fresh else [])]
 
 
-def _options(values: dict) -> list[str]:
-    """Trainer settings (a TrainConfig field name -> its value) as ``train`` flags."""
-    return [item for name, value in values.items() for item in (_flag(name), str(value))]
-
-
-def _train_flags(config: LoopConfig) -> list[str]:
-    """The flags every ``train`` of the run takes (SFT and rounds alike)."""
-    flags = ["--threads", str(config.threads)] if config.threads else []
-    return flags + ["--micro-batch", str(config.micro_batch), "--bf16" if config.bf16 else "--no-bf16", "--prompt", config.prompt]
+def _train_common(config: LoopConfig) -> dict:
+    """The trainer settings every ``train`` of the run takes (SFT and rounds alike)."""
+    return {"threads": config.threads, "micro_batch": config.micro_batch, "bf16": config.bf16, "prompt": config.prompt,
+            "lora_r": config.lora_r}
 
 
 def teacher_args(config: LoopConfig, folder: Path) -> list[str]:
@@ -144,21 +141,28 @@ def teacher_args(config: LoopConfig, folder: Path) -> list[str]:
                               "--episodes", str(config.teacher_episodes), "--seed", str(config.seed)], config)
 
 
-def sft_args(config: LoopConfig, traces: Path, base: Path, out: Path) -> list[str]:
+def sft_config(config: LoopConfig, traces: Path, base: Path, out: Path) -> TrainConfig:
     """Round 0's training: SFT of the base model on the teacher's episodes in ``traces``."""
-    weights = ["--action-weights", config.action_weights] if config.action_weights else []
-    return ["train", "--method", "sft", "--traces", str(traces), "--model", str(base), "--out", str(out), "--max-steps",
-            str(config.sft_steps), "--batch-size", str(config.sft_batch), "--lr", str(config.sft_lr), "--lora-r", str(config.lora_r),
-            "--seed", str(config.seed), "--quiet", *weights, *_train_flags(config)]
+    return TrainConfig(method="sft", traces=(str(traces),), model=str(base), out=str(out), max_steps=config.sft_steps,
+                       batch_size=config.sft_batch, lr=config.sft_lr, seed=config.seed, action_weights=config.action_weights,
+                       **_train_common(config))
 
 
-def round_args(config: LoopConfig, k: int, traces: list[Path], base: Path, adapter: Path, out: Path) -> list[str]:
+def round_config(config: LoopConfig, k: int, traces: list[Path], base: Path, adapter: Path, out: Path) -> TrainConfig:
     """Round ``k``'s training by its method on ``traces``, continuing the previous round's ``adapter``."""
-    steps = ["--max-steps", str(config.grpo_steps)] if config.grpo_steps else ["--epochs", str(config.round_epochs)]
-    return ["train", "--method", config.round_method, "--traces", *map(str, traces), "--model", str(base), "--adapter", str(adapter),
-            "--out", str(out), "--batch-size", str(config.grpo_batch), "--lr", str(config.grpo_lr),
-            *_options(ROUNDS[config.round_method].train_options(config)), "--lora-r", str(config.lora_r), "--seed", str(config.seed + k),
-            "--quiet", *steps, *_train_flags(config)]
+    steps = {"max_steps": config.grpo_steps} if config.grpo_steps else {"epochs": config.round_epochs}
+    return TrainConfig(method=config.round_method, traces=tuple(map(str, traces)), model=str(base), adapter=str(adapter), out=str(out),
+                       batch_size=config.grpo_batch, lr=config.grpo_lr, seed=config.seed + k, **steps,
+                       **ROUNDS[config.round_method].train_options(config), **_train_common(config))
+
+
+def train_args(train: TrainConfig) -> list[str]:
+    """The ``train`` command of a typed config: the config written as the TOML file ``train.toml`` beside its checkpoint
+    folder (a record of what trained it), run in a child process (a model in training wants its own memory)."""
+    file = Path(train.out).parent / "train.toml"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(to_toml(train))
+    return ["train", "--config", str(file), "--quiet"]
 
 
 def collect_args(config: LoopConfig, k: int, seller: str, folder: Path) -> list[str]:
@@ -215,8 +219,8 @@ class Stages:
         r0 = self.round_folder(0)
         self.serving.before_training()
         _fresh(r0 / "checkpoint")
-        run_stage("round 0 sft", tolerate_failed_episodes=False, args=sft_args(self.config, r0 / "teacher", self.base, r0 / "checkpoint"),
-                  out_file=self.log_file)
+        train = sft_config(self.config, r0 / "teacher", self.base, r0 / "checkpoint")
+        run_stage("round 0 sft", tolerate_failed_episodes=False, args=train_args(train), out_file=self.log_file)
 
     def baselines(self) -> None:
         """The scripted ladder, and the untrained model, on the held-out markets: each buyer column not yet evaluated."""
@@ -262,5 +266,5 @@ class Stages:
             self.state.data.setdefault("notes", {})[str(k)] = f"no learning signal: {method.no_signal}, so the policy is unchanged"
             log.warning("no learning signal", round=k)
             return
-        run_stage(f"round {k} {config.round_method}", tolerate_failed_episodes=False,
-                  args=round_args(config, k, traces, self.base, previous / "adapter", folder / "checkpoint"), out_file=self.log_file)
+        train = round_config(config, k, traces, self.base, previous / "adapter", folder / "checkpoint")
+        run_stage(f"round {k} {config.round_method}", tolerate_failed_episodes=False, args=train_args(train), out_file=self.log_file)

@@ -26,6 +26,8 @@ Spec grammar (``--seller`` / ``--buyers``; see ``negotiate.agents.registry``)::
 ``key_env``      the environment variable holding the API key (default ``OPENAI_API_KEY``)
 ``client``       ``http`` (our own lean HTTP/1.1 client, the default), ``aiohttp`` (our requests over
                  an aiohttp session) or ``openai`` (the openai package)
+``max_answer_mb`` MiB an answer's body may have, as sent and inflated (default 8); past it the
+                 request fails at once (http and aiohttp clients)
 
 The API key is read from the environment, never from the spec: specs are written into
 traces. One HTTP client is shared per (base URL, key) and event loop in a run's pools
@@ -45,7 +47,17 @@ errors. The check before a run (``GET /models``) always goes through the aiohttp
 Errors that are not the model's fault (server down, 401, 404, a context overflow) raise
 :class:`LLMError` with the reason, and the episode is recorded as failed. A request that
 times out after its retries raises :class:`LLMTimeout`, a ``TimeoutError``: the bus
-records it as the agent's silence (a timeout violation) and the episode goes on.
+records it as the agent's silence (a timeout violation) and the episode goes on. After
+:data:`DOWN_AFTER` requests in a row have timed out so, the backend takes the server for down:
+every later request fails at once with :class:`LLMError` ("the server at URL is down: N requests
+in a row timed out"), so a run ends instead of spending every turn of every episode on it.
+
+Whatever a server sends, our two clients stay bounded and strict alike (issue 44): an answer's body
+is capped as it arrives (``max_answer_mb``; :class:`~negotiate.agents.http1.AnswerTooLarge`, not
+retried), neither client asks for compression and both inflate gzip or deflate under the same cap
+(:func:`~negotiate.agents.http1.inflate`; aiohttp's own inflating is off), a connection is reused
+only after it has been idle a moment and one that receives bytes while idle is closed, and the
+reply text a trace keeps is cut at :data:`REPLY_MAX` characters, the cut noted in ``extra.clamped``.
 """
 
 from __future__ import annotations
@@ -102,6 +114,21 @@ SERVER_BY_OWNER = {"vllm": "vllm", "me": "llamacpp", "llamacpp": "llamacpp", "ll
 (llama-cpp-python says ``me``); another owner gets vLLM's form (name ``server=`` for it)."""
 
 
+DOWN_AFTER = 3
+"""Requests in a row that timed out (each after its retries) before a backend takes its server for down."""
+REPLY_MAX = 100_000
+"""Characters of a reply (and of its reasoning) a completion keeps; a longer one is cut, the cut noted."""
+
+
+def _cut(text, what: str) -> tuple[str, str]:
+    """``text`` cut to :data:`REPLY_MAX` characters (a value that is not text: its JSON), and the clamp note."""
+    if not isinstance(text, str):
+        text = orjson.dumps(text).decode()
+        if len(text) <= REPLY_MAX:
+            return text, f"{what} was not text; kept as its JSON"
+    return text[:REPLY_MAX], f"{what} cut from {len(text)} to {REPLY_MAX} characters"
+
+
 class LLMError(RuntimeError):
     """A failure that is not the model's fault: server down, bad key, unknown model, bad request."""
 
@@ -143,6 +170,8 @@ class OpenAIOptions:
     client: str = "http"
     """``http`` (our own HTTP/1.1 client), ``aiohttp`` (our requests over an aiohttp session) or ``openai``
     (the openai package's client)."""
+    max_answer_mb: float = 8.0
+    """MiB an answer's body may have, as sent and inflated (``client=http`` and ``aiohttp``); past it the request fails."""
     legal: bool = False
     """Decode the seller's tagged reply under a regex of the replies the rules allow (vLLM only)."""
     grounded: bool = False
@@ -165,6 +194,7 @@ _NUMBERS: dict[str, tuple[type, float, bool, float]] = {
     "retries": (int, 0, True, 20),
     "reask": (int, 0, True, 10),
     "max_inflight": (int, 1, True, 100_000),
+    "max_answer_mb": (float, 0.0, False, 4096.0),
 }
 """Numeric spec keys: type, low bound, whether the low bound is allowed, high bound."""
 _FLAGS = ("logprobs", "think", "legal", "grounded")
@@ -281,6 +311,8 @@ class Completion:
     """Log-prob of each completion token."""
     reasoning: str | None = None
     """Reasoning text a server split off (vLLM ``reasoning_content``)."""
+    clamped: tuple[str, ...] = ()
+    """Repairs made to the answer before anyone read it (text past :data:`REPLY_MAX` cut), for ``extra.clamped``."""
 
     def trace(self) -> dict:
         """The fields worth keeping in a trace event's ``extra`` (absent ones left out)."""
@@ -397,11 +429,53 @@ class _Shared:
             import aiohttp
 
             # The limiter is the real bound; the connector never makes a request wait on top of it.
-            connector = aiohttp.TCPConnector(limit=max(CONNECTIONS, self.limiter.total_tokens), limit_per_host=0,
-                                             keepalive_timeout=30.0, ttl_dns_cache=300)
+            connector = _settling_connector()(limit=max(CONNECTIONS, self.limiter.total_tokens), limit_per_host=0,
+                                              keepalive_timeout=30.0, ttl_dns_cache=300)
+            # No Accept-Encoding, and no inflating by aiohttp (unbounded): read_bounded inflates under the cap.
             self.session = aiohttp.ClientSession(connector=connector, headers=_headers(self.key), cookie_jar=aiohttp.DummyCookieJar(),
-                                                 skip_auto_headers=("User-Agent",), raise_for_status=False, trust_env=False)
+                                                 skip_auto_headers=("User-Agent", "Accept-Encoding"), auto_decompress=False,
+                                                 raise_for_status=False, trust_env=False)
         return self.session
+
+
+async def read_bounded(response, limit: int) -> bytes:
+    """An aiohttp response's body, at most ``limit`` bytes as sent (counted as it arrives, a larger
+    ``Content-Length`` refused before a byte is read) and inflated (:func:`~negotiate.agents.http1.inflate`).
+    Raises :class:`~negotiate.agents.http1.AnswerTooLarge` or ``BrokenAnswer``."""
+    from negotiate.agents.http1 import AnswerTooLarge, inflate
+
+    length = response.content_length
+    if length is not None and length > limit:
+        raise AnswerTooLarge(limit)
+    parts, size, content = [], 0, response.content
+    while chunk := await content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(limit)
+        parts.append(chunk)
+    return inflate(b"".join(parts), response.headers.get("Content-Encoding", "identity"), limit)
+
+
+def _settling_connector():
+    """An ``aiohttp.TCPConnector`` that, like :class:`~negotiate.agents.http1.HTTP1Pool`, reuses a connection only
+    once it has been idle :data:`~negotiate.agents.http1.SETTLE_S` and closes one that received bytes while
+    idle (a late second answer, which aiohttp would otherwise hand to the next request on it)."""
+    import aiohttp
+
+    from negotiate.agents.http1 import SETTLE_S
+
+    class SettlingConnector(aiohttp.TCPConnector):
+        async def _get(self, key, traces):
+            conns = self._conns.get(key)  # (protocol, released at), oldest first; the base class takes the first
+            if conns:
+                # Bytes arrived while it was idle (should_close): they answer nothing, and it goes.
+                while conns and (conns[0][0].should_close or not conns[0][0].is_connected()):
+                    conns.popleft()[0].close()
+                if conns and time.monotonic() - conns[0][1] < SETTLE_S:
+                    return None  # none has settled: a new connection
+            return await super()._get(key, traces)
+
+    return SettlingConnector
 
 
 def _headers(key: str) -> dict[str, str]:
@@ -522,6 +596,10 @@ class OpenAIBackend:
         """(event loop, pools, their generation, _Shared): the last lookup, reused while all three hold."""
         self.server = "vllm" if options.server == "auto" else options.server
         """The server kind requests are shaped for: the spec's, or what :meth:`preflight` found (``auto``)."""
+        self._limit = int(options.max_answer_mb * 2**20)
+        """The cap on an answer's body in bytes (``max_answer_mb``)."""
+        self.timeouts_in_a_row = 0
+        """Requests that timed out (after their retries) since the last answer; at :data:`DOWN_AFTER` the server is down."""
 
     def describe(self) -> dict:
         o = self.options
@@ -570,13 +648,20 @@ class OpenAIBackend:
             shared = shared_clients(pools, o)
             self._shared = (loop, pools, pools.generation, shared)
         requests = pools.requests.logger
-        payload = orjson.dumps(self.request(messages, role=role, seed=seed, constraint=constraint))  # serialized once, by orjson
         where = f"{o.model} at {o.base_url}"
+        if self.timeouts_in_a_row >= DOWN_AFTER:
+            raise LLMError(f"{where}: the server at {o.base_url} is down: {self.timeouts_in_a_row} requests in a row timed out")
+        payload = orjson.dumps(self.request(messages, role=role, seed=seed, constraint=constraint))  # serialized once, by orjson
         try:
-            if o.client == "openai":
-                data, retries, latency = await self._post_openai(shared, payload, where)
-            else:
-                data, retries, latency = await self._post(shared, payload, where)
+            try:
+                if o.client == "openai":
+                    data, retries, latency = await self._post_openai(shared, payload, where)
+                else:
+                    data, retries, latency = await self._post(shared, payload, where)
+            except LLMTimeout:
+                self.timeouts_in_a_row += 1
+                raise
+            self.timeouts_in_a_row = 0
         except (LLMError, LLMTimeout) as error:
             if requests is not None:
                 requests.warning("llm request failed", backend="openai", model=o.model, base_url=o.base_url, role=role,
@@ -596,6 +681,14 @@ class OpenAIBackend:
         content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
         if content:
             logprobs = [entry.get("logprob") for entry in content]
+        clamped = []
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        if not isinstance(text, str) or len(text) > REPLY_MAX:
+            text, note = _cut(text, "the reply")
+            clamped.append(note)
+        if reasoning is not None and (not isinstance(reasoning, str) or len(reasoning) > REPLY_MAX):
+            reasoning, note = _cut(reasoning, "the reasoning")
+            clamped.append(note)
         completion = Completion(
             text=text,
             finish_reason=choice.get("finish_reason"),
@@ -606,7 +699,8 @@ class OpenAIBackend:
             token_ids=choice.get("token_ids"),
             prompt_token_ids=data.get("prompt_token_ids"),
             logprobs=logprobs,
-            reasoning=message.get("reasoning_content") or message.get("reasoning"),
+            reasoning=reasoning,
+            clamped=tuple(clamped),
         )
         if requests is not None:  # every request, through structlog's lean path (negotiate.logs)
             usage = completion.usage or {}
@@ -631,12 +725,14 @@ class OpenAIBackend:
                 async with shared_clients(self.pools or current_pools(), o).aiohttp().request(method, o.base_url + path, data=data, allow_redirects=False,
                                                         headers={"Content-Type": "application/json"} if data else None,
                                                         timeout=aiohttp.ClientTimeout(total=limit)) as response:
-                    return response.status, await response.read()
+                    return response.status, await read_bounded(response, self._limit)
             except TimeoutError:
                 raise LLMError(f"{where}: no answer to {method} {path} within {limit:g}s") from None
             except aiohttp.ClientError as error:
                 cause = getattr(error, "os_error", None) or error
                 raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
+            except OSError as error:  # a broken or oversized answer (read_bounded's)
+                raise LLMError(f"{where}: {method} {path}: {error} (the spec's max_answer_mb={o.max_answer_mb:g})") from None
 
         status, body = await ask("GET", "/models")
         if status in (401, 403):
@@ -672,12 +768,15 @@ class OpenAIBackend:
     async def _post(self, shared: _Shared, payload: bytes, where: str) -> tuple[dict, int, float]:
         """POST the body; (the answer's JSON, retries, latency). Retries 408/409/429/5xx and connection
         errors, with backoff (Retry-After honored); each attempt is bounded by the spec's timeout."""
+        from negotiate.agents.http1 import AnswerTooLarge, BrokenAnswer
+
         o = self.options
+        limit = self._limit
         if o.client == "http":
             pool, target, timeout = shared.http1(), self._target, o.timeout
 
             async def send() -> tuple[int, object, bytes]:
-                return await pool.request(b"POST", target, payload, timeout)
+                return await pool.request(b"POST", target, payload, timeout, limit)
 
             errors: tuple = (OSError,)  # TimeoutError is one
         else:
@@ -690,6 +789,8 @@ class OpenAIBackend:
                 headers = None
                 try:
                     status, headers, body = await send()
+                except AnswerTooLarge as error:  # the same answer again would be as large: not retried
+                    raise LLMError(f"{where}: {error} (the spec's max_answer_mb={o.max_answer_mb:g} raises it)") from None
                 except errors as error:  # refused, reset, disconnected, a broken answer, this attempt's timeout
                     failure, status = error, 0
                 if failure is None and status < 300:
@@ -702,6 +803,8 @@ class OpenAIBackend:
                     raise _status_error(status, _message(body), where, o) from None
                 if isinstance(failure, TimeoutError):
                     raise LLMTimeout(f"{where}: no reply within {o.timeout}s ({o.retries} retries)") from None
+                if isinstance(failure, BrokenAnswer) and failure.__cause__ is None and "closed the connection" not in str(failure):
+                    raise LLMError(f"{where}: the server's answer is broken: {failure}") from None
                 cause = getattr(failure, "os_error", None) or failure
                 raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
             latency = time.perf_counter() - began
@@ -724,13 +827,15 @@ class OpenAIBackend:
             self._url = yarl.URL(o.base_url + "/chat/completions")
         url, timeout = self._url, self._timeout
 
+        limit = self._limit
+
         async def send() -> tuple[int, object, bytes]:
-            async with asyncio.timeout(o.timeout):
+            async with asyncio.timeout(o.timeout):  # one deadline for the attempt, not one per read
                 async with session.post(url, data=payload, timeout=timeout, allow_redirects=False) as response:
                     status = response.status
-                    return status, response.headers if status >= 300 else None, await response.read()
+                    return status, response.headers if status >= 300 else None, await read_bounded(response, limit)
 
-        return send, (TimeoutError, aiohttp.ClientError)
+        return send, (TimeoutError, aiohttp.ClientError, OSError)
 
     # -- client=openai: the openai package's client ---------------------------------------------
 

@@ -16,8 +16,25 @@ that the server closed before answering (an idle timeout racing the request) is 
 more on a fresh connection; any other failure raises, for the backend's retries:
 
 * ``TimeoutError``: no complete answer within the request's timeout (connecting included);
+  the timeout is one deadline for the whole answer, not reset by each read (a server that
+  trickles a byte a second does not hold a request past it);
 * ``OSError`` (``ConnectionRefusedError``, ``ConnectionResetError``, :class:`BrokenAnswer`, ...):
   the server could not be reached, went away mid-answer, or answered something that is not HTTP.
+
+Whatever a server sends, nothing hangs and nothing grows without bound (issue 44's hostile
+server): the framing is read strictly (a chunk size is hex digits, with an optional
+``;extension``; ``Content-Length`` decimal digits; ``Transfer-Encoding`` only ``chunked``:
+anything else, ``-6``, ``+5``, ``0x10``, ``1_0``, fails the request at once), the same as h11
+(tests/test_hostile_server.py fuzzes the two against each other); an answer's body is capped
+(``limit`` bytes, :class:`AnswerTooLarge`) as it arrives, before it is buffered (a
+``Content-Length`` past the cap fails at the head), and again once inflated, in one
+``decompressobj`` call bounded by the cap (a gzip bomb costs at most the cap). An exception in
+a protocol callback never escapes it: it fails the request waiting there.
+
+A connection is reused only once it has been idle for :data:`SETTLE_S` (its oldest idle one
+first; otherwise a new one is opened), and bytes that arrive on an idle connection close it and
+answer nothing: a server that sends a late second answer (50 ms after the first, say) cannot
+have it taken for the next request's answer.
 
 A request cancelled mid-answer closes its connection (the answer would otherwise arrive on
 the next request's).
@@ -26,26 +43,73 @@ the next request's).
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import zlib
 from collections import deque
 from urllib.parse import urlsplit
 
-__all__ = ["HTTP1Pool", "BrokenAnswer"]
+__all__ = ["HTTP1Pool", "BrokenAnswer", "AnswerTooLarge", "inflate", "MAX_ANSWER", "SETTLE_S"]
+
+MAX_ANSWER = 8 * 2**20
+"""Bytes an answer's body may have by default, on the wire and inflated (the spec's ``max_answer_mb`` changes it)."""
+HEAD_MAX = 65536
+"""Bytes of an answer's head (1xx heads, and a chunked body's framing, count against it too)."""
+SETTLE_S = 0.25
+"""Seconds a connection stays idle before it is reused: a late second answer arrives on an idle connection."""
 
 
 class BrokenAnswer(ConnectionError):
     """The server's answer is not well-formed HTTP/1.x, or the connection ended inside it."""
 
 
+class AnswerTooLarge(BrokenAnswer):
+    """The answer's body, as sent or inflated, is over the request's cap (not worth a retry)."""
+
+    def __init__(self, limit: int, what: str = "answer"):
+        super().__init__(f"the server's {what} is over the cap of {_size(limit)}")
+        self.limit = limit
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**20:g} MiB" if count >= 2**20 else f"{count} bytes"
+
+
 _NO_BODY = frozenset({204, 304})
+_DIGITS = re.compile(rb"[0-9]{1,20}")
+"""A Content-Length: decimal digits, at most 20 (h11's bound)."""
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
+"""A chunk-size line without its CRLF, as h11 reads it: hex digits, an optional extension, optional whitespace."""
+_FIELD = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[ \t]*[\t\x20-\x7e\x80-\xff]*")
+"""A trailer line: a token, a colon, a value with no control characters."""
+
+
+def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` in its ``Content-Encoding`` (identity, gzip or deflate) inflated, at most ``limit`` bytes of it:
+    one ``decompressobj`` call whose output stops at the cap, so a bomb costs at most ``limit`` bytes.
+    Raises :class:`AnswerTooLarge` past the cap, :class:`BrokenAnswer` for what does not inflate."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise BrokenAnswer(f"an answer in an encoding this client does not read ({encoding})")
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding != "deflate" else zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as error:
+        raise BrokenAnswer(f"a {encoding} answer that does not inflate ({error})") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise AnswerTooLarge(limit, f"{encoding} answer, inflated,")
+    if not inflater.eof:
+        raise BrokenAnswer(f"a {encoding} answer that ends before its stream does")
+    return out
 
 
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; at most one request on it at a time."""
 
-    __slots__ = ("pool", "transport", "buffer", "waiter", "closed", "idle_since", "used", "_scan", "_head",
-                 "_length", "_chunks", "_at", "keep_alive")
+    __slots__ = ("pool", "transport", "buffer", "waiter", "closed", "idle_since", "used", "limit", "_scan", "_head",
+                 "_length", "_chunks", "_at", "_body", "_received", "keep_alive")
 
     def __init__(self, pool: HTTP1Pool):
         self.pool = pool
@@ -56,6 +120,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.used = False
         """Whether a request was answered on it (a reused connection may have been closed by the server)."""
+        self.limit = MAX_ANSWER
+        """The cap on the current answer's body, in bytes (the request's)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -68,6 +134,10 @@ class _Connection(asyncio.Protocol):
         self._chunks: list[bytes] = []
         self._at = 0
         """Chunked: where the next chunk-size line starts in the buffer."""
+        self._body = 0
+        """Chunked: the body's bytes so far (the chunks' sizes)."""
+        self._received = 0
+        """Bytes received for this answer, heads and framing included."""
         self.keep_alive = True
 
     def connection_made(self, transport) -> None:
@@ -75,41 +145,51 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         waiter = self.waiter
-        if waiter is None or waiter.done():  # bytes nobody asked for: the connection is not reusable
+        if waiter is None or waiter.done():  # bytes nobody asked for (a late answer): they answer nothing
             self.buffer.clear()
             self.close()
             return
-        self.buffer += data
         try:
+            self._received += len(data)
+            if self._received > self.limit + HEAD_MAX:
+                raise AnswerTooLarge(self.limit)
+            self.buffer += data
             answer = self._parse()
-        except BrokenAnswer as error:
-            self.close()
-            waiter.set_exception(error)
+        except Exception as error:  # a broken answer, or a fault of ours: the request fails, the callback does not
+            self._fail(waiter, error)
             return
         if answer is not None:
             waiter.set_result(answer)
+
+    def _fail(self, waiter: asyncio.Future, error: Exception) -> None:
+        self.close()
+        if not isinstance(error, BrokenAnswer):
+            error = BrokenAnswer(f"the answer could not be read ({type(error).__name__}: {error})")
+        if not waiter.done():
+            waiter.set_exception(error)
 
     def eof_received(self) -> bool:
         return False  # the transport closes; connection_lost finishes a read-until-close answer
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.pool._lost(self)
         waiter = self.waiter
-        if waiter is None or waiter.done():
-            return
-        if self._head is not None and self._length == -3:  # an answer delimited by the close
-            self.keep_alive = False
-            try:
+        try:
+            self.pool._lost(self)
+            if waiter is None or waiter.done():
+                return
+            if self._head is not None and self._length == -3:  # an answer delimited by the close
+                self.keep_alive = False
                 waiter.set_result(self._answer(bytes(self.buffer)))
-            except BrokenAnswer as error:  # an encoding it cannot read: said now, not at the timeout
-                waiter.set_exception(error)
-            return
-        error = BrokenAnswer("the server closed the connection before answering" if not self.buffer and self._head is None
-                             else "the server closed the connection inside its answer")
-        if exc is not None:
-            error.__cause__ = exc
-        waiter.set_exception(error)
+                return
+            error = BrokenAnswer("the server closed the connection before answering" if not self.buffer and self._head is None
+                                 else "the server closed the connection inside its answer")
+            if exc is not None:
+                error.__cause__ = exc
+            waiter.set_exception(error)
+        except Exception as error:  # an encoding it cannot read: said now, not at the timeout
+            if waiter is not None:
+                self._fail(waiter, error)
 
     def close(self) -> None:
         self.closed = True
@@ -124,8 +204,8 @@ class _Connection(asyncio.Protocol):
             end = buffer.find(b"\r\n\r\n", self._scan)
             if end < 0:
                 self._scan = max(0, len(buffer) - 3)
-                if len(buffer) > 65536:
-                    raise BrokenAnswer("the answer's head is over 64 KiB")
+                if len(buffer) > HEAD_MAX:
+                    raise BrokenAnswer(f"the answer's head is over {HEAD_MAX // 1024} KiB")
                 return None
             status, headers, version = _head(bytes(buffer[:end]))
             del buffer[:end + 4]
@@ -133,21 +213,7 @@ class _Connection(asyncio.Protocol):
             if 100 <= status < 200:  # 100 Continue, 103 Early Hints: the answer follows
                 continue
             self._head = (status, headers)
-            connection = headers.get("connection", "").lower()
-            if "close" in connection or (version == "HTTP/1.0" and "keep-alive" not in connection):
-                self.keep_alive = False
-            if status in _NO_BODY:
-                self._length = 0
-            elif "chunked" in headers.get("transfer-encoding", "").lower():
-                self._length = -2
-            elif "content-length" in headers:
-                try:
-                    self._length = int(headers["content-length"])
-                except ValueError:
-                    raise BrokenAnswer(f"Content-Length {headers['content-length']!r} is not a number") from None
-            else:
-                self._length = -3
-                self.keep_alive = False
+            self._length = self._framing(status, headers, version)
         length = self._length
         if length >= 0:
             if len(buffer) < length:
@@ -157,48 +223,80 @@ class _Connection(asyncio.Protocol):
             return self._answer(bytes(buffer[:length]))
         if length == -2:
             return self._chunked()
-        return None  # until the connection closes
+        if len(buffer) > self.limit:  # until the connection closes
+            raise AnswerTooLarge(self.limit)
+        return None
+
+    def _framing(self, status: int, headers: dict, version: str) -> int:
+        """How the body is delimited (a length, -2: chunked, -3: the close), read strictly; the keep-alive it allows."""
+        connection = headers.get("connection", "").lower()
+        if "close" in connection or (version == "HTTP/1.0" and "keep-alive" not in connection):
+            self.keep_alive = False
+        length = None
+        if "content-length" in headers:  # repeated, it must repeat one value (h11's rule)
+            values = {value.strip() for value in headers["content-length"].split(",")}
+            if len(values) != 1 or not _DIGITS.fullmatch(next(iter(values)).encode("latin-1")):
+                raise BrokenAnswer(f"Content-Length {headers['content-length'][:40]!r} is not a number of bytes")
+            length = int(values.pop())
+        chunked = "transfer-encoding" in headers
+        if chunked and headers["transfer-encoding"].strip().lower() != "chunked":
+            raise BrokenAnswer(f"Transfer-Encoding {headers['transfer-encoding'][:40]!r} is not chunked")
+        if status in _NO_BODY:
+            return 0
+        if chunked:
+            return -2
+        if length is not None:
+            if length > self.limit:  # refused at the head, before a byte of it is buffered
+                raise AnswerTooLarge(self.limit)
+            return length
+        self.keep_alive = False
+        return -3
 
     def _chunked(self):
         buffer, at = self.buffer, self._at
         while True:
             line_end = buffer.find(b"\r\n", at)
             if line_end < 0:
+                if len(buffer) - at > HEAD_MAX:
+                    raise BrokenAnswer(f"a chunk-size line over {HEAD_MAX // 1024} KiB")
                 break
-            try:
-                size = int(bytes(buffer[at:line_end]).split(b";", 1)[0], 16)
-            except ValueError:
-                raise BrokenAnswer(f"bad chunk size {bytes(buffer[at:line_end])[:40]!r}") from None
+            line = bytes(buffer[at:line_end])
+            found = _CHUNK_SIZE.fullmatch(line)
+            if found is None:
+                raise BrokenAnswer(f"bad chunk size {line[:40]!r}")
+            size = int(found[1], 16)
             if size == 0:  # the last chunk, then trailer lines up to an empty one
                 start = line_end + 2
                 while True:
                     end = buffer.find(b"\r\n", start)
                     if end < 0:
+                        if len(buffer) - start > HEAD_MAX:
+                            raise BrokenAnswer(f"a trailer over {HEAD_MAX // 1024} KiB")
                         self._at = at
                         return None
                     if end == start:
                         if len(buffer) > end + 2:
                             self.keep_alive = False
                         return self._answer(b"".join(self._chunks))
+                    if not _FIELD.fullmatch(buffer[start:end]):
+                        raise BrokenAnswer(f"bad trailer line {bytes(buffer[start:end])[:40]!r}")
                     start = end + 2
+            if size > self.limit - self._body:  # refused at its size line, before it is buffered
+                raise AnswerTooLarge(self.limit)
             if len(buffer) < line_end + 2 + size + 2:
                 break
-            self._chunks.append(bytes(buffer[line_end + 2:line_end + 2 + size]))
-            at = line_end + 2 + size + 2
+            data_end = line_end + 2 + size
+            if buffer[data_end:data_end + 2] != b"\r\n":
+                raise BrokenAnswer(f"a chunk of {size} bytes not followed by CRLF: {bytes(buffer[data_end:data_end + 2])!r}")
+            self._chunks.append(bytes(buffer[line_end + 2:data_end]))
+            self._body += size
+            at = data_end + 2
         self._at = at
         return None
 
     def _answer(self, body: bytes) -> tuple[int, dict, bytes]:
         status, headers = self._head
-        encoding = headers.get("content-encoding", "identity").lower()
-        if encoding in ("gzip", "x-gzip", "deflate"):
-            try:
-                body = zlib.decompress(body, 16 + zlib.MAX_WBITS if encoding != "deflate" else zlib.MAX_WBITS)
-            except zlib.error as error:
-                raise BrokenAnswer(f"a {encoding} answer that does not inflate ({error})") from None
-        elif encoding != "identity":
-            raise BrokenAnswer(f"an answer in an encoding this client does not read ({encoding})")
-        return status, headers, body
+        return status, headers, inflate(body, headers.get("content-encoding", "identity"), self.limit)
 
 
 def _head(raw: bytes) -> tuple[int, dict, str]:
@@ -207,10 +305,9 @@ def _head(raw: bytes) -> tuple[int, dict, str]:
     version, _, rest = lines[0].partition(" ")
     if not version.startswith("HTTP/1."):
         raise BrokenAnswer(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
-    try:
-        status = int(rest[:3])
-    except ValueError:
-        raise BrokenAnswer(f"bad status line {lines[0][:80]!r}") from None
+    if not re.fullmatch(r"[0-9]{3}(?: .*)?", rest):
+        raise BrokenAnswer(f"bad status line {lines[0][:80]!r}")
+    status = int(rest[:3])
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, colon, value = line.partition(":")
@@ -234,7 +331,7 @@ class HTTP1Pool:
     ``headers`` has lower-cased names. ``headers=`` are sent with every request.
     """
 
-    def __init__(self, base_url: str, headers: dict[str, str], *, keepalive: float = 30.0):
+    def __init__(self, base_url: str, headers: dict[str, str], *, keepalive: float = 30.0, settle: float = SETTLE_S):
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
@@ -243,6 +340,8 @@ class HTTP1Pool:
         self.ssl = ssl.create_default_context() if url.scheme == "https" else None
         self.keepalive = keepalive
         """Seconds an idle connection is kept (a server's own idle timeout may be shorter: it closes, and we notice)."""
+        self.settle = settle
+        """Seconds a connection stays idle before it is reused (:data:`SETTLE_S`)."""
         self.closed = False
         self._netloc = url.netloc
         self._headers = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
@@ -259,21 +358,25 @@ class HTTP1Pool:
                 f"{method.decode()} {target} HTTP/1.1\r\nHost: {self._netloc}\r\n{self._headers}Content-Length: ").encode("latin-1")
         return head
 
-    async def request(self, method: bytes, target: str, body: bytes, timeout: float) -> tuple[int, dict, bytes]:
-        """One request and its answer within ``timeout`` seconds, connecting included. Raises
-        ``TimeoutError`` or another ``OSError``."""
+    async def request(self, method: bytes, target: str, body: bytes, timeout: float,
+                      limit: int = MAX_ANSWER) -> tuple[int, dict, bytes]:
+        """One request and its answer within ``timeout`` seconds, connecting included, its body at most
+        ``limit`` bytes (as sent and inflated). Raises ``TimeoutError`` or another ``OSError``
+        (:class:`AnswerTooLarge` past the cap)."""
         if self.closed:
             raise BrokenAnswer("the client is closed")
         loop = self._loop
         data = self._prefix(method, target) + b"%d\r\n\r\n" % len(body) + body
         waiter = loop.create_future()
-        timer = loop.call_at(loop.time() + timeout, _expire, waiter)
+        deadline = loop.time() + timeout  # one deadline for the whole answer, whatever trickles in
+        timer = loop.call_at(deadline, _expire, waiter)
         try:
             while True:
                 connection = self._take(loop)
                 if connection is None:
                     connection = await self._connect(waiter)
                 connection.waiter = waiter
+                connection.limit = limit
                 connection.transport.write(data)
                 try:
                     answer = await waiter
@@ -282,7 +385,7 @@ class HTTP1Pool:
                         # A kept-alive connection the server had closed (its idle timeout): once more, on a fresh one.
                         waiter = loop.create_future()
                         timer.cancel()
-                        timer = loop.call_at(loop.time() + timeout, _expire, waiter)
+                        timer = loop.call_at(deadline, _expire, waiter)
                         continue
                     raise
                 break
@@ -304,15 +407,21 @@ class HTTP1Pool:
         return answer
 
     def _take(self, loop) -> _Connection | None:
+        """The connection idle longest, if it has settled (``settle``); None: open a new one."""
         idle = self._idle
+        now = loop.time()
         while idle:
-            connection = idle.pop()  # the most recently used: warm, and the others age out
+            connection = idle[0]
             if connection.closed:
+                idle.popleft()
                 continue
-            if loop.time() - connection.idle_since > self.keepalive:
+            if now - connection.idle_since > self.keepalive:
+                idle.popleft()
                 connection.close()
                 continue
-            return connection
+            if now - connection.idle_since < self.settle:  # a late answer may still be on its way; the rest are newer
+                return None
+            return idle.popleft()
         return None
 
     async def _connect(self, waiter: asyncio.Future) -> _Connection:

@@ -346,6 +346,8 @@ class LLMAgent:
         if attempts:
             extra["attempts"] = attempts
             extra["latency_total_s"] = round(waited, 6)
+        if completion.clamped:  # the backend's repairs (a reply past its length cut) come first
+            notes = [*completion.clamped, *notes]
         if notes:
             extra["clamped"] = notes
         if reasoning and "reasoning" not in extra:

@@ -20,6 +20,8 @@ model behind any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); its
 ``timeout``       seconds per request (default 60); ``retries`` with backoff (default 2)
 ``reask``         re-asks after an unparseable reply (default 0)
 ``max_inflight``  requests in flight per server and key (default 256)
+``max_answer_mb`` MiB an answer's body may have, as sent and inflated (default 8): a larger answer
+                  fails its request at once, naming this key
 ``logprobs``      1/0: log-probs and (vLLM) token ids into the trace (default 1)
 ``think``         1/0: vLLM ``enable_thinking`` for models that think (default: unset)
 ``legal``         1/0: decode the seller's reply under a regex of the replies the rules allow now

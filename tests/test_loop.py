@@ -31,8 +31,10 @@ def world(monkeypatch, tmp_path):
     calls: list[str] = []
     crash = {"at": None, "policy": "random", "train_args": [], "args": {}}
 
-    def run_stage(name, args, out_file, *, tolerate_failed_episodes=True):
+    def run_stage(name, args, out_file, *, tolerate_failed_episodes=True, progress=None, echo=None):
         calls.append(name)
+        if progress is not None:  # what the loop shows while a stage runs: said before it has begun, too
+            progress()
         crash["args"][name] = args
         if args[0] == "train":  # the stage runs `train --config FILE`: the typed config, as the child reads it
             assert args[1] == "--config" and Path(args[2]).name == "train.toml"
@@ -760,8 +762,8 @@ def _failing(monkeypatch, stage: str, times: int):
     played, restarts = [], []
     inner = loop.stages.run_stage
 
-    def run_stage(name, args, out_file, *, tolerate_failed_episodes=True):
-        seconds = inner(name, args, out_file, tolerate_failed_episodes=tolerate_failed_episodes)
+    def run_stage(name, args, out_file, *, tolerate_failed_episodes=True, **shown):
+        seconds = inner(name, args, out_file, tolerate_failed_episodes=tolerate_failed_episodes, **shown)
         played.append((name, args))
         if name.startswith(stage) and len([n for n, _ in played if n.startswith(stage)]) <= times:
             raise loop.FailedEpisodes(f"{name}: 2 of 6 episodes failed (commonest reason: cannot reach the server) (output: x)")
@@ -803,11 +805,11 @@ def test_a_stage_that_fails_with_the_server_dead_runs_again_on_a_restarted_serve
     config, calls, crash, out = world
     inner, played, restarts = loop.stages.run_stage, [], []
 
-    def run_stage(name, args, out_file, *, tolerate_failed_episodes=True):
+    def run_stage(name, args, out_file, *, tolerate_failed_episodes=True, **shown):
         played.append(name)
         if name == "round 1 collect":  # the check before the run found no server: no episode played, exit 2
             raise LoopError("round 1 collect failed (exit 2): cannot reach the server at http://127.0.0.1:9/v1")
-        return inner(name, args, out_file, tolerate_failed_episodes=tolerate_failed_episodes)
+        return inner(name, args, out_file, tolerate_failed_episodes=tolerate_failed_episodes, **shown)
 
     monkeypatch.setattr(loop.stages, "run_stage", run_stage)
     monkeypatch.setattr(loop.Serving, "down", lambda self: down)
@@ -819,3 +821,36 @@ def test_a_stage_that_fails_with_the_server_dead_runs_again_on_a_restarted_serve
         with pytest.raises(LoopError, match="cannot reach the server"):
             run_loop(config(), echo=lambda line: None)
         assert restarts == [] and "round 1 collect, again" not in played
+
+
+def test_a_long_stage_shows_its_progress_steps_with_their_time_and_episodes(tmp_path, monkeypatch):
+    import sys
+
+    # A stage that takes a while: the loop looks at it while it runs and shows what changed. The stand-in trainer
+    # writes a step, then waits till the loop has shown it (the echo opens its gate): no race with a busy machine.
+    (tmp_path / "ckpt").mkdir()
+    metrics = tmp_path / "ckpt" / "metrics.jsonl"
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\n"
+                      f"printf '{{\"step\": 1, \"loss\": 2.0, \"seconds\": 3.0}}\\n' >> {metrics}\n"
+                      f"while [ ! -f {tmp_path}/gate1 ]; do sleep 0.05; done\n"
+                      f"printf '{{\"step\": 2, \"loss\": 1.0, \"seconds\": 5.0}}\\n' >> {metrics}\n"
+                      f"while [ ! -f {tmp_path}/gate2 ]; do sleep 0.05; done\nexit 0\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(script))
+    monkeypatch.setattr(loop.stages, "PROGRESS_EVERY", 0.05)
+    shown: list[str] = []
+
+    def echo(line: str) -> None:
+        shown.append(line.split(" (")[0])
+        (tmp_path / f"gate{len(shown)}").touch()
+
+    loop.run_stage("round 0 sft", ["train"], tmp_path / "loop.out", tolerate_failed_episodes=False,
+                   progress=loop.stages.train_progress(tmp_path / "ckpt", 120), echo=echo)
+    assert shown == ["loop: round 0 sft: step 1/120, 3.0 s a step", "loop: round 0 sft: step 2/120, 4.0 s a step"]  # (3 + 5) / 2
+    # A stage that plays episodes: the finished ones in its traces, out of all it plays.
+    folder = tmp_path / "eval" / "train"
+    folder.mkdir(parents=True)
+    (folder / "greedy.jsonl").write_text('{"type":"episode_start"}\n{"type":"episode_end"}\n{"type":"episode_end"}\n')
+    (folder / "eval.log.jsonl").write_text('{"type":"episode_end"}\n')  # a log, not a trace
+    assert loop.stages.episodes_progress(tmp_path / "eval", 12)() == "2 of 12 episodes"

@@ -28,7 +28,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
         take_round0(Path(config.sft_from), out, config, state)
     state.save()
     serving = Serving(config, out, out / "base", state)
-    stages = Stages(config, out, state, serving)
+    stages = Stages(config, out, state, serving, echo)
 
     def stage(name: str, work) -> None:
         if state.done(name):

@@ -9,6 +9,7 @@ to change when the stages take typed configs instead of flags."""
 from __future__ import annotations
 
 import ctypes
+import json
 import shutil
 import signal
 import subprocess
@@ -77,9 +78,49 @@ class FailedEpisodes(LoopError):
     fail again. A table is never made from what is left."""
 
 
-def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_episodes: bool = True) -> float:
+PROGRESS_EVERY = 15.0
+"""Seconds between two looks at a running stage's progress (a line is shown only when it says something new)."""
+
+
+def train_progress(out: Path, total: int | None):
+    """What a training stage has done, read off its ``metrics.jsonl``: ``step 12/120, 150.2 s a step``."""
+
+    def look() -> str | None:
+        try:
+            rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        except (OSError, ValueError):
+            return None
+        steps = [row for row in rows if "loss" in row]
+        if not steps:
+            return "loading the model and the data"
+        mean = sum(row.get("seconds", 0.0) for row in steps) / len(steps)
+        return f"step {steps[-1]['step']}{f'/{total}' if total else ''}, {mean:.1f} s a step"
+
+    return look
+
+
+def episodes_progress(folder: Path, total: int):
+    """What a stage that plays episodes has done, read off its traces: ``37 of 192 episodes``."""
+
+    def look() -> str:
+        done = 0
+        for path in folder.rglob("*.jsonl"):
+            if not path.name.endswith(".log.jsonl"):
+                try:
+                    done += path.read_bytes().count(b'"type":"episode_end"')
+                except OSError:
+                    pass
+        return f"{done} of {total} episodes"
+
+    return look
+
+
+def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_episodes: bool = True, progress=None,
+              echo=lambda line: None) -> float:
     """Run ``negotiate ARGS`` as a child; its output goes to ``out_file``. Returns seconds; raises LoopError, and
-    :class:`FailedEpisodes` where a stage that plays episodes (``tolerate_failed_episodes``) ended with failed ones."""
+    :class:`FailedEpisodes` where a stage that plays episodes (``tolerate_failed_episodes``) ended with failed ones.
+    ``progress``: a callable saying what the stage has done so far, shown through ``echo`` when it changes (looked at
+    every :data:`PROGRESS_EVERY` seconds, with the time the stage has taken)."""
     out_file.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "negotiate", *args]
     log.info("stage", stage=name, command=" ".join(args))
@@ -90,7 +131,16 @@ def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_epi
         start = out.tell()
         child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         try:
-            code = child.wait()
+            shown = None
+            while True:
+                try:
+                    code = child.wait(timeout=PROGRESS_EVERY if progress is not None else None)
+                    break
+                except subprocess.TimeoutExpired:
+                    said = progress()
+                    if said and said != shown:
+                        echo(f"loop: {name}: {said} ({time.perf_counter() - began:.0f}s)")
+                        shown = said
         except BaseException:
             _stop(child)
             raise
@@ -212,8 +262,8 @@ def _fresh(folder: Path) -> None:
 class Stages:
     """The stages of one run in ``out``: each does its work and returns; recording it as finished is the caller's."""
 
-    def __init__(self, config: LoopConfig, out: Path, state: State, serving: Serving):
-        self.config, self.out, self.state, self.serving = config, out, state, serving
+    def __init__(self, config: LoopConfig, out: Path, state: State, serving: Serving, echo=lambda line: None):
+        self.config, self.out, self.state, self.serving, self.echo = config, out, state, serving, echo
         self.base = out / "base"
         self.log_file = out / "loop.out"
         """Where every stage's output goes."""
@@ -227,8 +277,9 @@ class Stages:
         loop's server dead (it died mid-stage, say), the server is restarted and the stage run again once, playing only
         what is missing or failed; if that fails too, the stage is not finished and the loop stops with one line saying
         why (exit 1). Nothing is summarized from what is left."""
+        shown = {"progress": episodes_progress(folder, self._episodes(args)), "echo": self.echo}
         try:
-            run_stage(name, args, self.log_file)
+            run_stage(name, args, self.log_file, **shown)
             return
         except FailedEpisodes as first:
             log.warning("failed episodes: playing them again", stage=name, why=str(first))
@@ -239,9 +290,25 @@ class Stages:
         if serves is not False:
             self.serving.restart(serves)
         try:
-            run_stage(f"{name}, again", retry_args(args, folder, self.config), self.log_file)
+            run_stage(f"{name}, again", retry_args(args, folder, self.config), self.log_file, **shown)
         except LoopError as second:
             raise LoopError(f"{second}; it failed again after the server was restarted: the stage is not finished") from None
+    def _episodes(self, args: list[str]) -> int:
+        """The episodes a serve/collect/eval command plays in all: its episodes (or markets x group) x sellers x splits."""
+        def value(flag: str, default: str = "1") -> str:
+            return args[args.index(flag) + 1] if flag in args else default
+
+        if args[0] == "collect":
+            count = int(value("--markets")) * int(value("--group"))
+        else:
+            count = int(value("--episodes", str(self.config.eval_episodes)))
+        return count * len(_list(value("--seller"))) * len(_list(value("--split")))
+
+    def train(self, name: str, train: TrainConfig) -> None:
+        """Run a training stage (a child process on the typed config), its progress shown from its metrics."""
+        run_stage(name, train_args(train), self.log_file, tolerate_failed_episodes=False, echo=self.echo,
+                  progress=train_progress(Path(train.out), train.max_steps))
+
     def export(self) -> None:
         from negotiate.training.trainer import export_model
 
@@ -262,8 +329,7 @@ class Stages:
         r0 = self.round_folder(0)
         self.serving.before_training()
         _fresh(r0 / "checkpoint")
-        train = sft_config(self.config, r0 / "teacher", self.base, r0 / "checkpoint")
-        run_stage("round 0 sft", tolerate_failed_episodes=False, args=train_args(train), out_file=self.log_file)
+        self.train("round 0 sft", sft_config(self.config, r0 / "teacher", self.base, r0 / "checkpoint"))
 
     def baselines(self) -> None:
         """The scripted ladder, and the untrained model, on the held-out markets: each buyer column not yet evaluated."""
@@ -310,5 +376,4 @@ class Stages:
             self.state.data.setdefault("notes", {})[str(k)] = f"no learning signal: {method.no_signal}, so the policy is unchanged"
             log.warning("no learning signal", round=k)
             return
-        train = round_config(config, k, traces, self.base, previous / "adapter", folder / "checkpoint")
-        run_stage(f"round {k} {config.round_method}", tolerate_failed_episodes=False, args=train_args(train), out_file=self.log_file)
+        self.train(f"round {k} {config.round_method}", round_config(config, k, traces, self.base, previous / "adapter", folder / "checkpoint"))

@@ -723,9 +723,13 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     if left_out:
         console.print(left_out.strip(), highlight=False, soft_wrap=True)
     again = _command_line("negotiate", "report", out, "--by", "seller,split", "--format", "markdown", "--baseline", baseline)
+    failed = sum(1 for row in rows if row.get("outcome") == "failed")
+    incomplete = (f"**Incomplete: {failed} of {len(rows)} episodes failed.** Each cell's mean is over its finished episodes "
+                  "(n/k✗: k failed), each paired difference over the markets both sellers finished; play the failed episodes "
+                  f"again with `{_command_line('negotiate', 'eval', '--resume', out, '--retry-failed')}`.\n\n" if failed else "")
     (out / "results.md").write_text(
-        f"# negotiate eval\n\nSellers {', '.join(sellers)} on {', '.join(splits)}; baseline {baseline}. "
-        f"Reproduce the numbers from the traces: `{again}`.\n\n"
+        f"# negotiate eval{' (incomplete)' if failed else ''}\n\nSellers {', '.join(sellers)} on {', '.join(splits)}; "
+        f"baseline {baseline}. Reproduce the numbers from the traces: `{again}`.\n\n{incomplete}"
         f"## Metrics (mean ± 95% CI)\n\n{summary_markdown(summaries, by)}\n"
         f"## Paired differences against {baseline} (same markets)\n\n{left_out}{paired_markdown(paired)}"
     )

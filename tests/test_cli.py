@@ -692,6 +692,9 @@ def test_a_seller_or_baseline_whose_every_episode_failed_is_named_as_such_not_as
     # eval's results.md says it under the paired table (a resumed, finished eval writes its results again)
     assert main(["eval", "--resume", str(tmp_path / "e"), "--quiet"]) == 1  # failed episodes: exit 1
     results = (tmp_path / "e" / "results.md").read_text()
+    # ... and says at its top that it is incomplete: how many failed, what the numbers are over, and how to finish it
+    assert results.startswith("# negotiate eval (incomplete)\n")
+    assert "**Incomplete: 4 of 12 episodes failed.**" in results and "--resume" in results and "--retry-failed" in results
     paired = results.split("## Paired differences against greedy")[1]
     assert "every episode failed, so nothing to pair: posted on train" in paired and "| oracle | train |" in paired
 

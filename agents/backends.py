@@ -600,6 +600,8 @@ class OpenAIBackend:
         """The cap on an answer's body in bytes (``max_answer_mb``)."""
         self.timeouts_in_a_row = 0
         """Requests that timed out (after their retries) since the last answer; at :data:`DOWN_AFTER` the server is down."""
+        self.down: str | None = None
+        """Why the server is taken for down (every later request fails with it at once); None while it is not."""
 
     def describe(self) -> dict:
         o = self.options
@@ -649,8 +651,8 @@ class OpenAIBackend:
             self._shared = (loop, pools, pools.generation, shared)
         requests = pools.requests.logger
         where = f"{o.model} at {o.base_url}"
-        if self.timeouts_in_a_row >= DOWN_AFTER:
-            raise LLMError(f"{where}: the server at {o.base_url} is down: {self.timeouts_in_a_row} requests in a row timed out")
+        if self.down is not None:
+            raise LLMError(self.down)
         payload = orjson.dumps(self.request(messages, role=role, seed=seed, constraint=constraint))  # serialized once, by orjson
         try:
             try:
@@ -660,6 +662,8 @@ class OpenAIBackend:
                     data, retries, latency = await self._post(shared, payload, where)
             except LLMTimeout:
                 self.timeouts_in_a_row += 1
+                if self.timeouts_in_a_row >= DOWN_AFTER and self.down is None:  # one reason for every later request
+                    self.down = f"{where}: the server at {o.base_url} is down: {DOWN_AFTER} requests in a row timed out"
                 raise
             self.timeouts_in_a_row = 0
         except (LLMError, LLMTimeout) as error:
@@ -803,7 +807,7 @@ class OpenAIBackend:
                     raise _status_error(status, _message(body), where, o) from None
                 if isinstance(failure, TimeoutError):
                     raise LLMTimeout(f"{where}: no reply within {o.timeout}s ({o.retries} retries)") from None
-                if isinstance(failure, BrokenAnswer) and failure.__cause__ is None and "closed the connection" not in str(failure):
+                if isinstance(failure, BrokenAnswer) and "closed the connection" not in str(failure):
                     raise LLMError(f"{where}: the server's answer is broken: {failure}") from None
                 cause = getattr(failure, "os_error", None) or failure
                 raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
@@ -828,12 +832,16 @@ class OpenAIBackend:
         url, timeout = self._url, self._timeout
 
         limit = self._limit
+        from negotiate.agents.http1 import BrokenAnswer
 
         async def send() -> tuple[int, object, bytes]:
-            async with asyncio.timeout(o.timeout):  # one deadline for the attempt, not one per read
-                async with session.post(url, data=payload, timeout=timeout, allow_redirects=False) as response:
-                    status = response.status
-                    return status, response.headers if status >= 300 else None, await read_bounded(response, limit)
+            try:
+                async with asyncio.timeout(o.timeout):  # one deadline for the attempt, not one per read
+                    async with session.post(url, data=payload, timeout=timeout, allow_redirects=False) as response:
+                        status = response.status
+                        return status, response.headers if status >= 300 else None, await read_bounded(response, limit)
+            except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as error:  # its parser's verdict: said as ours is
+                raise BrokenAnswer(" ".join(str(getattr(error, "message", None) or error).split())[:200]) from None
 
         return send, (TimeoutError, aiohttp.ClientError, OSError)
 

@@ -275,6 +275,46 @@ async def test_bytes_on_an_idle_connection_close_it_and_answer_nothing():
     assert (first[2], second[2], server.connections) == (b"one", b"two", 2)
 
 
+async def test_the_aiohttp_client_closes_an_idle_connection_that_heard_a_late_answer(monkeypatch):
+    from negotiate.agents import http1
+
+    monkeypatch.setattr(http1, "SETTLE_S", 0.0)  # reused at once, were it not for the late answer it heard
+    late = asyncio.Event()
+
+    async def twice(index: int, body: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(ok(completion(nonce(body))))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(ok(completion("late " + nonce(body))))
+        await writer.drain()
+        late.set()
+        return True
+
+    async with Hostile(twice) as server:
+        model = backend(server, "aiohttp")
+        first = await model.complete(ask("one"), role="seller")
+        connector = model._shared[3].session.connector
+        with anyio.fail_after(10):
+            await late.wait()
+            while not any(protocol.should_close for conns in connector._conns.values() for protocol, _ in conns):
+                await asyncio.sleep(0.01)  # the idle connection has read the late answer
+        second = await model.complete(ask("two"), role="seller")
+    assert (first.text, second.text, server.connections) == ("one", "two", 2)
+
+
+async def test_a_flood_of_100_continue_heads_fails_at_the_cap(client):
+    async def flood(index: int, body: bytes, writer: asyncio.StreamWriter) -> bool:
+        for _ in range(20_000):  # 500 KB of heads at most
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
+        return False
+
+    async with Hostile(flood) as server:
+        error = await fails(server, client, "over the cap|answer is broken|cannot reach the server", max_answer_mb=CAP_MB)
+    if client == "http":  # the heads count against the cap; aiohttp reads them all and fails at the close
+        assert "the server's answer is over the cap of 65536 bytes" in str(error)
+
+
 async def test_a_server_that_trickles_a_byte_at_a_time_is_held_to_the_timeout(client):
     answer = ok(completion("slow"))
 

@@ -20,6 +20,8 @@ import pytest
 from negotiate.agents.http1 import BrokenAnswer, HTTP1Pool
 
 HEADERS = {"Authorization": "Bearer sk-x", "Content-Type": "application/json"}
+# Tests of reuse make their pools with settle=0.0: a connection is reused at once, not after SETTLE_S idle
+# (the settling, and the late answers it is for, are tested in tests/test_hostile_server.py).
 TARGET = "/v1/chat/completions"
 
 

@@ -28,8 +28,8 @@ model behind any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); its
                   (vLLM ``structured_outputs``; needs ``format=tagged`` and a vLLM server; default 0)
 ``grounded``      1/0: with ``legal=1`` and ``prompt=facts`` or ``advice`` (``openai:`` only), the reply's thought is a reason
                   stating that prompt's facts, and its action the one the reason's verdict names (default 0)
-``client``        ``aiohttp`` (default: a lean client, about 2x less CPU per request) or ``openai``
-                  (the openai package's client)
+``client``        ``http`` (default: our own lean HTTP/1.1 client), ``aiohttp`` (our requests over an
+                  aiohttp session) or ``openai`` (the openai package's client)
 ``key_env``       environment variable with the API key (default ``OPENAI_API_KEY``); a key
                   is never written in a spec, since specs go into traces
 

@@ -63,7 +63,8 @@ class Hostile:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                body = await reader.readexactly(int(re.search(rb"(?i)content-length: *(\d+)", head)[1]))
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                body = await reader.readexactly(int(length[1]) if length else 0)
                 self.heads.append(head)
                 self.bodies.append(body)
                 if not await self.answer(len(self.bodies) - 1, body, writer):
@@ -218,6 +219,15 @@ async def test_neither_client_asks_for_compression(client):
         with anyio.fail_after(10):
             await backend(server, client).complete(ask(), role="seller")
     assert len(server.heads) == 1 and b"accept-encoding" not in server.heads[0].lower()
+
+
+async def test_the_check_before_a_run_reads_its_answer_under_the_cap_too():
+    bomb = gzip.compress(bytes(16 * 2**20), compresslevel=9)
+    async with Hostile(script(ok(bomb, "Content-Encoding: gzip"))) as server:
+        with anyio.fail_after(10):
+            with pytest.raises(LLMError, match=r"GET /models: the server's gzip answer, inflated, is over the cap of 65536 bytes"):
+                await backend(server, "http", max_answer_mb=CAP_MB).preflight()
+    assert server.heads[0].startswith(b"GET /v1/models ")
 
 
 async def test_the_cap_is_a_spec_key_with_a_checked_value():

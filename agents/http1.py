@@ -89,7 +89,7 @@ def inflate(body: bytes, encoding: str, limit: int) -> bytes:
     one ``decompressobj`` call whose output stops at the cap, so a bomb costs at most ``limit`` bytes.
     Raises :class:`AnswerTooLarge` past the cap, :class:`BrokenAnswer` for what does not inflate."""
     encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
+    if encoding in ("", "identity") or not body:  # nothing to inflate (a 204's head may still name an encoding)
         return body
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise BrokenAnswer(f"an answer in an encoding this client does not read ({encoding})")

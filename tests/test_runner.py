@@ -225,7 +225,7 @@ def test_shards_are_disjoint_and_together_equal_the_unsharded_run(tmp_path):
     both = rows_from_traces([shards, tmp_path / "whole"])
     assert overlapping_runs(both) == [str(shards), str(tmp_path / "whole")]
     # ... and one run's episodes passed twice are an error, not a silent double count.
-    with pytest.raises(UserError, match=r"appears twice \(the file is given twice\); pass each shard once"):
+    with pytest.raises(UserError, match=r"appears twice \(the file is given twice; pass each shard once\)"):
         rows_from_traces([shards, shards / "greedy.shard-1-of-2.jsonl"])
 
 

@@ -20,7 +20,7 @@ assigned to units jointly (``linear_sum_assignment``), and the best assigned pai
 the first price of a ladder of ``PRICE_TRIES`` x the turns left per possible deal
 (interpolated between whole lengths): one message at a time while buyers only accept or
 reject, to every free buyer before the replies once they bid. Measured beside greedy
-(benchmarks/planner_dev.py, benchmarks/bench_planner.py, README; Monte Carlo rollouts of
+(benchmarks/planner_dev.py, benchmarks/bench_planner.py, docs/experiments/planner-*.md; Monte Carlo rollouts of
 greedy's ladder over sampled values were measured there and dropped: choosing among pairs
 by a few dozen rollouts picks sampling noise). On 2x2 markets it comes within 0.005
 profit/OPT of the exact best seller (benchmarks/planner_exact.py).

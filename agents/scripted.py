@@ -382,7 +382,7 @@ class MixedBuyer(_Seeded):
     else it is a threshold one.
 
     The kind is drawn from the buyer's own seed, so every seller and repeat meets the same mix. A seller trained
-    against one kind gains against that kind alone (README, "Trained against the buyers it is judged by"); this
+    against one kind gains against that kind alone (docs/experiments/grounded-dagger-threshold.md); this
     population asks it to sell to both.
     """
 

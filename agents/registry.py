@@ -71,8 +71,10 @@ _PARAMS = {
     ("buyer", "concession"): {"start": (0.0, False, 1.0), "patience": (1, True, 1000)},
     ("buyer", "mixed"): {"conceding": (0.0, True, 1.0)},
     ("buyer", "stubborn"): {"share": (0.0, False, 1.0)},
+    ("seller", "rule"): {"tools": "SPECS", **dict.fromkeys(("offer", "accept", "reject", "end", "wait", "else"), "TOOL")},
 }
-"""Numeric parameters each scripted agent accepts: name -> (low, low allowed, high)."""
+"""Parameters each scripted agent accepts: name -> (low, low allowed, high) for a number, or a metavar for text, which
+the agent's class reads and checks (its ``parse_params``: a rule's tools and choices)."""
 
 
 @dataclass(frozen=True)
@@ -204,15 +206,25 @@ def parse_agent(text: str, role: str, *, field_name: str | None = None) -> Agent
                             field=field_name, value=text)
         if key in params:  # as a model spec refuses it: which one was meant?
             raise UserError(f"parameter {key!r} is given twice", field=field_name, value=text)
+        if isinstance(allowed[key], str):
+            params[key] = value
+            continue
         try:
             params[key] = float(value) if "." in value or "e" in value.lower() else int(value)
         except ValueError:
             raise UserError(f"parameter {key}={value!r} is not a number", field=field_name, value=text) from None
     for key, value in params.items():
+        if isinstance(allowed[key], str):
+            continue
         low, inclusive, high = allowed[key]
         if not ((value >= low) if inclusive else (value > low)) or value > high:
             bound = "[" if inclusive else "("
             raise UserError(f"parameter {key}={value} is outside {bound}{low}, {high}]", field=field_name, value=text)
+    if hasattr(table[name], "parse_params"):  # text parameters: the agent reads them (a rule's tools are seller specs)
+        try:
+            params = table[name].parse_params(params, lambda tool: parse_agent(tool, role, field_name="tool"), SELLERS)
+        except ValueError as error:
+            raise UserError(str(error), field=field_name, value=text) from None
     return AgentSpec(text=raw, role=role, backend="scripted", name=name, params=params)
 
 
@@ -222,7 +234,7 @@ def describe_agents(role: str) -> list[tuple[str, str, str]]:
     out = []
     for name, cls in table.items():
         doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split()).replace("``", "")
-        params = ", ".join(f"{key} in {'[' if inclusive else '('}{low:g}, {high:g}]"
-                           for key, (low, inclusive, high) in _PARAMS.get((role, name), {}).items())
+        params = ", ".join(f"{key}={bounds}" if isinstance(bounds, str) else f"{key} in {'[' if bounds[1] else '('}{bounds[0]:g}, {bounds[2]:g}]"
+                           for key, bounds in _PARAMS.get((role, name), {}).items())
         out.append((name, doc, params or "-"))
     return out

@@ -22,6 +22,7 @@ from negotiate.regulator import ACTIVE, BuyerObservation, SellerObservation
 from negotiate.agents.base import ScriptedAgent
 from negotiate.agents.moves import _Follower, _accept_bid, _end, _make, _offer, best_assigned, units_left
 from negotiate.agents.planner import PlannerSeller
+from negotiate.agents.rule import RuleSeller
 
 __all__ = ["SELLERS", "BUYERS"]
 
@@ -453,6 +454,7 @@ SELLERS = {
     "posted": PostedSeller,
     "dutch": DutchSeller,
     "random": RandomSeller,
+    "rule": RuleSeller,
 }
 """Scripted sellers, best first (the oracle is the full-information reference)."""
 BUYERS = {"threshold": ThresholdBuyer, "concession": ConcessionBuyer, "mixed": MixedBuyer, "stubborn": StubbornBuyer,

@@ -1,0 +1,113 @@
+"""The fixed rules over scripted moves: one seller that sends, in each state, one of its tools' messages.
+
+A learned policy whose prompt shows scripted moves (the ``tools`` prompt shows the planner's and greedy's next
+messages) is measured against the best rule that needs no learning over those moves (docs/experiments/
+rule-baselines.md, issue 41). :class:`RuleSeller` is every such rule at once: its tools walk the episode as the
+prompt's do (:class:`~negotiate.agents.llm.Adviser`: each decides on a copy of itself, then takes the message
+actually sent where the regulator accepted it), and the kind of move its first tool proposes picks whose message
+goes out. One class and a spec, not one class per rule: ``benchmarks/rules.py`` enumerates them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from negotiate.errors import UserError
+from negotiate.protocol import Message
+from negotiate.regulator import SellerObservation
+
+from negotiate.agents.base import ScriptedAgent
+from negotiate.agents.views.tools import TOOLS
+
+__all__ = ["RuleSeller", "KINDS", "kind_of"]
+
+KINDS = ("offer", "accept", "reject", "end", "wait")
+"""The kinds of move a tool proposes: a seller action's kind, or ``wait`` (it would send nothing now)."""
+
+
+def kind_of(message: Message | None) -> str:
+    """The kind of move ``message`` is (one of :data:`KINDS`).
+
+    >>> from negotiate.protocol import Action
+    >>> kind_of(Message("seller", "b1", "", Action("offer", "p1", 300))), kind_of(None)
+    ('offer', 'wait')
+    """
+    return "wait" if message is None else message.action.kind
+
+
+class RuleSeller(ScriptedAgent):
+    """A fixed rule over scripted sellers (its tools, walking the episode): in each state, the message of the tool named
+    for the kind of move the first tool proposes. ``tools`` are sellers that can follow, comma-separated (default
+    ``planner?reasons=1,greedy``, the tools prompt's); ``offer``, ``accept``, ``reject``, ``end`` and ``wait`` (the first
+    tool would send nothing) each name a tool, ``else`` the one for the kinds not named (default the first tool).
+    ``rule?tools=greedy,planner?reasons=1&offer=greedy&else=planner`` offers as greedy, otherwise as the planner.
+
+    A tool is named by its agent name, so two tools need two names; an ``&`` inside a tool's own spec is written
+    ``%26`` (``tools=planner?reasons=1%26patience=2,greedy``). A bare ``rule`` plays as its first tool, the planner.
+    Every rule keyed on one tool's kind of move is one spec: ``benchmarks/rules.py`` enumerates those over the tools
+    prompt's two. Where a tool's message is None (it would wait), the rule waits; a tool waits only while a buyer owes
+    a reply.
+    """
+
+    name = "rule"
+    choices = (*KINDS, "else")
+    """The spec's keys that name a tool."""
+
+    def __init__(self, spec: str, params: dict, tools: list):
+        super().__init__(spec, params)
+        from negotiate.agents.llm import Adviser  # when built: importing the LLM agents' module costs 140 modules
+
+        self.adviser = Adviser(tools)
+        """The tools walking the episode, in the spec's order."""
+        names = [tool.name for tool in params["tools"]]
+        picks = {kind: params.get(kind, params.get("else", names[0])) for kind in KINDS}
+        self.pick = {kind: names.index(name) for kind, name in picks.items()}
+        """Kind of move of the first tool -> the index of the tool whose message goes out."""
+
+    @classmethod
+    def parse_params(cls, params: dict, parse: Callable[[str], object], sellers: dict) -> dict:
+        """The spec's parameters, read: ``tools`` parsed into seller specs by ``parse`` (default :data:`TOOLS`), each of
+        a class in ``sellers`` that can follow; each choice the name of one of them. A ``ValueError`` names the key,
+        its value and what it may be."""
+        texts = params.get("tools", ",".join(TOOLS)).split(",")
+        able = ", ".join(name for name, agent in sellers.items() if hasattr(agent, "follow"))
+        tools = []
+        for text in texts:
+            try:
+                tool = parse(text)
+            except UserError as error:
+                raise ValueError(f"parameter tools={params['tools']!r}: {error}") from None
+            if not hasattr(sellers[tool.name], "follow"):
+                raise ValueError(f"parameter tools={params['tools']!r}: {tool.name} cannot walk an episode beside another "
+                                 f"seller; tools are {able}")
+            tools.append(tool)
+        names = [tool.name for tool in tools]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"parameter tools={params['tools']!r}: names {', '.join(twice)} twice; a choice names a tool "
+                             "by its name, so each tool needs its own")
+        for key in cls.choices:
+            if key in params and params[key] not in names:
+                raise ValueError(f"parameter {key}={params[key]!r} is not one of the tools; choose from {', '.join(names)}")
+        return {**params, "tools": tuple(tools)}
+
+    @classmethod
+    def create(cls, spec, params, *, market, seed):
+        if "tools" not in params:
+            raise ValueError("a rule's tools come from its spec: build it with negotiate.agents.parse_agent")
+        return cls(spec, params, [tool.build(market, seed) for tool in params["tools"]])
+
+    def decide(self, obs: SellerObservation) -> Message | None:
+        said = self.adviser.advise(obs)
+        said = said if isinstance(said, tuple) and not isinstance(said, Message) else (said,)
+        message = said[self.pick[kind_of(said[0])]]
+        self.adviser.follow(obs, message)
+        return message
+
+    def follow(self, obs: SellerObservation, message: Message | None) -> None:
+        """Take ``message`` as the message sent on ``obs`` instead (a teacher's walk of another seller's episode)."""
+        self.adviser.follow(obs, message)
+
+    def describe(self) -> dict:
+        params = {**self.params, "tools": [tool.text for tool in self.params["tools"]]}
+        return {"kind": "scripted", "name": self.name, "spec": self.spec, "params": params}

@@ -110,8 +110,6 @@ def short(spec: str) -> str:
 
 
 async def main(args) -> None:
-    if args.seed in HELD_OUT:
-        raise UserError("is a held-out run seed; tune on another", field="--seed", value=args.seed)
     began = time.perf_counter()
     rules = rule_specs()
     sellers = [PLANNER, GREEDY, *rules]
@@ -164,10 +162,12 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=8, help="rules shown per ranking")
     parser.add_argument("--concurrency", type=int, default=64, help="episodes in flight")
     args = parser.parse_args(argv)
+    if args.seed in HELD_OUT:
+        parser.error(f"--seed {args.seed} is a held-out run seed; rank the rules on another")
     try:
         asyncio.run(main(args))
-    except UserError as error:
-        raise SystemExit(f"rules.py: {error}") from None
+    except UserError as error:  # a bad --buyers spec
+        parser.error(str(error))
 
 
 if __name__ == "__main__":

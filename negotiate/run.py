@@ -184,6 +184,8 @@ def flag_help(flag: Flag, default) -> str:
     return f"{flag.help} (default: {shown})" if shown else flag.help
 
 
+LADDER = tuple(name for name in SELLERS if name != "rule")
+"""The scripted sellers a run plays by default: every one but ``rule``, which with no keys plays as the planner."""
 _SELLERS_HELP = "comma-separated seller specs, [scripted:]NAME[?k=v], openai:..., hf:..., vllm:... (negotiate agents lists them)"
 
 
@@ -194,8 +196,8 @@ class RunConfig:
     help, spelling and each command's default are written once, here."""
 
     sellers: tuple[str, ...] = _flag(
-        (), _SELLERS_HELP, name="--seller", aliases=("--sellers",), metavar="SPECS", default=",".join(SELLERS),
-        shown=f"all of {','.join(SELLERS)}", per=(("collect", {"default": "", "shown": ""}),))
+        (), _SELLERS_HELP, name="--seller", aliases=("--sellers",), metavar="SPECS", default=",".join(LADDER),
+        shown=f"all of {','.join(LADDER)}", per=(("collect", {"default": "", "shown": ""}),))
     """Seller specs; each plays every episode index of the run."""
     buyers: str = _flag("threshold", f"buyer spec for every buyer: {', '.join(BUYERS)}, or a model")
     """The buyer spec every buyer of every market plays."""

@@ -485,7 +485,7 @@ def test_the_run_commands_flags_keep_their_names_defaults_and_help(capsys):
     assert serve["--episodes"] == "episodes per seller (default: 200)" and evaluate["--episodes"] == "markets per split (default: 200)"
     assert collect["--markets"] == "market instances (default: 32)" and collect["--group"] == "episodes per market (default: 8)"
     assert serve["--group"].endswith("sampling afresh (default: 1)")
-    assert serve["--seller,--sellers"].endswith("(default: all of oracle,planner,greedy,concession,posted,dutch,random,rule)")
+    assert serve["--seller,--sellers"].endswith("(default: all of oracle,planner,greedy,concession,posted,dutch,random)")
     assert collect["--seller,--sellers"].endswith("(negotiate agents lists them)")  # collect names its sellers
     assert evaluate["--split,--splits"] == "comma-separated splits or TOML spec files (default: train,shapes,correlated,prices-x10)"
     assert serve["--split"].endswith("(default: train; negotiate splits lists them)")

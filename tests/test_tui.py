@@ -36,7 +36,7 @@ SOLO = MarketSpec(name="solo", buyers=1, products=2, budget=8)
 
 
 async def my_turn(pilot, play) -> None:
-    """Wait until the person is asked for a message and the cursor is in the composer (the talk field, at first)."""
+    """Wait until the person is asked for a message and the cursor is in the composer (the price field, at first)."""
     app = pilot.app
     await until(pilot, lambda: play.result is not None or (
         play.human.waiting and app.focused is not None and app.screen.query_one(Composer) in app.focused.ancestors_with_self))
@@ -78,10 +78,9 @@ async def test_play_a_whole_episode_as_a_buyer(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: play.human.waiting)
         assert "OFFER" in screen_text(app)  # the seller's first offer is on screen
-        # First a counter-offer through the composer: ctrl+o fills a bid, the price goes in, Enter sends.
+        # First a counter-offer through the composer: the turn opens on a bid's price, the price goes in, Enter sends.
         obs = play.view()
-        await until(pilot, lambda: app.focused is not None and app.focused.id == "talk")  # a turn puts the cursor in the talk field
-        await pilot.press("ctrl+o")
+        await until(pilot, lambda: app.focused is not None and app.focused.id == "price")  # a turn puts the cursor on the price
         await pilot.press(*str(obs.values[0] // 3), "enter")
         turns = 1
         while play.result is None:
@@ -111,6 +110,28 @@ async def test_play_a_whole_episode_as_a_buyer(tmp_path):
     assert start["episode"] == "play-buyer-0000" and start["seed"] == 7 and start["index"] == 0
     assert start["seller"] == "greedy" and start["buyers"] == "human+threshold" and start["play"] == "buyer"
     assert start["agents"]["buyers"]["b1"]["kind"] == "human"
+
+
+@pytest.mark.parametrize("role", ["buyer", "seller"])
+async def test_the_composer_opens_on_the_action_and_its_price_and_the_talk_comes_after(tmp_path, role):
+    # What a person types first is a price: it lands in the price of the first action (bid, offer), and Tab
+    # moves on to the talk. A reject takes no price: the cursor goes to the action itself.
+    play = session(tmp_path, role, spec=SOLO if role == "buyer" else SPLITS["train"], seed=3)
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: play.human.waiting and app.focused is not None)
+        composer = app.screen.query_one(Composer)
+        fields = [widget.id for widget in composer.query("Select, Input")]
+        assert fields == ["kind", "product", "price", "talk"]  # the action and its price, then the talk
+        await until(pilot, lambda: app.focused.id == "price")
+        assert composer.kind == ("bid" if role == "buyer" else "offer")
+        await pilot.press("4", "2", "tab", "h", "i")
+        assert (composer.query_one("#price").value, composer.query_one("#talk").value) == ("42", "hi")
+        assert app.focused.id == "talk"
+        await pilot.press("ctrl+r")  # a reject: no price to type
+        composer.focus_first()
+        await pilot.pause()
+        assert composer.kind == "reject" and app.focused.id == "kind"
 
 
 async def test_play_a_whole_episode_as_the_seller(tmp_path, monkeypatch):

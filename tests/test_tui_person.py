@@ -333,9 +333,15 @@ async def test_after_leaving_the_status_says_so(tmp_path):
 # -- the seller's hints, dead offers and bids, ^t ------------------------------------------------------------
 
 
+async def turn_settled(pilot, play) -> None:
+    """Wait until the person is asked for a message and the turn has placed its cursor (keys pressed earlier would
+    go where the cursor was, then the cursor would move)."""
+    await until(pilot, lambda: play.human.waiting and not pilot.app.screen.focus_pending)
+
+
 async def _offer(pilot, app, play, buyer: str, product: str, price: int) -> None:
     """The person, as the seller, offers ``product`` at ``price`` to ``buyer``."""
-    await until(pilot, lambda: play.human.waiting)
+    await turn_settled(pilot, play)
     turns = play.state.turns_used
     await pilot.press("escape", buyer[1:], "ctrl+o")
     app.screen.query_one("#product").value = product
@@ -357,7 +363,7 @@ async def test_the_seller_sees_only_bids_it_can_accept_as_acceptable(tmp_path):
         await _offer(pilot, app, play, "b1", "p1", 800)
         await turn_on(pilot, b1)
         b1.send(Message("b1", SELLER, "", Action("bid", "p1", 123)))
-        await until(pilot, lambda: play.human.waiting)
+        await turn_settled(pilot, play)
         await pilot.press("escape", "1")
         await until(pilot, lambda: "b1 bids" in status(app))
         assert "b1 bids p1 $123, below its cost $124." in status(app) and "^y" not in status(app)
@@ -368,13 +374,14 @@ async def test_the_seller_sees_only_bids_it_can_accept_as_acceptable(tmp_path):
         await _offer(pilot, app, play, "b1", "p2", 800)
         await turn_on(pilot, b1)
         b1.send(Message("b1", SELLER, "", Action("bid", "p2", 273)))
-        await until(pilot, lambda: play.human.waiting)
+        await turn_settled(pilot, play)
         await pilot.press("escape", "1")
         await until(pilot, lambda: "(^y accepts)" in status(app))
         assert b1_row()[3] == "p2 $273"
         # b2 buys p2: b1's bid on it is dead, and no longer shown or offered.
         await _offer(pilot, app, play, "b2", "p2", 357)
         await until(pilot, lambda: any(e["type"] == "deal" for e in play.state.events) and play.human.waiting)
+        await turn_settled(pilot, play)
         await pilot.press("escape", "1")
         await until(pilot, lambda: b1_row()[3] == "-")
         assert status(app).endswith("Write to b1.") and not app.screen.check_action("fill", ("accept",))
@@ -388,7 +395,7 @@ async def test_the_sellers_footer_keeps_quit_at_80_columns_with_every_key_on_off
         await _offer(pilot, app, play, "b1", "p2", 800)
         await turn_on(pilot, b1)
         b1.send(Message("b1", SELLER, "", Action("bid", "p2", 300)))  # above p2's cost: ^y is on offer too
-        await until(pilot, lambda: play.human.waiting)
+        await turn_settled(pilot, play)
         await pilot.press("escape", "1")
         await until(pilot, lambda: "(^y accepts)" in status(app))
         await pilot.pause(0.1)

@@ -110,7 +110,7 @@ def _focus_overflowing(screen: Screen) -> None:
 class PlayScreen(Screen):
     """What both seats share: the episode worker, redraws on change, sending, the results."""
 
-    AUTO_FOCUS = ""  # none: the talk field takes the focus when a turn starts
+    AUTO_FOCUS = ""  # none: the composer's first field (the price, or the action) takes the focus when a turn starts
     BINDINGS = [
         Binding("ctrl+s", "send", "Send", priority=True),
         Binding("escape", "board", "Leave field", show=False),
@@ -127,6 +127,9 @@ class PlayScreen(Screen):
         self._was_waiting = False
         self.ready = False
         """True once mounted: keys that arrive earlier are ignored."""
+        self.focus_pending = False
+        """True from a turn's start until its cursor is placed (after a refresh): keys pressed meanwhile go where the
+        cursor was, and tests wait for it."""
 
     def on_mount(self) -> None:
         # Textual calls on_mount of every class in the MRO: the seats' own (tables) run first, then this one.
@@ -204,18 +207,26 @@ class PlayScreen(Screen):
         raise NotImplementedError
 
     def turn_started(self, obs) -> None:
-        """The bus now waits for the person: put the cursor in the talk field (unless it is in the composer already)."""
+        """The bus now waits for the person: put the cursor in the composer's first field, the action's price (the
+        action itself when it takes none), unless it is in the composer already. The talk comes after it (Tab): a
+        price typed first used to land in the talk."""
         offer = _live(getattr(obs, "offer", None), obs.products)
         if offer is not None:
             self.query_one(Composer).choose_product(offer[0])  # a bid or an accept is most likely about it
 
-        def focus_talk() -> None:  # after a refresh, once the composer is enabled again
+        before = self.focused
+        self.focus_pending = True
+
+        def focus_first() -> None:  # after a refresh, once the composer is enabled again
+            self.focus_pending = False
             composer = self.query_one(Composer)
             focused = self.focused
+            if focused is not before:  # the person moved the cursor meanwhile (Esc, a buyer's digit): it stays there
+                return
             if focused is None or composer not in focused.ancestors_with_self:
-                composer.query_one("#talk").focus()
+                composer.focus_first()
 
-        self.call_after_refresh(focus_talk)
+        self.call_after_refresh(focus_first)
 
     # -- sending ----------------------------------------------------------------------
 
@@ -245,7 +256,7 @@ class PlayScreen(Screen):
     def _keep_selling(self) -> None:
         """The person said no to ending the market (or leaving it): the composer goes back to its first action."""
         composer = self.query_one(Composer)
-        composer.fill(composer.kinds[0], focus="talk")
+        composer.fill(composer.kinds[0], focus="price")
 
     def _deliver(self, message: Message) -> None:
         human = self.session.human

@@ -143,7 +143,7 @@ class Composer(Widget):
 
     def fill(self, kind: str, product: str | None = None, price: int | None = None, *, focus: str = "talk") -> None:
         """Set the action (and product and price: a price left None keeps what the person typed), then focus one
-        field: ``talk``, ``price`` or ``none``."""
+        field: ``talk``, ``price`` (the action instead, when it takes no price) or ``none``."""
         self.query_one("#kind", Select).value = kind
         if product is not None:
             select = self.query_one("#product", Select)
@@ -152,8 +152,14 @@ class Composer(Widget):
         if price is not None:
             self.query_one("#price", Input).value = str(price)
         self._sync_fields()
-        if focus != "none":
+        if focus == "price":
+            self.focus_first()
+        elif focus != "none":
             self.query_one(f"#{focus}", Input).focus()
+
+    def focus_first(self) -> None:
+        """Focus the field a person fills first: the price of a priced action, else the action (the talk comes after)."""
+        self.query_one("#price" if self.kind in PRICED else "#kind").focus()
 
     def clear(self) -> None:
         """After a send: empty fields and the first action again (a reject or a leave is never carried to the next message)."""

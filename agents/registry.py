@@ -62,7 +62,7 @@ from negotiate.agents.policy import Policy
 
 from negotiate.agents.scripted import BUYERS, SELLERS
 
-__all__ = ["AgentSpec", "parse_agent", "describe_agents", "adviser", "adviser_for", "policy_seller"]
+__all__ = ["AgentSpec", "parse_agent", "describe_agents", "adviser", "policy_seller"]
 
 
 _PARAMS = {
@@ -151,15 +151,6 @@ def adviser(market: Market, seed, tools: Sequence[str] | None = None):
     from negotiate.agents.llm import ADVISER, Adviser
 
     return Adviser([parse_agent(tool, "seller").build(market, seed) for tool in (tools or (ADVISER,))])
-
-
-def adviser_for(prompt: str, market: Market, seed):
-    """The adviser a seller whose prompt view shows scripted moves (its ``tools``: ``advice`` the planner's, ``tools``
-    the planner's and greedy's) walks its episode with; None for a view that shows none."""
-    from negotiate.agents.views import view
-
-    tools = view(prompt).tools
-    return adviser(market, seed, tools) if tools else None
 
 
 def _check_seller_options(options, role: str, field_name: str, text: str) -> None:

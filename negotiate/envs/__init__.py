@@ -1,0 +1,1 @@
+"""Environment adapters: the market as an environment that other RL stacks load (PettingZoo, verifiers)."""

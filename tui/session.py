@@ -30,8 +30,12 @@ the seller has spent is extra, and it changes no rule.
 
 A finished episode is appended to ``OUT/play.jsonl`` with the labels ``negotiate
 serve`` writes (``seller``, ``buyers``, ``index``, ``seed``; ``play`` names the
-person's role). When the person is the seller, the scripted oracle then plays the
-same market against identically seeded buyers, for comparison (not traced).
+person's role). Its index is one past the highest in the file, or the one given
+(``negotiate play --web`` numbers its visitors' episodes itself, since they play at
+once); the append holds an exclusive ``flock`` on the file, so the episodes of
+people who finish together do not interleave. When the person is the seller, the
+scripted oracle then plays the same market against identically seeded buyers, for
+comparison (not traced).
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+
+try:
+    import fcntl
+except ImportError:  # Windows: one person per trace folder there
+    fcntl = None
 
 from negotiate.agents.human import HumanAgent
 from negotiate.agents.registry import AgentSpec, parse_agent
@@ -154,7 +163,7 @@ class PlaySession:
 
     def __init__(self, role: str, spec: MarketSpec, seed: int, *, seller: AgentSpec | None = None,
                  buyers: AgentSpec | None = None, out: Path | str = Path("traces") / "play", pace: float = 0.5,
-                 others_pace: float = 4.0):
+                 others_pace: float = 4.0, index: int | None = None):
         if role not in ("buyer", "seller"):
             raise ValueError(f"role is buyer or seller, not {role!r}")
         self.role = role
@@ -175,7 +184,8 @@ class PlaySession:
         self.on_change: Callable[[], None] | None = None
         """The UI's redraw hook; called after every change to the episode."""
         self.trace_path = self.out / TRACE_NAME
-        self.index = len(scan(self.trace_path).complete)  # a corrupt trace file is a UserError, before any play
+        done = scan(self.trace_path).complete  # a corrupt trace file is a UserError, before any play
+        self.index = index if index is not None else max((e.index for e in done if e.index is not None), default=-1) + 1
         self.episode_id = f"play-{role}-{self.index:04d}"
         self.state = WatchedState(self.market, episode=self.episode_id)
         self.state.on_change = self.changed
@@ -239,7 +249,10 @@ class PlaySession:
             self.market, self.seller, self.buyers, episode_id=self.episode_id, labels=self.labels,
             seller_timeout=HUMAN_TIMEOUT, reply_timeout=HUMAN_TIMEOUT, opt_value=self.opt, state=self.state,
         )
-        with TraceWriter(self.trace_path) as writer:
+        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.trace_path, "ab") as lock, TraceWriter(self.trace_path) as writer:
+            if fcntl is not None:  # held until the episode is appended; another process's flock waits for it
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             writer.write(episode.events)
         await self.episodes.pools.aclose()  # model agents played: close this loop's HTTP clients
         oracle = await self._oracle() if self.role == "seller" else None

@@ -9,6 +9,11 @@ its models and loads every ``hf:`` model first (``runner.preload_models``, as
 (``vllm:`` engines are left to the episode: one serves only the event loop that
 first used it, and the check runs on a loop of its own.)
 
+Behind ``negotiate play --web`` (:mod:`negotiate.tui.web`) each visitor's process
+has pipes, not a terminal, and Textual's web driver named in ``TEXTUAL_DRIVER``:
+the terminal check lets it through, and what ``play`` says goes to stderr, since
+stdout carries the screen.
+
 Exit codes: 0 for a finished or abandoned episode, 1 for a failed one (it is
 kept in ``play.jsonl`` marked ``failed``, as ``serve`` keeps its failures; the
 training reader skips it, since it has no reward), 143 after SIGTERM.
@@ -17,6 +22,7 @@ training reader skips it, since it has no reward), 143 after SIGTERM.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -30,16 +36,59 @@ from negotiate.runner import preload_models, run_async
 from negotiate.tui.session import PlaySession, fresh_seed
 from negotiate.tui.transcript import find_episode, load_trace, plain_transcript
 
-__all__ = ["play", "replay"]
+__all__ = ["play", "replay", "prepare", "web_driven", "WEB_DRIVER"]
+
+
+WEB_DRIVER = "textual.drivers.web_driver:WebDriver"
+"""Textual's driver for an app run behind a web page; textual-serve names it in ``TEXTUAL_DRIVER`` for each visitor's process."""
+
+
+def web_driven() -> bool:
+    """True in a process that textual-serve started for a visitor (``negotiate play --web``): stdin and stdout are
+    pipes that carry the browser's keys and the screen, not a terminal."""
+    return os.environ.get("TEXTUAL_DRIVER") == WEB_DRIVER
 
 
 def _need_terminal(hint: str = "") -> None:
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+    if not (sys.stdin.isatty() and sys.stdout.isatty()) and not web_driven():
         raise UserError(f"the terminal UI needs an interactive terminal (stdin and stdout){hint}")
 
 
 def play(args: argparse.Namespace) -> int:
     """Play one episode in the terminal UI as a buyer or as the seller; append it to OUT/play.jsonl."""
+    if not getattr(args, "web", False):
+        for flag in ("host", "port", "max_players"):
+            if getattr(args, flag, None) is not None:
+                raise UserError("serves the game to browsers: give it with --web", field=f"--{flag.replace('_', '-')}",
+                                value=getattr(args, flag))
+    seed = args.seed if args.seed is not None else fresh_seed()
+    # Behind a web page stdout carries the screen: what play says goes to stderr, which the server logs.
+    say = functools.partial(print, file=sys.stderr if web_driven() else sys.stdout)
+    session = prepare(args, seed, index=getattr(args, "index", None), say=say)
+    _need_terminal()
+    from negotiate.tui.app import NegotiateApp  # Textual loads only once the arguments are good
+
+    app = NegotiateApp.play(session)
+    app.run()
+    if session.result is None:
+        say(f"negotiate play: seed {seed}; {session.abandon_note()}")
+        return app.return_code or 0
+    episode = session.result.episode
+    m = episode.metrics or {}
+    replay_hint = f"replay: negotiate replay {session.trace_path} --episode {episode.id}"
+    if episode.outcome == "failed":
+        say(f"negotiate play: the episode failed ({episode.reason}); seed {seed}")
+        say(f"kept in {session.trace_path} as {episode.id}, marked failed (training skips it); {replay_hint}")
+        return 1
+    say(f"negotiate play: {episode.outcome} ({episode.reason}); profit/OPT {_r(m.get('profit_ratio'))}, "
+        f"welfare/OPT {_r(m.get('welfare_ratio'))}, {m.get('deals', 0)} deals; seed {seed}")
+    say(f"saved to {session.trace_path} as {episode.id}; {replay_hint}")
+    return 0
+
+
+def prepare(args: argparse.Namespace, seed: int, *, index: int | None = None, say=print) -> PlaySession:
+    """The session ``play``'s arguments describe, on market ``seed``, once every argument and model has been checked
+    (a :class:`UserError` naming the flag otherwise); ``play --web`` checks its visitors' settings with it."""
     if args.role == "seller" and args.seller is not None:  # it would be ignored: the person is the seller
         raise UserError("you are the seller with --role seller; --seller names the agent you bargain with as a buyer "
                         "(--buyers names the buyers you sell to)", field="--seller", value=args.seller)
@@ -48,31 +97,12 @@ def play(args: argparse.Namespace) -> int:
     buyers = parse_agent(args.buyers, "buyer", field_name="--buyers")
     out = Path(args.out)
     _check_writable(out)
-    seed = args.seed if args.seed is not None else fresh_seed()
-    session = PlaySession(args.role, spec, seed, seller=seller, buyers=buyers, out=out)
-    check_models([buyers] if args.role == "seller" else [seller, buyers], session.episodes.pools)
-    _need_terminal()
-    from negotiate.tui.app import NegotiateApp  # Textual loads only once the arguments are good
-
-    app = NegotiateApp.play(session)
-    app.run()
-    if session.result is None:
-        print(f"negotiate play: seed {seed}; {session.abandon_note()}")
-        return app.return_code or 0
-    episode = session.result.episode
-    m = episode.metrics or {}
-    replay_hint = f"replay: negotiate replay {session.trace_path} --episode {episode.id}"
-    if episode.outcome == "failed":
-        print(f"negotiate play: the episode failed ({episode.reason}); seed {seed}")
-        print(f"kept in {session.trace_path} as {episode.id}, marked failed (training skips it); {replay_hint}")
-        return 1
-    print(f"negotiate play: {episode.outcome} ({episode.reason}); profit/OPT {_r(m.get('profit_ratio'))}, "
-          f"welfare/OPT {_r(m.get('welfare_ratio'))}, {m.get('deals', 0)} deals; seed {seed}")
-    print(f"saved to {session.trace_path} as {episode.id}; {replay_hint}")
-    return 0
+    session = PlaySession(args.role, spec, seed, seller=seller, buyers=buyers, out=out, index=index)
+    check_models([buyers] if args.role == "seller" else [seller, buyers], session.episodes.pools, say=say)
+    return session
 
 
-def check_models(specs, pools: Pools) -> None:
+def check_models(specs, pools: Pools, say=print) -> None:
     """Ask each ``openai:`` server for its models and load each ``hf:`` model into the session's ``pools``,
     before the UI opens; a UserError naming the flag (``--seller``, ``--buyers``) if one cannot play."""
     wanted = [spec for spec in specs if spec.backend in ("openai", "hf")]
@@ -85,7 +115,7 @@ def check_models(specs, pools: Pools) -> None:
         finally:
             await pools.aclose()  # this loop ends here; the episode opens clients on the app's own
 
-    print(f"negotiate play: checking {', '.join(spec.text for spec in wanted)} ...", flush=True)
+    say(f"negotiate play: checking {', '.join(spec.text for spec in wanted)} ...", flush=True)
     run_async(check)
 
 

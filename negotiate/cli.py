@@ -24,6 +24,7 @@ import os
 import shlex
 import signal
 import sys
+import textwrap
 import threading
 import time
 from collections import Counter
@@ -85,11 +86,29 @@ def _version() -> str:
         return negotiate.__version__
 
 
+ERROR_WIDTH = 100
+"""The widest an error line is printed on a terminal (narrower where the terminal is)."""
+
+
+def for_screen(line: str, stream=None) -> str:
+    """An error line as printed to ``stream`` (stderr): on a terminal, wrapped to its width (at most
+    :data:`ERROR_WIDTH`) with the continuation indented; elsewhere (a pipe, a file, a test) one line, so
+    a script reads one error per line."""
+    stream = stream or sys.stderr
+    try:
+        if not stream.isatty():
+            return line
+        width = min(ERROR_WIDTH, os.get_terminal_size(stream.fileno()).columns)
+    except (AttributeError, OSError, ValueError):
+        return line
+    return textwrap.fill(line, width=max(width, 40), subsequent_indent="    ", break_on_hyphens=False, break_long_words=False)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line like every other bad input (exit code 2)."""
 
     def error(self, message: str):
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, for_screen(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -213,6 +232,10 @@ def _loop(args: argparse.Namespace, console: Console) -> int:
 
 
 def _play(args: argparse.Namespace, _console: Console) -> int:
+    if args.web:
+        from negotiate.tui import web
+
+        return web.serve(args)
     from negotiate.tui import commands
 
     return commands.play(args)
@@ -306,6 +329,13 @@ def _parser() -> argparse.ArgumentParser:
                       help="the seller agent when you play a buyer (default: greedy); refused with --role seller")
     play.add_argument("--buyers", default="concession", help="the other buyers' agent (default: concession)")
     play.add_argument("--out", type=Path, default=Path("traces") / "play", help="folder for your episodes' traces (default: traces/play)")
+    play.add_argument("--web", action="store_true", help="serve the game to browsers instead (extra 'web'): each visitor plays "
+                                                         "one episode of their own with these settings, a fresh market each")
+    play.add_argument("--host", default=None, help="with --web: the address to listen on (default: 127.0.0.1, this machine only)")
+    play.add_argument("--port", type=int, default=None, help="with --web: the port (default: 8000)")
+    play.add_argument("--max-players", type=int, default=None,
+                      help="with --web: visitors playing at once; the next one is told to come back later (default: 8)")
+    play.add_argument("--index", type=int, default=None, help=argparse.SUPPRESS)  # --web numbers its visitors' episodes
     play.set_defaults(run=_play)
 
     replay = sub.add_parser("replay", help="step through recorded episodes (terminal UI, or --text)",
@@ -401,7 +431,12 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
                                 fsync=getattr(args, "fsync", False), pools=pools)
 
         try:
-            if args.workers > 1 and total > 0:
+            if args.executor == "ray" and total > 0:
+                from negotiate.ray_executor import run_ray  # Ray loads only for a run that uses it
+
+                run_ray(runs, args.workers, address=args.address, concurrency=args.concurrency, max_inflight=args.max_inflight,
+                        fsync=getattr(args, "fsync", False), on_episode=lambda row: tick(row.get("outcome")))
+            elif args.workers > 1 and total > 0:
                 run_workers(runs, args.workers, concurrency=args.concurrency, max_inflight=args.max_inflight, log_file=log_file,
                             fsync=getattr(args, "fsync", False), on_episode=lambda row: tick(row.get("outcome")))
             else:
@@ -616,7 +651,7 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
         config = _new_config(args)
         out = args.out or Path("traces") / time.strftime(f"{args.command}-%Y%m%d-%H%M%S")
         _check_new_out(out)
-    check_workers(args.workers, [*config.sellers, config.buyers])  # before the specs are parsed: see check_workers
+    check_workers(args.workers, [*config.sellers, config.buyers], executor=args.executor, address=args.address)  # before the specs are parsed
     by = _by(args.by)
     summarize([], by)  # check --by before running anything
     prepared = prepare(config, out, resume=args.resume is not None, retry_failed=args.retry_failed)
@@ -691,7 +726,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
                              seed=_setting(args, "seed"), fresh=_setting(args, "fresh"), run_id=run_id,
                              **_timeouts(args, (*sellers, buyers)))
                    for split in splits]
-    check_workers(args.workers, [*configs[0].sellers, configs[0].buyers])
+    check_workers(args.workers, [*configs[0].sellers, configs[0].buyers], executor=args.executor, address=args.address)
     _distinct(splits, split_dir, "would share the folder {}; rename one of the files")
     runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None, retry_failed=args.retry_failed),
              out / split_dir(config.split)) for config in configs]  # every spec and agent is checked before anything runs
@@ -894,7 +929,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args, console)
     except UserError as error:
-        print(f"negotiate {args.command}: error: {error}", file=sys.stderr)
+        print(for_screen(f"negotiate {args.command}: error: {error}"), file=sys.stderr)
         return EXIT_STOPPED if isinstance(error, TraceWriteError) else EXIT_USAGE
     except KeyboardInterrupt as stop:  # a command without its own interrupted line (loop, train, report): one line, no traceback
         print(f"negotiate {args.command}: {'stopped by SIGTERM' if isinstance(stop, Terminated) else 'interrupted'}", file=sys.stderr)

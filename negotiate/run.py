@@ -262,7 +262,13 @@ class RunOptions:
 
     concurrency: int = _flag(256, "episodes in flight at once", kind="count")
     workers: int = _flag(1, "worker processes (default: {default}): each plays a share of the episodes on its own core, with its "
-                            "share of --concurrency and --max-inflight; one process tops out near 1,500 model requests/s", kind="count")
+                            "share of --concurrency and --max-inflight; one process tops out near 1,500 model requests/s; with --executor ray, "
+                            "Ray tasks", kind="count")
+    executor: str = _flag("local", "where the workers play: local (processes on this machine) or ray (tasks on the Ray cluster "
+                                   "at --address; the ray extra)", metavar="local|ray")
+    address: str = _flag("", "the Ray cluster of --executor ray: auto (one started by ray start), ray://HOST:10001, or local "
+                             "(a new one for this run); default: Ray's own, RAY_ADDRESS or a cluster on this machine, else a new one",
+                         metavar="ADDR", shown="")
     max_inflight: int | None = _flag(None, "model requests in flight per server (openai: specs), overriding their max_inflight; "
                                            "the agents' timeouts include the wait for a slot", metavar="N", kind="count", shown="")
     fsync: bool = _flag(False, "fsync after every episode (survives power loss, slower)", commands=("serve", "collect"),

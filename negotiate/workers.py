@@ -18,6 +18,7 @@ parent stops the children, keeps every episode they had finished and sent, and r
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import signal
 import traceback
@@ -31,7 +32,7 @@ from negotiate.errors import UserError
 from negotiate.logs import configure, console_level
 from negotiate.trace import TraceWriteError, TraceWriter
 
-__all__ = ["run_workers", "check_workers", "models_play"]
+__all__ = ["run_workers", "check_workers", "models_play", "play_share", "EXECUTORS"]
 
 log = structlog.get_logger("negotiate.workers")
 
@@ -39,17 +40,32 @@ def _specs(runs: list):
     return [spec for prepared, _ in runs for spec in (*prepared.sellers, prepared.buyers)]
 
 
-def check_workers(workers: int, specs: Iterable[str]) -> None:
-    """Refuse ``--workers`` above 1 with local models (``hf:``, ``vllm:``): each process would load its own copy.
+EXECUTORS = ("local", "ray")
+"""Where a run's workers play: ``local`` processes (:func:`run_workers`), or Ray tasks (:mod:`negotiate.ray_executor`)."""
+
+
+def check_workers(workers: int, specs: Iterable[str], *, executor: str = "local", address: str = "") -> None:
+    """Refuse what the workers cannot play, before anything is written: an unknown ``--executor``, an ``--address``
+    without Ray, Ray not installed, and local models (``hf:``, ``vllm:``) with ``--workers`` above 1 (each process
+    would load its own copy) or in Ray tasks (a task is lent a CPU, not the GPU).
 
     It reads the specs as written, before they are parsed: parsing an ``hf:`` spec checks that torch is
     installed, and a user who cannot use ``--workers`` here should hear that first, whatever is installed.
     """
-    if workers > 1:
-        local = [text.strip() for text in specs if text.strip().partition(":")[0] in ("hf", "vllm")]
+    if executor not in EXECUTORS:
+        raise UserError(f"unknown executor; use {' or '.join(EXECUTORS)}", field="--executor", value=executor)
+    if address and executor != "ray":
+        raise UserError("names a Ray cluster: add --executor ray", field="--address", value=address)
+    local = [text.strip() for text in specs if text.strip().partition(":")[0] in ("hf", "vllm")]
+    if executor == "ray":
+        if importlib.util.find_spec("ray") is None:  # found without importing it (Ray takes a second to import)
+            raise UserError("needs Ray: pip install 'negotiate[ray]'", field="--executor", value=executor)
         if local:
-            raise UserError(f"{local[0]!r} loads its model in every worker process; local models batch inside one "
-                            "process, so play them with --workers 1", field="--workers", value=str(workers))
+            raise UserError(f"{local[0]!r} would load its model in a Ray task, which is lent a CPU; serve the model "
+                            "(vllm serve) and name it with an openai: spec", field="--executor", value=executor)
+    if workers > 1 and local:
+        raise UserError(f"{local[0]!r} loads its model in every worker process; local models batch inside one "
+                        "process, so play them with --workers 1", field="--workers", value=str(workers))
 
 
 def share_of(total: int, worker: int, workers: int) -> int:
@@ -86,9 +102,12 @@ def models_play(runs: list) -> bool:
     return any(spec.backend != "scripted" for spec in _specs(runs))
 
 
-def _child(task: dict, conn: Connection) -> None:
-    """A worker: play the jobs of ``task`` and send each episode back (runs in a spawned process)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+def play_share(task: dict, send: Callable[[tuple], None],
+               numbered: Callable[[int, Iterable], Iterable] = lambda _k, jobs: jobs) -> None:
+    """What a worker does, in a process of ``--workers`` or a Ray task: play its share of the jobs of ``task`` (see
+    :func:`shard_task`) and ``send`` each finished episode as ``("episode", run, seller, encoded lines, row)``, then
+    ``("done",)``, or ``("error", message, traceback)`` once anything fails. ``numbered(run, jobs)`` sees each run's
+    jobs as they are taken (the Ray executor numbers them, and leaves out those a dead task already sent)."""
     pools = None
     try:
         from negotiate.agents.pools import Pools
@@ -105,29 +124,65 @@ def _child(task: dict, conn: Connection) -> None:
         if task["log_file"] and task["models"]:  # a request log per worker: buffered lines from two processes would interleave
             pools.requests.open(Path(task["log_file"]).parent / f"requests.worker-{task['worker']}.log.jsonl")
         runs = []
-        for config_json, out, finished, start in task["runs"]:
+        for k, (config_json, out, finished, start) in enumerate(task["runs"]):
             config = RunConfig.from_json(config_json, out)
             sellers = [parse_agent(text, "seller") for text in config.sellers]
-            jobs = share(Jobs(tuple(sellers), config.indices(), finished), task["worker"] - 1, task["workers"], start)
+            jobs = numbered(k, share(Jobs(tuple(sellers), config.indices(), finished), task["worker"] - 1, task["workers"], start))
             runs.append((Prepared(config, resolve_spec(config.split), sellers, parse_agent(config.buyers, "buyer"), jobs), Path(out)))
 
         async def main() -> None:
             for k, (prepared, out) in enumerate(runs):
                 await run_batch(prepared, out, concurrency=task["concurrency"], pools=pools,
-                                sink=lambda seller, events, row, k=k: conn.send(("episode", k, seller, encode(events), row)))
+                                sink=lambda seller, events, row, k=k: send(("episode", k, seller, encode(events), row)))
 
         run_async(main)
-        conn.send(("done",))
+        send(("done",))
     except BaseException as error:  # noqa: BLE001 -- reported to the parent, which stops the run
         message = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
         try:
-            conn.send(("error", message, traceback.format_exc()))
+            send(("error", message, traceback.format_exc()))
         except OSError:
             pass
     finally:
-        conn.close()
         if pools is not None:
             pools.requests.close()
+
+
+def _child(task: dict, conn: Connection) -> None:
+    """A worker process: play the jobs of ``task`` and send each episode back through ``conn`` (runs spawned)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    try:
+        play_share(task, conn.send)
+    finally:
+        conn.close()
+
+
+def shard_task(runs: list, workers: int, *, log_file: Path | None) -> dict:
+    """What every worker of ``runs`` (``[(Prepared, out)]``) is sent, less its own number and bounds: each run's
+    config, folder, finished indices and how many markets the runs before it have (see :func:`share`), not its jobs."""
+    markets = [prepared.jobs.markets() for prepared, _ in runs]
+    return {"runs": [(prepared.config.to_json(), str(out), prepared.jobs.finished, sum(markets[:k]))
+                     for k, (prepared, out) in enumerate(runs)],
+            "workers": workers, "models": models_play(runs), "log_file": str(log_file) if log_file else None,
+            "console_level": console_level()}
+
+
+def worker_task(base: dict, worker: int, *, concurrency: int, max_inflight: int | None) -> dict:
+    """Worker ``worker``'s (1-based) task: ``base`` (:func:`shard_task`) and its part of the run's bounds."""
+    workers = base["workers"]
+    return {**base, "worker": worker, "concurrency": share_of(concurrency, worker - 1, workers),
+            "max_inflight": share_of(max_inflight, worker - 1, workers) if max_inflight else None}
+
+
+def worker_count(runs: list, workers: int, *, concurrency: int, max_inflight: int | None) -> int:
+    """How many workers ``runs`` get: ``workers``, but no more than markets to deal, episodes or requests in flight."""
+    return max(1, min(workers, sum(prepared.jobs.markets() for prepared, _ in runs), concurrency, max_inflight or workers))
+
+
+def trace_writers(runs: list, *, fsync: bool) -> dict[tuple[int, str], TraceWriter]:
+    """(run, seller text) -> the trace writer of that seller's file in that run's folder: where the parent writes what workers send."""
+    return {(k, seller.text): TraceWriter(Path(out) / prepared.config.trace_name(seller.text), fsync=fsync)
+            for k, (prepared, out) in enumerate(runs) for seller in prepared.sellers}
 
 
 def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int | None, log_file: Path | None,
@@ -138,20 +193,12 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
     the others finished are kept); KeyboardInterrupt stops the workers and is re-raised once every
     finished episode is written.
     """
-    markets = [prepared.jobs.markets() for prepared, _ in runs]
-    workers = max(1, min(workers, sum(markets), concurrency, max_inflight or workers))
-    writers: dict[tuple[int, str], TraceWriter] = {}
-    for k, (prepared, out) in enumerate(runs):
-        for seller in prepared.sellers:
-            writers[(k, seller.text)] = TraceWriter(Path(out) / prepared.config.trace_name(seller.text), fsync=fsync)
+    workers = worker_count(runs, workers, concurrency=concurrency, max_inflight=max_inflight)
+    writers = trace_writers(runs, fsync=fsync)
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold threads or an event loop
     processes, conns = [], {}
     written, failure, stopping = 0, None, False
-    # Each run's jobs as the child rebuilds them, and how many markets the runs before it have (see share).
-    base = {"runs": [(prepared.config.to_json(), str(out), prepared.jobs.finished, sum(markets[:k]))
-                     for k, (prepared, out) in enumerate(runs)],
-            "workers": workers, "models": models_play(runs), "log_file": str(log_file) if log_file else None,
-            "console_level": console_level()}
+    base = shard_task(runs, workers, log_file=log_file)
 
     finished: set[Connection] = set()
 
@@ -182,8 +229,7 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
     try:
         for w in range(workers):
             parent_end, child_end = context.Pipe(duplex=False)
-            task = {**base, "worker": w + 1, "concurrency": share_of(concurrency, w, workers),
-                    "max_inflight": share_of(max_inflight, w, workers) if max_inflight else None}
+            task = worker_task(base, w + 1, concurrency=concurrency, max_inflight=max_inflight)
             process = context.Process(target=_child, args=(task, child_end), name=f"negotiate-worker-{w + 1}",
                                       daemon=True)
             process.start()

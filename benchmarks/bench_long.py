@@ -20,9 +20,15 @@ Two measurements, both on the real async runtime (:func:`negotiate.episode.run_e
 
 Both run with ``gc.set_threshold(50_000, 20, 20)``, as ``run_batch`` does.
 
+* **Memory** (``--rss``). ``negotiate serve`` of one episode of a 1x1 spec with ``budget = B`` (run seed 3: no
+  deal, so the whole budget is spent), each budget in a fresh process: its wall time, peak RSS (``ru_maxrss``
+  from ``wait4``), RSS per turn above the smallest budget's, and the trace's size. An episode holds its history
+  until it ends, so the peak grows with B; the spec caps B at 10^6 (``negotiate.market.MAX_BUDGET``).
+
     python benchmarks/bench_long.py                            # budgets 10,000 / 20,000 / 40,000, then --stall
     python benchmarks/bench_long.py --budgets 10000,20000,100000 --no-stall
     python benchmarks/bench_long.py --budgets 100000 --short 200 --json long.json
+    python benchmarks/bench_long.py --rss --budgets 1000,10000,100000,1000000   # peak RSS of `serve` per budget
 """
 
 from __future__ import annotations
@@ -30,8 +36,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -114,6 +123,45 @@ def stall(budget: int, short: int) -> dict:
     return {"budget": budget, "short": short, "short_before_long": before, "long_s": at["long"], "last_short_s": last_short}
 
 
+def rss(budget: int, seller_spec: str = "concession") -> dict:
+    """``negotiate serve`` of one episode with this budget in a fresh process: wall time, peak RSS, trace size."""
+    with tempfile.TemporaryDirectory() as folder:
+        spec = Path(folder) / "long.toml"
+        spec.write_text(f'name = "long"\nbuyers = 1\nproducts = 1\nbudget = {budget}\n')
+        out = Path(folder) / "out"
+        command = [sys.executable, "-m", "negotiate", "serve", "--seller", seller_spec, "--split", str(spec), "--episodes", "1",
+                   "--seed", "3", "--out", str(out), "--quiet"]
+        t0 = time.perf_counter()
+        child = subprocess.Popen(command, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - t0
+        error = child.stderr.read().decode(errors="replace").strip()
+        child.stderr.close()
+        traces = [path for path in out.glob("*.jsonl") if not path.name.endswith(".log.jsonl")]
+        size = sum(path.stat().st_size for path in traces)
+        turns = 0
+        for path in traces:
+            with open(path, "rb") as lines:
+                turns = sum(1 for line in lines if b'"sender":"seller"' in line)
+    return {"budget": budget, "turns": turns, "wall_s": wall, "peak_mb": usage.ru_maxrss / 1024, "trace_mb": size / 1e6,
+            "exit": os.waitstatus_to_exitcode(status), "error": error.splitlines()[-1] if error else ""}
+
+
+def rss_table(budgets: list[int], seller_spec: str) -> list[dict]:
+    print(f"negotiate serve, one episode of a 1x1 market (run seed 3, no deal), {seller_spec} seller, threshold buyer: peak RSS")
+    print(f"{'budget':>10} {'seller turns':>13} {'wall s':>8} {'peak RSS MB':>12} {'KB/turn':>8} {'trace MB':>9}  exit")
+    rows: list[dict] = []
+    for budget in budgets:
+        row = rss(budget, seller_spec)
+        base = rows[0] if rows else None
+        per_turn = ((row["peak_mb"] - base["peak_mb"]) * 1024 / (row["budget"] - base["budget"])
+                    if base and row["budget"] > base["budget"] else None)
+        rows.append(row)
+        print(f"{budget:>10,} {row['turns']:>13,} {row['wall_s']:>8.1f} {row['peak_mb']:>12,.0f} "
+              f"{'-' if per_turn is None else f'{per_turn:.2f}':>8} {row['trace_mb']:>9.1f}  {row['exit']} {row['error']}")
+    return rows
+
+
 def _budgets(text: str) -> list[int]:
     try:
         values = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
@@ -133,6 +181,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="also run the longest budget beside --short short episodes (default: on)")
     parser.add_argument("--short", type=int, default=100, help="short episodes beside the long one with --stall (default: 100)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--rss", action="store_true", help="instead: peak RSS of `negotiate serve` of one episode per budget")
     parser.add_argument("--seller", default="concession", help="the long episode's seller spec (default: concession)")
     parser.add_argument("--buyer", default="threshold", help="the long episode's buyer spec (default: threshold)")
     return parser
@@ -140,6 +189,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.rss:
+        rows = rss_table(args.budgets, args.seller)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"python": platform.python_version(), "rss": rows}, indent=2))
+        return 0 if all(row["exit"] == 0 for row in rows) else 1
     print(f"negotiate long-episode benchmark: 1x1 market (seed {SEED}, no deal possible), {args.seller} seller, {args.buyer} buyer, "
           f"Python {platform.python_version()}, gc.set_threshold{GC_THRESHOLD}")
     growth(1_000, args.seller, args.buyer)  # warm-up: imports, first-call caches

@@ -48,7 +48,7 @@ class MarketSpec(BaseModel):
     price_scale: float = Field(1.0, allow_inf_nan=False, gt=0.0, description="Multiplies the price range (prices-x10 uses 10).")
     cost_low: float = Field(0.0, ge=0.0, le=1.0, description="Lowest cost, as a fraction of the range above price_low.")
     cost_high: float = Field(0.5, ge=0.0, le=1.0, description="Highest cost, as a fraction of the range above price_low.")
-    budget: int | None = Field(None, ge=1, le=1_000_000_000, description="Absolute turn budget; overrides budget_per_pair.")
+    budget: int | None = Field(None, ge=1, le=1_000_000, description="Absolute turn budget; overrides budget_per_pair.")
     budget_per_pair: float = Field(1.5, allow_inf_nan=False, gt=0.0, description="Turn budget per buyer-product pair, rounded up.")
     personas: tuple[str, ...] = Field(("neutral",), description="Personas drawn for LLM buyers.")
 
@@ -106,8 +106,10 @@ class MarketSpec(BaseModel):
 
 KNOWN_PERSONAS = ("neutral", "begging", "insulting", "unyielding")
 """The personas with a prompt file of their own (``agents/prompts/personas/``)."""
-MAX_BUDGET = 10**9
-"""The most turns a spec may give a market: a budget an episode could never use, and whose rounding stays exact."""
+MAX_BUDGET = 10**6
+"""The most turns a spec may give a market. An episode holds its whole history until it ends (about 3 KB a turn:
+3 GB of memory and a 460 MB trace at this cap, ``benchmarks/bench_long.py --rss``); a 200 x 200 market's default
+budget is 60,000."""
 MAX_PRICE = 10**12
 """The highest price a spec may draw (a trillion): sums of prices stay exact in floats and in the trace's JSON."""
 
@@ -278,13 +280,36 @@ def generate(spec: MarketSpec, seed: int) -> Market:
     return Market(spec=spec, seed=seed, products=products, buyers=buyers, budget=budget, price_low=lo, price_high=hi)
 
 
+def _in_our_words(problem: dict) -> str:
+    """One pydantic problem in the project's words: what the field must be, no library wording."""
+    kind, ctx = problem["type"], problem.get("ctx") or {}
+    bound = lambda key: f"{ctx[key]:,}" if isinstance(ctx.get(key), int) else f"{ctx.get(key)}"
+    words = {
+        "finite_number": "must be a finite number",
+        "greater_than_equal": f"must be at least {bound('ge')}",
+        "greater_than": f"must be above {bound('gt')}",
+        "less_than_equal": f"must be at most {bound('le')}",
+        "less_than": f"must be below {bound('lt')}",
+        "int_type": "must be a whole number", "int_parsing": "must be a whole number", "int_from_float": "must be a whole number",
+        "float_type": "must be a number", "float_parsing": "must be a number",
+        "string_type": "must be text in quotes", "bool_type": "must be true or false", "bool_parsing": "must be true or false",
+        "literal_error": f"must be one of {ctx.get('expected', '')}",
+        "extra_forbidden": f"is not a spec field; the fields are {', '.join(MarketSpec.model_fields)}",
+        "tuple_type": "must be a list", "too_long": "has too many items", "too_short": "has too few items",
+    }
+    message = words.get(kind) or problem["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+    return message
+
+
 def _describe_validation_error(source: str, error: ValidationError) -> UserError:
     first = error.errors()[0]
     field = str(first["loc"][0]) if first["loc"] else "(spec)"  # union members (buyers.int) add noise
     more = len(error.errors()) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     value = first.get("input")
-    message = first["msg"].removeprefix("Value error, ")
+    message = _in_our_words(first)
+    if field in ("buyers", "products") and len(first["loc"]) > 1:  # the int | [lo, hi] union: one problem, said once
+        message, suffix = "must be a count or a [lo, hi] range within 1..1000", ""
     if not first["loc"] and message.count("|") >= 2:  # a cross-field check: "field|value|problem"
         field, shown, message = message.split("|", 2)
         return UserError(f"{shown}: {message}{suffix}", source=source, field=field)

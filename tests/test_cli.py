@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
 import time
 
@@ -12,6 +13,8 @@ import pytest
 
 from negotiate.cli import main
 from negotiate.episode import SCHEMA_VERSION
+from negotiate.errors import UserError
+from negotiate.market import load_spec
 from negotiate.trace import read_episodes
 
 
@@ -166,7 +169,7 @@ def _short_values(start):
 @pytest.mark.parametrize(("change", "problem"), [
     (_without_market, "the episode_start has no market"),
     (lambda start: start | {"spec": None}, "the episode_start has no spec"),
-    (lambda start: start | {"spec": start["spec"] | {"price_scale": -1}}, "its spec: price_scale: -1: Input should be greater than 0"),
+    (lambda start: start | {"spec": start["spec"] | {"price_scale": -1}}, "its spec: price_scale: -1: must be above 0"),
     (_short_values, "buyer b1 has 1 values for "),
 ])
 def test_report_of_an_episode_whose_market_is_broken(finished_run, tmp_path, capsys, change, problem):
@@ -1061,3 +1064,42 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line(point):
     done = subprocess.run([sys.executable, "-c", _INTERRUPT_AT, point], capture_output=True, text=True, timeout=120,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert (done.returncode, done.stderr, done.stdout) == (130, "negotiate: interrupted\n", "")
+
+
+def _pty_stream(columns: int):
+    """A stream on a pseudo-terminal ``columns`` wide (what a person's terminal is to the command)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    return leader, os.fdopen(follower, "w")
+
+
+@pytest.mark.parametrize("columns", [80, 132])
+def test_an_error_fits_the_terminal_and_a_pipe_gets_it_on_one_line(tmp_path, columns):
+    """Issue 44: error lines ran to 250 characters. On a terminal they wrap to its width (at most 100 columns);
+    piped, they stay one line, so a script reads one error per line."""
+    from negotiate.cli import ERROR_WIDTH, for_screen
+
+    spec = tmp_path / "bad.toml"
+    spec.write_text("bogus = 17\n")
+    with pytest.raises(UserError) as caught:
+        load_spec(spec)
+    line = f"negotiate serve: error: {caught.value}"
+    assert len(line) > 200  # the unknown field's message lists every field
+    leader, stream = _pty_stream(columns)
+    try:
+        shown = for_screen(line, stream)
+    finally:
+        stream.close()
+        os.close(leader)
+    lines = shown.splitlines()
+    assert len(lines) >= 3 and max(map(len, lines)) <= min(columns, ERROR_WIDTH)
+    assert all(later.startswith("    ") for later in lines[1:])
+    assert " ".join(part.strip() for part in lines) == line  # nothing lost or changed but the breaks
+    piped = tmp_path / "piped.txt"
+    with open(piped, "w") as stream:
+        assert for_screen(line, stream) == line

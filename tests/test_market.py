@@ -205,15 +205,21 @@ def test_split_base_with_overrides(tmp_path):
         ("correlation = 1.5\n", "correlation"),
         ("cost_low = 0.6\ncost_high = 0.4\n", "cost_low"),
         ('split = "nope"\n', "split"),
-        ("price_scale = inf\n", "price_scale: inf: Input should be a finite number"),
-        ("price_high = nan\n", "price_high: nan: Input should be a finite number"),
+        ("price_scale = inf\n", "price_scale: inf: must be a finite number"),
+        ("price_high = nan\n", "price_high: nan: must be a finite number"),
         ("price_high = 1e20\n", "price_high: 1e+20: times price_scale (1.0) must be at most 1,000,000,000,000"),
         # 100.2 and 100.4 are apart, but both round to the whole price 100: a market with no price range
         ("price_low = 100.2\nprice_high = 100.4\n", "round to whole prices 100 and 100"),
         ("price_scale = 1e-9\n", "round to whole prices 0 and 0"),  # 100e-9 and 1000e-9
         ("price_high = 1e308\nprice_scale = 10.0\n", "price_high: 1e+308: times price_scale (10.0) must be at most"),  # inf
-        ("budget_per_pair = 1e307\nbuyers = 10\nproducts = 10\n", "times the most buyer-product pairs (100) must be at most 1,000,000,000"),
+        ("budget_per_pair = 1e307\nbuyers = 10\nproducts = 10\n", "times the most buyer-product pairs (100) must be at most 1,000,000 turns"),
         ("budget = 100000000000000000000\n", "budget"),
+        # issue 44: a budget an episode holds in memory whole is capped at 10**6 turns, with the cap in the message
+        ("budget = 1000001\n", "budget: 1000001: must be at most 1,000,000"),
+        ("buyers = 1000\nproducts = 1000\n", "budget_per_pair: 1.5: times the most buyer-product pairs (1000000) must be at most 1,000,000"),
+        ("buyers = [1, 2, 3]\n", "buyers: [1, 2, 3]: must be a count or a [lo, hi] range within 1..1000"),
+        ("stock = 1.5\n", "stock: 1.5: must be a whole number"),
+        ('valuation = "z"\n', "valuation: 'z': must be one of 'uniform' or 'correlated'"),
         ('name = "  "\n', "name: '  ': must not be blank"),
         ('name = "two\\nlines"\n', "name: 'two\\nlines': must be one line of printable text"),
         ('personas = ["neutral", ""]\n', "personas: ['neutral', '']: a persona must not be blank"),
@@ -229,6 +235,7 @@ def test_bad_spec_is_a_user_error_naming_file_and_field(tmp_path, text, field):
     assert str(path) in message
     assert field in message
     assert "\n" not in message
+    assert "Input should" not in message and "type=" not in message and "Value error" not in message  # our words, not pydantic's
 
 
 def test_unknown_field_error_carries_field_and_value(tmp_path):

@@ -1,0 +1,40 @@
+"""Large markets (issue 44): the array paths of the scripted sellers play exactly what their loops played.
+
+Greedy values its pairs as arrays from :data:`negotiate.agents.scripted.VECTOR_PAIRS` pairs on, and the planner keeps
+each buyer's ladder until that buyer's bounds move; both must send, message for message, what the plain versions
+send. The cost itself is measured by ``benchmarks/scale_markets.py``, not here.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from negotiate.agents import scripted
+from negotiate.agents.registry import parse_agent
+from negotiate.episode import run_episode
+from negotiate.market import MarketSpec, generate
+from negotiate.protocol import Message
+from negotiate.run import build_buyers, seller_seed
+from negotiate.trace import MessageEvent
+
+
+def _messages(seller_spec: str, buyer_spec: str, spec: MarketSpec, seed: int) -> list[tuple]:
+    market = generate(spec, seed)
+    seller = parse_agent(seller_spec, "seller").build(market, seller_seed(market.seed))
+    buyers = build_buyers(market, parse_agent(buyer_spec, "buyer"))
+    episode = anyio.run(lambda: run_episode(market, seller, buyers, episode_id=f"scale-{seed}"))
+    return [(e.sender, e.to, e.action.get("kind"), e.action.get("product"), e.action.get("price"))
+            for e in episode.events if isinstance(e, MessageEvent)]
+
+
+@pytest.mark.parametrize("buyers", ["threshold", "concession", "mixed"])
+@pytest.mark.parametrize("valuation", ["uniform", "correlated"])
+def test_greedy_on_arrays_sends_what_its_loop_sends(monkeypatch, buyers, valuation):
+    spec = MarketSpec(name="big", buyers=(6, 12), products=(6, 12), stock=2, valuation=valuation)
+    for seed in range(4):
+        arrays = _messages("greedy", buyers, spec, seed)
+        with monkeypatch.context() as patch:
+            patch.setattr(scripted, "VECTOR_PAIRS", 10**9)  # every market on plain lists, pair by pair
+            loops = _messages("greedy", buyers, spec, seed)
+        assert len(arrays) > 20 and arrays == loops, seed

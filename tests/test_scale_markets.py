@@ -14,7 +14,6 @@ from negotiate.agents import scripted
 from negotiate.agents.registry import parse_agent
 from negotiate.episode import run_episode
 from negotiate.market import MarketSpec, generate
-from negotiate.protocol import Message
 from negotiate.run import build_buyers, seller_seed
 from negotiate.trace import MessageEvent
 

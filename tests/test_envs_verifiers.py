@@ -1,0 +1,88 @@
+"""negotiate.envs.verifiers_env through verifiers' own entry point (``vf-eval``'s main, as
+``python -m negotiate.envs.verifiers_env``): against the stand-in OpenAI server it plays the episodes ``negotiate serve
+--fresh`` plays with the same model, and against the real llama.cpp server (marked ``llamacpp``) a few small ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed: pip install -e '.[verifiers]'")
+
+from fake_openai import serve_in_thread  # noqa: E402
+
+from negotiate.cli import main  # noqa: E402
+from negotiate.envs.verifiers_env import METRICS, TASKSET_ID, MarketEnv, load_environment  # noqa: E402
+from negotiate.metrics import metrics_from_events  # noqa: E402
+from negotiate.trace import EpisodeRecord, read_episodes  # noqa: E402
+from negotiate.training.rewards import profit_penalized  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def vf_eval(out: Path, model: str, base_url: str, *args: str, timeout: float = 300) -> list[dict]:
+    """Run vf-eval with the environment (a child process, as a user runs it) and return its episodes."""
+    command = [sys.executable, "-m", "negotiate.envs.verifiers_env", "--model", model, "--client.base-url", base_url,
+               "--client.api-key-var", "NEGOTIATE_TEST_KEY", "--no-push", "--no-rich", "-o", str(out), "--run.name", "run", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=dict(os.environ, NEGOTIATE_TEST_KEY="none"))
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads(line) for line in (out / "run" / "traces.jsonl").read_text().splitlines()]
+
+
+def _played(trace: dict) -> EpisodeRecord:
+    return EpisodeRecord.of(trace["info"]["negotiate"])
+
+
+def _same_game(events) -> list[dict]:
+    """What two plays of one market by one model share: the events less clocks, ids, who played and backend details."""
+    drop = {"ts", "wall_s", "time", "episode", "extra", "agents", "seller", "labels"}
+    return [{k: v for k, v in dict(event).items() if k not in drop} for event in events[1:]]
+
+
+def test_load_environment_builds_the_taskset_of_the_runs_markets():
+    env = load_environment(split="train", markets=3, seed=5, buyers="concession")
+    assert isinstance(env, MarketEnv) and env.config.taskset.id == TASKSET_ID
+    tasks = list(env.taskset)
+    assert [t.data.info["index"] for t in tasks] == [0, 1, 2] and all(t.data.prompt is None for t in tasks)
+
+
+def test_a_bad_setting_is_one_line_naming_the_field():
+    with pytest.raises(Exception, match="--env.taskset.prompt"):
+        list(load_environment(prompt="poem").taskset)
+
+
+def test_vf_eval_plays_the_episodes_serve_plays_with_the_same_model_and_scores_them_with_the_projects_reward(tmp_path):
+    seed, markets = 3, 2
+    with serve_in_thread() as server:
+        episodes = vf_eval(tmp_path / "vf", server.model, server.url, "-n", str(markets), "--env.taskset.markets",
+                           str(markets), "--env.taskset.seed", str(seed), "--env.taskset.buyers", "concession")
+        requests = [r["messages"] for r in server.requests]
+        served = tmp_path / "serve"
+        seller = f"openai:{server.model}@{server.url}?temperature=0.7&max_tokens=96"
+        assert main(["serve", "--seller", seller, "--buyers", "concession", "--episodes", str(markets), "--seed", str(seed),
+                     "--fresh", "--out", str(served), "--quiet"]) == 0
+    expected = {e[0]["index"]: EpisodeRecord.of(e) for e in read_episodes(next(served.glob("openai-*.jsonl")))}
+    assert len(episodes) == markets and all(e["ok"] and not e["errors"] for e in episodes)
+    prompts = []
+    for episode in episodes:
+        (trace,) = episode["traces"]
+        played = _played(trace)
+        index = played.start.index
+        assert _same_game(played.events) == _same_game(expected[index].events)
+        seller_messages = [e for e in played.messages() if e.sender == "seller"]
+        assert seller_messages and len(trace["calls"]) == len(seller_messages)  # one model call per seller decision
+        prompts += [e.extra["prompt"] for e in seller_messages]
+        # The rubric is the project's reward and metrics, recomputed from the trace the episode carries.
+        assert trace["rewards"]["profit-penalized"]["score"] == pytest.approx(profit_penalized(played.events))
+        metrics = metrics_from_events(played.events)
+        assert {k: trace["metrics"][k] for k in METRICS if metrics[k] is not None} == \
+            pytest.approx({k: metrics[k] for k in METRICS if metrics[k] is not None})
+    # Every request the model got was one decision's prompt as the view rendered it (system and user), nothing more.
+    assert sorted(map(json.dumps, requests)) == sorted(map(json.dumps, prompts))
+    assert all([m["role"] for m in r] == ["system", "user"] for r in requests)

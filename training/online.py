@@ -13,6 +13,12 @@ per-decision policy gradient: TRL takes exactly one completion per prompt entry.
 Generation runs through the ``hf`` backend on the trainer's own model (transformers, batched
 across the group's episodes). With LoRA, TRL wraps the model (``peft_config``) and its
 reference is the model with the adapter off.
+
+Under ``torchrun`` or ``accelerate launch`` (N processes), accelerate sets up the process group
+(gloo on CPUs) and TRL hands each process ``--batch-size / N`` of the step's prompt copies, gathering
+the rewards for the group advantages. The rollout numbers each copy of a market across all
+processes (the prompts are gathered first), so that no two processes play the same episode of a
+group; the logged reward is over every process's episodes. Rank 0 alone writes.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import json
 import os
 import random
 import time
+from collections import Counter
 from pathlib import Path
 
 import structlog
@@ -28,6 +35,7 @@ import structlog
 from negotiate.errors import UserError
 from negotiate.trace import EpisodeRecord
 
+from negotiate.training.ranks import ONE, Ranks, from_env, gather, leave
 from negotiate.training.rewards import reward_fn
 from negotiate.training.trainer import MetricsLog, TrainConfig, evaluate_policy, load_policy, lora_config, play_episodes, save_policy
 from negotiate.training.trainer import summarize_episodes
@@ -55,18 +63,22 @@ def episode_reward(prompts, completions, episode_reward, **kwargs) -> list[float
     return list(episode_reward)
 
 
-def make_rollout(config: TrainConfig, tokenizer, *, split: str, record: list):
-    """The ``rollout_func`` for GRPOTrainer; ``record`` gathers each call's episode summary (the metrics log)."""
+def make_rollout(config: TrainConfig, tokenizer, *, split: str, record: list, ranks: Ranks = ONE):
+    """The ``rollout_func`` for GRPOTrainer; ``record`` gathers each call's episode summary (the metrics log),
+    over every rank's episodes."""
     score = reward_fn(config.reward)
     calls = {"n": 0}
 
     def rollout(prompts: list, trainer) -> dict:
         model = trainer.accelerator.unwrap_model(trainer.model)
         indices = [_index(p) for p in prompts]
-        repeats, seen = [], {}
-        for index in indices:  # TRL lists each prompt num_generations times: number the copies
-            repeats.append(seen.get(index, 0))
-            seen[index] = repeats[-1] + 1
+        # TRL lists each prompt num_generations times, a group's copies possibly spread over the ranks: number each
+        # copy after those the ranks before this one hold, so every copy of a market is a different episode.
+        seen = Counter(index for earlier in gather(indices, ranks)[: ranks.rank] for index in earlier)
+        repeats = []
+        for index in indices:
+            repeats.append(seen[index])
+            seen[index] += 1
         calls["n"] += 1
         step = calls["n"]
         jobs = [(index, repeat + config.group * step) for index, repeat in zip(indices, repeats)]  # fresh samples each step
@@ -86,8 +98,8 @@ def make_rollout(config: TrainConfig, tokenizer, *, split: str, record: list):
             out["logprobs"].append(extra["logprobs"])
             out["episode_reward"].append(0.0 if reward is None else reward)
             out["valid"].append(bool(chosen.valid))
-        summary = summarize_episodes(played, config.reward)
-        record.append(summary)
+        everyone = [events for share in gather(played, ranks) for events in share]
+        record.append(summarize_episodes(everyone, config.reward))
         return out
 
     return rollout
@@ -109,23 +121,29 @@ def train_online(config: TrainConfig, *, progress=None) -> dict:
         raise UserError(f"must be a multiple of --group ({config.group})", field="--batch-size", value=config.batch_size)
     if config.threads:
         torch.set_num_threads(config.threads)
+    ranks = from_env()
+    config.check_ranks(ranks)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(ranks.local % torch.cuda.device_count())  # load_policy's .to("cuda") lands on this rank's GPU
     began = time.perf_counter()
     split = config.split or config.eval_split
     model, tokenizer = load_policy(config, wrap=False)
-    out.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsLog(out / "metrics.jsonl")
+    if ranks.main:
+        out.mkdir(parents=True, exist_ok=True)
+    metrics = MetricsLog(out / "metrics.jsonl" if ranks.main else None)
     record: list[dict] = []
     steps = config.max_steps or max(1, config.markets * config.group // config.batch_size)
     args = GRPOConfig(
-        output_dir=str(out / "trl"), per_device_train_batch_size=config.batch_size, num_generations=config.group,
+        output_dir=str(out / "trl"), per_device_train_batch_size=config.batch_size // ranks.world, num_generations=config.group,
         max_completion_length=config.max_tokens, learning_rate=config.lr, weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm, beta=config.kl_beta, epsilon=config.clip_eps, max_steps=steps,
         temperature=config.temperature, scale_rewards="group" if config.scale_advantages else "none",
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=not torch.cuda.is_available(),
         bf16=False, gradient_checkpointing=False, seed=config.seed, disable_tqdm=True,
+        ddp_backend="gloo" if ranks.many and not torch.cuda.is_available() else None,
     )
     dataset = Dataset.from_dict({"prompt": market_prompts(config.markets)})
-    rollout = make_rollout(config, tokenizer, split=split, record=record)
+    rollout = make_rollout(config, tokenizer, split=split, record=record, ranks=ranks)
 
     class Log(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -136,7 +154,7 @@ def train_online(config: TrainConfig, *, progress=None) -> dict:
                    "reward": episodes.get("reward"), "valid_rate": episodes.get("valid_rate"),
                    "profit_ratio": episodes.get("profit_ratio"), "kl": logs.get("kl"), "seconds": round(time.perf_counter() - began, 1)}
             metrics.write(row)
-            if progress is not None:
+            if progress is not None and ranks.main:
                 progress(state.global_step, steps, row)
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16; pinned, and tested here
@@ -151,7 +169,8 @@ def train_online(config: TrainConfig, *, progress=None) -> dict:
     def run_eval(step: int) -> None:
         if config.eval_episodes > 0:
             played = evaluate_policy(trainer.model, tokenizer, config, out / "eval" / f"step-{step:05d}.jsonl",
-                                     episodes=config.eval_episodes, run_seed=config.eval_seed, split=config.eval_split, label=f"step-{step}")
+                                     episodes=config.eval_episodes, run_seed=config.eval_seed, split=config.eval_split, label=f"step-{step}",
+                                     ranks=ranks)
             row = {"step": step, "eval": summarize_episodes(played, config.reward)}
             evals.append(row)
             metrics.write(row)
@@ -160,14 +179,20 @@ def train_online(config: TrainConfig, *, progress=None) -> dict:
         run_eval(0)
         trainer.train()
         run_eval(steps)
-        save_policy(trainer.model, tokenizer, out)
+        if ranks.main:
+            save_policy(trainer.model, tokenizer, out)
+    except BaseException:
+        leave(ranks.many, wait=False)  # another rank may be inside a collective; torchrun ends them
+        raise
     finally:
         metrics.close()
-    from negotiate.training.curves import write_curve
-
-    curve = write_curve(metrics.rows, out / "curve.png", title=f"online-grpo from {config.model}")
     summary = {"config": config.to_json(), "data": {"rollouts": len(record)}, "steps": steps,
                "seconds": round(time.perf_counter() - began, 1), "evals": evals, "checkpoint": str(out),
-               "curve": str(curve), "load_as": f"hf:{out}"}
-    (out / "train.json").write_text(json.dumps(summary, indent=2))
+               "curve": str(out / "curve.png"), "load_as": f"hf:{out}", "processes": ranks.world}
+    if ranks.main:
+        from negotiate.training.curves import write_curve
+
+        summary["curve"] = str(write_curve(metrics.rows, out / "curve.png", title=f"online-grpo from {config.model}"))
+        (out / "train.json").write_text(json.dumps(summary, indent=2))
+    leave(ranks.many)  # the group accelerate made: every rank returns once the checkpoint is written
     return summary

@@ -47,21 +47,26 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
 
     from negotiate.logs import configure
     from negotiate.training.methods import train
+    from negotiate.training.ranks import from_env
 
+    ranks = from_env()  # under torchrun or accelerate launch, rank 0 alone makes the folder, logs to it and shows progress
     out = Path(config.out).absolute()
-    made = next((p for p in reversed((out, *out.parents)) if not p.exists()), None)
+    made = next((p for p in reversed((out, *out.parents)) if not p.exists()), None) if ranks.main else None
     log_file = out / "train.log.jsonl"
-    had_log = log_file.exists()
+    had_log = log_file.exists() or not ranks.main
     console_level = getattr(args, "console_level", logging.WARNING)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"cannot be made ({error.strerror})", field="--out", value=config.out) from None
-    configure(log_file, console_level=console_level)
+    if ranks.main:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UserError(f"cannot be made ({error.strerror})", field="--out", value=config.out) from None
+    else:
+        console_level = max(console_level, logging.ERROR)  # rank 0 says what every rank would
+    configure(log_file if ranks.main else None, console_level=console_level)
     columns = (TextColumn(f"train {config.method}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn(), TimeRemainingColumn())
     try:
-        with Progress(*columns, console=console, disable=args.quiet, transient=False) as progress:
+        with Progress(*columns, console=console, disable=args.quiet or not ranks.main, transient=False) as progress:
             task = progress.add_task("train", total=None, info="loading")
 
             def tick(step: int, total: int, row: dict) -> None:
@@ -75,6 +80,8 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
         configure(None, console_level=console_level)  # closes the log file
         _take_back(made, log_file, had_log)
         raise
+    if not ranks.main:
+        return 0
     for row in summary["evals"]:
         e = row["eval"]
         console.print(f"step {row['step']:>5}: reward {_fmt(e['reward'])}  adherence {_fmt(e['valid_rate'])}  "

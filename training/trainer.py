@@ -36,6 +36,10 @@
 6. :func:`save_policy` writes the merged weights and tokenizer to ``OUT`` (``hf:OUT`` loads it
    as a seller; a vLLM server serves it as a model), and, with LoRA, the adapter alone to
    ``OUT/adapter`` (for vLLM's ``/v1/load_lora_adapter`` on top of the same base model).
+7. Under ``torchrun`` or ``accelerate launch`` (N processes, :mod:`negotiate.training.ranks`), every
+   process draws the same global batch and takes its share of it; the gradients are summed across the
+   processes once per step, so a step is the step one process would take on the whole batch. The
+   evaluation episodes are shared out the same way. Rank 0 alone writes.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ import structlog
 from negotiate.errors import UserError
 from negotiate.settings import flag_of, setting
 
+from negotiate.training.ranks import (ONE, Ranks, broadcast_parameters, from_env, gather, join, leave, share, sum_floats,
+                                     sum_gradients)
 from negotiate.training.dataset import (DataFilter, Decision, Episode, advantages, by_group, check_teacher, load_episodes,
                                        parse_action_weights)
 from negotiate.training.rewards import DEFAULT_REWARD, REWARDS
@@ -177,9 +183,21 @@ class TrainConfig:
             raise UserError("online-grpo compares episodes of one market: --group must be 2 or more", field="--group", value=self.group)
         if self.method == "online-grpo" and self.batch_size % self.group:
             raise UserError(f"must be a multiple of --group ({self.group})", field="--batch-size", value=self.batch_size)
+        self.check_ranks(from_env())
         check_split(self.eval_split, "--eval-split")
         if self.method == "online-grpo" and self.split is not None:  # the markets of the rollouts (a filter of traces otherwise)
             check_split(self.split, "--split")
+
+    def check_ranks(self, ranks: Ranks) -> None:
+        """A batch shared by ``ranks.world`` processes (torchrun, accelerate launch) gives each of them a part."""
+        if not ranks.many:
+            return
+        if self.method == "online-grpo" and self.batch_size % ranks.world:  # TRL's per-device batch: an even share
+            raise UserError(f"must be a multiple of the number of processes ({ranks.world}): each plays an equal share",
+                            field="--batch-size", value=self.batch_size)
+        if self.batch_size < ranks.world:
+            raise UserError(f"must be at least the number of processes ({ranks.world}): each takes a share of every batch",
+                            field="--batch-size", value=self.batch_size)
 
     def check_inputs(self) -> None:
         """What the run reads and writes, checked on disk without reading a trace or loading a model (so in
@@ -563,15 +581,20 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
 
 
 def evaluate_policy(model, tokenizer, config: TrainConfig, out_file: Path, *, episodes: int, run_seed: int,
-                    split: str, label: str = "policy") -> list[list[dict]]:
-    """Play ``episodes`` held-out episodes with the current weights; write their trace to ``out_file``."""
+                    split: str, label: str = "policy", ranks: Ranks = ONE) -> list[list[dict]]:
+    """Play ``episodes`` held-out episodes with the current weights; write their trace to ``out_file``. Under several
+    processes each plays a share (episodes ``rank, rank + world, ...``) and rank 0 writes them all, in order."""
     from negotiate.trace import TraceWriter
 
-    played = play_episodes(model, tokenizer, config, [(i, 0) for i in range(episodes)], run_seed=run_seed, split=split, label=label)
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    with TraceWriter(out_file) as writer:
-        for events in played:
-            writer.write(events)
+    jobs = share([(i, 0) for i in range(episodes)], ranks)
+    mine = play_episodes(model, tokenizer, config, jobs, run_seed=run_seed, split=split, label=label)
+    shares = gather(mine, ranks)
+    played = [shares[i % ranks.world][i // ranks.world] for i in range(episodes)]
+    if ranks.main:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        with TraceWriter(out_file) as writer:
+            for events in played:
+                writer.write(events)
     return played
 
 
@@ -597,20 +620,23 @@ def summarize_episodes(played: list[list], reward: str) -> dict:
 
 
 class MetricsLog:
-    """``metrics.jsonl``: one JSON object per line, flushed at once (a killed run keeps its curve)."""
+    """``metrics.jsonl``: one JSON object per line, flushed at once (a killed run keeps its curve). With no
+    path (a rank other than 0) the rows are kept and nothing is written."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path | None):
         self.path = path
         self.rows: list[dict] = []
-        self._handle = open(path, "w", encoding="utf-8")  # a rerun into the same folder starts a fresh log
+        self._handle = open(path, "w", encoding="utf-8") if path is not None else None  # a rerun starts a fresh log
 
     def write(self, row: dict) -> None:
         self.rows.append(row)
-        self._handle.write(json.dumps(row) + "\n")
-        self._handle.flush()
+        if self._handle is not None:
+            self._handle.write(json.dumps(row) + "\n")
+            self._handle.flush()
 
     def close(self) -> None:
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()
 
 
 def train(config: TrainConfig, *, progress=None) -> dict:
@@ -621,7 +647,6 @@ def train(config: TrainConfig, *, progress=None) -> dict:
     config.check_inputs()
     if config.method not in FROM_TRACES:
         raise ValueError(f"{config.method} does not learn from traces: negotiate.training.methods.train runs it")
-    out = Path(config.out)
     grouped = config.method in ("rft", "offline-grpo")
     where = DataFilter(split=config.split, seller=config.seller, min_group=config.min_group if grouped else 1)
     episodes = load_episodes(config.traces, reward=config.reward, where=where, prompt=config.prompt,
@@ -632,6 +657,21 @@ def train(config: TrainConfig, *, progress=None) -> dict:
 
     if config.threads:
         torch.set_num_threads(config.threads)
+    ranks = from_env()
+    made = join(ranks)  # every rank read the same traces; none raised, so all of them join
+    try:
+        summary = _train_steps(config, episodes, ranks, progress=progress)
+    except BaseException:
+        leave(made, wait=False)  # no barrier: the other ranks may be inside a collective; torchrun ends them
+        raise
+    leave(made)
+    return summary
+
+
+def _train_steps(config: TrainConfig, episodes: list[Episode], ranks: Ranks, *, progress=None) -> dict:
+    import torch
+
+    out = Path(config.out)
     torch.manual_seed(config.seed)
     began = time.perf_counter()
     model, tokenizer = load_policy(config)
@@ -641,14 +681,17 @@ def train(config: TrainConfig, *, progress=None) -> dict:
                 "rft": " (no group has an episode that beats its others and sold at a profit: collect with a sampling seller, "
                        "--group 2 or more)"}.get(config.method, "")
         raise UserError(f"no training examples{hint}", source=", ".join(config.traces))
-    out.mkdir(parents=True, exist_ok=True)
-    log.info("train", method=config.method, model=config.model, **counts, load_s=round(time.perf_counter() - began, 1))
-    metrics = MetricsLog(out / "metrics.jsonl")
-    rng = random.Random(config.seed)
+    if ranks.main:
+        out.mkdir(parents=True, exist_ok=True)
+    log.info("train", method=config.method, model=config.model, **counts, load_s=round(time.perf_counter() - began, 1),
+             rank=ranks.rank, world=ranks.world)
+    metrics = MetricsLog(out / "metrics.jsonl" if ranks.main else None)
+    rng = random.Random(config.seed)  # the same on every rank: each draws the same global batches
     # --max-steps is the number of steps, as in transformers' Trainer: fewer than one pass stops early, more
     # go round the reshuffled decisions again (a dagger round's few hundred labelled states, say).
     total_steps = config.max_steps or math.ceil(len(examples) * config.epochs / config.batch_size)
     trainable = [p for p in model.parameters() if p.requires_grad]
+    broadcast_parameters(trainable, ranks)
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
     evals: list[dict] = []
 
@@ -656,7 +699,7 @@ def train(config: TrainConfig, *, progress=None) -> dict:
         if config.eval_episodes <= 0:
             return
         played = evaluate_policy(model, tokenizer, config, out / "eval" / f"step-{step:05d}.jsonl", episodes=config.eval_episodes,
-                                 run_seed=config.eval_seed, split=config.eval_split, label=f"step-{step}")
+                                 run_seed=config.eval_seed, split=config.eval_split, label=f"step-{step}", ranks=ranks)
         row = {"step": step, "eval": summarize_episodes(played, config.reward)}
         evals.append(row)
         metrics.write(row)
@@ -667,41 +710,59 @@ def train(config: TrainConfig, *, progress=None) -> dict:
     run_eval(0)
     try:
         for step in range(1, total_steps + 1):
-            batch = []
-            while len(batch) < config.batch_size:
+            picked = []
+            while len(picked) < config.batch_size:
                 if not order:
                     order = list(range(len(examples)))
                     rng.shuffle(order)
-                batch.append(examples[order.pop()])
-            tokens = sum(len(ex.completion_ids) for ex in batch)
+                picked.append(order.pop())
+            batch = [examples[k] for k in picked]
+            mine = share(picked, ranks)
+            unset = [k for k in mine if examples[k].old_logprobs is None]
+            tokens = sum(len(ex.completion_ids) for ex in batch)  # the whole batch's: the ranks' losses add up to one step's
             stats: dict[str, list] = {"ratio": [], "clipped": [], "kl": []}
             optimizer.zero_grad(set_to_none=True)
-            loss_sum = 0.0
             tick = time.perf_counter()
-            loss_sum = batch_loss_backward(config, model, batch, stats, tokens)
+            loss_sum = batch_loss_backward(config, model, [examples[k] for k in mine], stats, tokens)
+            sum_gradients(trainable, ranks)
             norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
             optimizer.step()
-            row = {"step": step, "epoch": round(step * config.batch_size / len(examples), 3), "loss": round(loss_sum, 6),
+            if ranks.many and config.method == "offline-grpo":  # every rank, always: a collective
+                _share_old_logprobs(examples, unset, ranks)
+            keys = sorted(stats)
+            totals = sum_floats([loss_sum] + [sum(stats[k]) for k in keys] + [len(stats[k]) for k in keys], ranks)
+            row = {"step": step, "epoch": round(step * config.batch_size / len(examples), 3), "loss": round(totals[0], 6),
                    "grad_norm": round(float(norm), 4), "tokens": tokens, "seconds": round(time.perf_counter() - tick, 3),
                    "batch_reward": round(sum(ex.reward for ex in batch) / len(batch), 6),
                    "batch_valid": round(sum(ex.valid for ex in batch) / len(batch), 4)}
-            for key, values in stats.items():
-                if values:
-                    row[key] = round(sum(values) / len(values), 6)
+            for k, key in enumerate(keys):
+                total, count = totals[1 + k], totals[1 + len(keys) + k]
+                if count:
+                    row[key] = round(total / count, 6)
             metrics.write(row)
-            if progress is not None:
+            if progress is not None and ranks.main:
                 progress(step, total_steps, row)
             if config.eval_every and step % config.eval_every == 0 and step < total_steps:
                 run_eval(step)
         run_eval(total_steps)
-        save_policy(model, tokenizer, out)
+        if ranks.main:
+            save_policy(model, tokenizer, out)
     finally:
         metrics.close()
-    from negotiate.training.curves import write_curve
-
-    curve = write_curve(metrics.rows, out / "curve.png", title=f"{config.method} from {config.model}")
     summary = {"config": config.to_json(), "data": counts, "steps": total_steps, "seconds": round(time.perf_counter() - began, 1),
-               "evals": evals, "checkpoint": str(out), "curve": str(curve),
-               "load_as": f"hf:{out}"}
-    (out / "train.json").write_text(json.dumps(summary, indent=2))
+               "evals": evals, "checkpoint": str(out), "curve": str(out / "curve.png"), "load_as": f"hf:{out}", "processes": ranks.world}
+    if ranks.main:
+        from negotiate.training.curves import write_curve
+
+        summary["curve"] = str(write_curve(metrics.rows, out / "curve.png", title=f"{config.method} from {config.model}"))
+        (out / "train.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _share_old_logprobs(examples: list[Example], unset: list[int], ranks: Ranks) -> None:
+    """offline-grpo under several processes: the log-probs a rank set as an example's reference point (its first use)
+    go to every rank, so that the example's ratio is taken against the same values wherever it is drawn next."""
+    for fresh in gather({k: examples[k].old_logprobs for k in unset}, ranks):
+        for k, old in fresh.items():
+            if examples[k].old_logprobs is None:
+                examples[k].old_logprobs = old

@@ -86,3 +86,41 @@ def test_vf_eval_plays_the_episodes_serve_plays_with_the_same_model_and_scores_t
     # Every request the model got was one decision's prompt as the view rendered it (system and user), nothing more.
     assert sorted(map(json.dumps, requests)) == sorted(map(json.dumps, prompts))
     assert all([m["role"] for m in r] == ["system", "user"] for r in requests)
+
+
+# -- the real llama.cpp server (the fixture tests/test_llamacpp.py starts; its skips and CI's requirement apply) ------
+
+try:
+    from test_llamacpp import MODEL as LLAMA_MODEL
+    from test_llamacpp import llamacpp  # noqa: F401  (the module-scoped server fixture, used by name)
+except pytest.skip.Exception as skipped:
+    LLAMA_MODEL, _why = "", str(skipped)
+
+    @pytest.fixture(scope="module")
+    def llamacpp():
+        pytest.skip(_why)
+
+
+@pytest.mark.llamacpp
+@pytest.mark.timeout(900)  # a real server starts, then answers one request at a time at CPU speed
+def test_vf_eval_plays_small_markets_against_smollm2_on_llama_cpp(llamacpp, tmp_path):
+    spec = tmp_path / "tiny.toml"
+    spec.write_text('name = "tiny"\nbuyers = 1\nproducts = 1\nbudget = 2\n')
+    markets = 2
+    episodes = vf_eval(tmp_path / "vf", LLAMA_MODEL, llamacpp, "-n", str(markets), "-c", "1", "--env.taskset.split", str(spec),
+                       "--env.taskset.markets", str(markets), "--env.taskset.format", "tagged", "--env.taskset.max-tokens", "48",
+                       timeout=800)
+    assert len(episodes) == markets and all(e["ok"] for e in episodes), [e["errors"] for e in episodes]
+    for episode in episodes:
+        (trace,) = episode["traces"]
+        played = _played(trace)
+        seller_messages = [e for e in played.messages() if e.sender == "seller"]
+        # Whatever SmolLM2 says, the runtime stays correct: one model call per seller turn, within the budget of 2.
+        assert 1 <= len(seller_messages) == len(trace["calls"]) <= 2
+        assert played.outcome in ("terminated", "truncated") and played.end.turns_used <= 2
+        for event in seller_messages:
+            assert event.extra["backend"] == "verifiers" and event.extra["model"] == LLAMA_MODEL
+            assert [m["role"] for m in event.extra["prompt"]] == ["system", "user"]
+            assert event.valid or (event.error and event.raw)  # an invalid reply keeps the model's text
+        assert trace["rewards"]["profit-penalized"]["score"] == pytest.approx(profit_penalized(played.events))
+        assert trace["metrics"]["violations"] == sum(metrics_from_events(played.events)["violations"].values())

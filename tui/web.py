@@ -305,6 +305,5 @@ def serve(args: argparse.Namespace) -> int:
         raise UserError("must be at least 1", field="--max-players", value=limit)
     if args.index is not None:
         raise UserError("is chosen by the server for each visitor", field="--index", value=args.index)
-    args.out = Path(args.out).absolute()  # the children start in this folder too; an absolute path says so in the log
     first = prepare(args, args.seed if args.seed is not None else 0)  # one line for a bad setting, before any visitor
     return asyncio.run(PlayServer(args, Seats(limit, first.index, args.seed)).run())

@@ -119,13 +119,12 @@ class Server:
     """``negotiate play --web`` as a child process on a free port: its address, its folder, its log."""
 
     def __init__(self, tmp_path: Path, *flags: str):
-        spec = tmp_path / "solo.toml"
-        spec.write_text(SOLO)
-        self.out = tmp_path / "web"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "negotiate", "play", "--web", "--port", "0", "--split", str(spec), "--seller", "greedy",
-             "--buyers", "threshold", "--out", str(self.out), *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        (tmp_path / "solo.toml").write_text(SOLO)
+        self.out = tmp_path / "traces" / "web"
+        self.process = subprocess.Popen(  # in tmp_path, as a researcher would start it in their project
+            [sys.executable, "-m", "negotiate", "play", "--web", "--port", "0", "--split", "solo.toml", "--seller", "greedy",
+             "--buyers", "threshold", "--out", "traces/web", *flags],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log = [self._line(deadline=time.monotonic() + 60)]
         found = re.search(r"http://127\.0\.0\.1:(\d+)/", self.log[0])
         assert found, self.log

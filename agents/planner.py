@@ -57,6 +57,8 @@ TASTE = np.linspace(-3.0, 3.0, 25)
 """Grid of a buyer's common factor (correlated splits)."""
 MAX_TRIES = 8
 """Longest ladder planned per pair; longer ones change the first price by under a cell."""
+LONGEST = 2 * MAX_TRIES + 1
+"""Longest ladder a decision reads: its price comes from ladders of up to 2 x MAX_TRIES offers and the next."""
 PATIENCE = (3, 4, 5, 6)
 """Rounds a conceding buyer may take to reach its value (``ConcessionBuyer``'s range): how
 likely bids still climb at the next round."""
@@ -150,6 +152,8 @@ class PlannerSeller(_Follower):
         """Each buyer's bids, in order: (product, price, offers it had heard by then)."""
         self.rejected: list[bool] = []
         """Whether the buyer has ever rejected outright (it does not bid: a threshold buyer)."""
+        self._seen_lo: np.ndarray | None = None
+        """The bounds each buyer's kept ladders were planned on (:meth:`_refresh`)."""
         self.reasons = bool((params or {}).get("reasons", self.defaults["reasons"]))
         """``reasons=1``: each message carries, as its thought, the facts its choice turned on (:meth:`_why`)."""
 
@@ -255,11 +259,24 @@ class PlannerSeller(_Follower):
         lo, hi = self.lo[rows], self.hi[rows]
         floor = np.maximum(lo, self.costs[None, :])
         top = np.maximum(hi + 1.0, floor)
-        mass = self._cell_masses(rows, floor, top)
+        return self._programme(floor, top, self.costs[None, :], self._cell_masses(rows, floor, top), keep)
+
+    def _pair_ladders(self, rows: np.ndarray, cols: np.ndarray, keep: tuple[int, ...]) -> dict:
+        """:meth:`_ladders` of single pairs (uniform values: a pair's belief reads its own bounds alone), each
+        pair a row of one column."""
+        lo, hi, costs = self.lo[rows, cols][:, None], self.hi[rows, cols][:, None], self.costs[cols][:, None]
+        floor = np.maximum(lo, costs)
+        top = np.maximum(hi + 1.0, floor)
+        edges = floor[..., None] + (top - floor)[..., None] * np.linspace(0.0, 1.0, CELLS + 1)
+        mass = np.diff(edges, axis=-1) / np.maximum(hi - lo + 1.0, 1.0)[..., None]  # as _cell_masses does
+        return self._programme(floor, top, costs, mass, keep)
+
+    def _programme(self, floor: np.ndarray, top: np.ndarray, costs: np.ndarray, mass: np.ndarray, keep: tuple[int, ...]) -> dict:
+        """The ladder programme of :meth:`_ladders` on pairs with these floors, tops, costs (broadcast) and cell masses."""
         r, m = floor.shape
         edges = floor[..., None] + (top - floor)[..., None] * np.linspace(0.0, 1.0, CELLS + 1)
         prices = np.ceil(edges[..., :CELLS])
-        margin = prices - self.costs[None, :, None]  # (r, m, CELLS)
+        margin = prices - costs[..., None]  # (r, m, CELLS)
         cum = np.concatenate([np.zeros((r, m, 1)), np.cumsum(mass, axis=-1)], axis=-1)  # (r, m, CELLS+1)
         q = np.arange(CELLS)[:, None]
         u = np.arange(CELLS + 1)[None, :]
@@ -307,40 +324,70 @@ class PlannerSeller(_Follower):
         deals = min(active, sum(units[j] for j in cols))
         length = min(2.0 * MAX_TRIES, max(1.0, PRICE_TRIES * obs.budget_left / max(1, deals)))
         short, weight = int(length), length - int(length)
-        ladder = self._ladders(free, tuple(sorted({tries, short, short + 1})))
-        table = ladder["value"][tries]
-        worth = table[..., CELLS]
-        value = np.zeros((len(free), len(cols)))
+        self._refresh(free)
+        at = np.ix_(free, cols)
+        worth = self._worth[tries][at]
+        # A ladder's first price: the one whose sale plus the rest of the ladder is worth most.
+        prices = self._prices[free][:, cols]
+        low = np.take_along_axis(prices, self._first[short][at][..., None], axis=-1)[..., 0]
+        high = np.take_along_axis(prices, self._first[short + 1][at][..., None], axis=-1)[..., 0]
+        price = (1 - weight) * low
+        price += weight * high
+        value = np.where(worth > 0, worth, 0.0)
         plan: dict[tuple[int, int], Message] = {}
+        column = {j: c for c, j in enumerate(cols)}
         for r, i in enumerate(free):
-            buyer = buyers[i]
-            bid = buyer.bid
+            bid = buyers[i].bid
             # A bidder names the product it wants: deal on that one while it is in stock and
             # the bid could still climb to its cost (a first bid is at least 0.4 of the value).
-            wanted = int(bid[0][1:]) - 1 if bid is not None and bid_in_play(bid, units, obs.products) else -1
-            for c, j in enumerate(cols):
-                product = obs.products[j]
-                cost = product.cost
-                if wanted >= 0:
-                    if j == wanted:
-                        plan[r, c], value[r, c] = self._on_bid(i, buyer.id, j, bid[1], cost, tries, obs.budget_left, active)
-                    continue
-                if worth[r, j] <= 0:
-                    continue
-                # A ladder's first price: the one whose sale plus the rest of the ladder is worth most.
-                prices = ladder["prices"][r, j]
-                price = (1 - weight) * prices[int(np.argmax(self._firsts[short][r, j]))]
-                price += weight * prices[int(np.argmax(self._firsts[short + 1][r, j]))]
-                value[r, c] = worth[r, j]
-                why = ""
-                if self.reasons:
-                    facts = f"{buyer.id} has not bid" if bid is None else no_deal_facts(buyer.id, bid)
-                    why = self._why(facts, obs.budget_left, active, f"offer {product.id}")
-                plan[r, c] = _offer(buyer.id, product.id, max(int(price), cost), thought=why)
+            if bid is None or not bid_in_play(bid, units, obs.products):
+                continue
+            value[r] = 0.0
+            c = column.get(int(bid[0][1:]) - 1)
+            if c is not None:
+                j = cols[c]
+                plan[r, c], value[r, c] = self._on_bid(i, buyers[i].id, j, bid[1], obs.products[j].cost, tries, obs.budget_left, active)
         best = best_assigned(value, cols, units, len(free))
         if best is None:
             return None if any(b.awaiting for b in buyers) else self._ended("no sale is worth its cost")
-        return self._record(plan[best])
+        if best in plan:
+            return self._record(plan[best])
+        r, c = best
+        buyer, product = buyers[free[r]], obs.products[cols[c]]
+        why = ""
+        if self.reasons:
+            facts = f"{buyer.id} has not bid" if buyer.bid is None else no_deal_facts(buyer.id, buyer.bid)
+            why = self._why(facts, obs.budget_left, active, f"offer {product.id}")
+        return self._record(_offer(buyer.id, product.id, max(int(price[r, c]), product.cost), thought=why))
+
+    def _refresh(self, rows: list[int]) -> None:
+        """Keep each buyer's ladders (every length up to :data:`LONGEST`) until its bounds move: a reply moves one
+        buyer's, so a decision plans one row, not every free buyer's (at 200 x 200, 200 times the work). The
+        programme of a row reads that row's bounds alone, so a kept row is what planning it again would give."""
+        if self._seen_lo is None:
+            n, m = self.lo.shape
+            self._seen_lo, self._seen_hi = np.full((n, m), np.nan), np.full((n, m), np.nan)
+            self._worth = np.zeros((LONGEST + 1, n, m))
+            self._first = np.zeros((LONGEST + 1, n, m), dtype=np.intp)
+            self._prices = np.zeros((n, m, CELLS))
+        moved = (self.lo[rows] != self._seen_lo[rows]) | (self.hi[rows] != self._seen_hi[rows])
+        keep = tuple(range(1, LONGEST + 1))
+        if self.correlated:  # a buyer's taste is read from all its bounds: a row moves whole
+            stale = [i for i, m in zip(rows, moved.any(axis=1)) if m]
+            if not stale:
+                return
+            ladder, at = self._ladders(stale, keep), (stale,)
+        else:  # values drawn pair by pair: only the pairs whose bounds moved (one a reply, mostly)
+            r, cols = np.nonzero(moved)
+            if not len(r):
+                return
+            at = (np.asarray(rows)[r], cols)
+            ladder = self._pair_ladders(*at, keep)
+        for t in keep:
+            self._worth[(t, *at)] = ladder["value"][t][..., CELLS].reshape(self._worth[(t, *at)].shape)
+            self._first[(t, *at)] = np.argmax(self._firsts[t], axis=-1).reshape(self._first[(t, *at)].shape)
+        self._prices[at] = ladder["prices"].reshape(self._prices[at].shape)
+        self._seen_lo[at], self._seen_hi[at] = self.lo[at], self.hi[at]
 
     def _why(self, facts: str, left: int, active: int, verdict: str) -> str:
         """The thought of a message under ``reasons=1`` ("" otherwise): what the choice turned on, in words a

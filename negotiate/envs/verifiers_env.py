@@ -53,7 +53,8 @@ __all__ = ["MarketTasksetConfig", "MarketData", "MarketTask", "MarketTaskset", "
 
 TASKSET_ID = "negotiate-market"
 """The taskset (and harness) id verifiers knows this module by; it imports ``negotiate_market``."""
-sys.modules.setdefault(TASKSET_ID.replace("-", "_"), sys.modules[__name__])
+if __name__ != "__main__":  # run as a script, the module registers when main() imports it by its name
+    sys.modules.setdefault(TASKSET_ID.replace("-", "_"), sys.modules[__name__])
 
 METRICS = ("profit_ratio", "welfare_ratio", "valid_rate", "deals", "turns_used", "opt")
 """The episode metrics recorded on each verifiers trace (seller violations are recorded too, as ``violations``)."""

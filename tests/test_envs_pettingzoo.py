@@ -77,7 +77,8 @@ def test_the_seller_pays_for_each_invalid_message_when_the_episode_ends():
 
 def _play_scripted(env: NegotiationEnv, seller_spec: str, buyer_spec: str, *, as_text: bool):
     """Play the episode ``env`` was reset to with scripted agents, each deciding on the decoded observation, seeded
-    as serve seeds them; ``as_text`` sends each message as its JSON text (else the Message itself)."""
+    as serve seeds them (those of the environment's agents: the runtime may play the buyers); ``as_text`` sends each
+    message as its JSON text (else the Message itself)."""
     market = env.state_.market
     agents = {"seller": parse_agent(seller_spec, "seller").build(market, seller_seed(market.seed)),
               **{b.id: parse_agent(buyer_spec, "buyer").build(market, [market.seed, 1, k]) for k, b in enumerate(market.buyers)}}
@@ -106,14 +107,16 @@ def _comparable(events) -> list[dict]:
 
 
 @pytest.mark.parametrize("seller_spec,buyer_spec", [("greedy", "concession"), ("planner", "threshold"), ("random", "random")])
-@pytest.mark.parametrize("as_text", [True, False], ids=["text", "message"])
-def test_scripted_agents_through_the_environment_play_serves_episodes(tmp_path, seller_spec, buyer_spec, as_text):
+@pytest.mark.parametrize("as_text,runtime_buyers", [(True, False), (False, False), (True, True)],
+                         ids=["text", "message", "seller-only"])
+def test_scripted_agents_through_the_environment_play_serves_episodes(tmp_path, seller_spec, buyer_spec, as_text, runtime_buyers):
     seed, episodes = 11, 3
     out = tmp_path / "run"
     assert main(["serve", "--seller", seller_spec, "--buyers", buyer_spec, "--split", "train", "--episodes", str(episodes),
                  "--seed", str(seed), "--out", str(out), "--quiet"]) == 0
     served = sorted(map(EpisodeRecord.of, read_episodes(out / f"{seller_spec}.jsonl")), key=lambda e: e.start.index)
-    env = NegotiationEnv("train", seed=seed)
+    # seller-only: the runtime plays the buyers (buyers=SPEC) and the seller is the environment's one agent.
+    env = NegotiationEnv("train", seed=seed, buyers=buyer_spec if runtime_buyers else None)
     for index, expected in enumerate(served):
         env.reset(seed=seed) if index == 0 else env.reset()  # serve's next index at each reset
         episode = _play_scripted(env, seller_spec, buyer_spec, as_text=as_text)

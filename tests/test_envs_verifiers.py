@@ -58,14 +58,16 @@ def test_a_bad_setting_is_one_line_naming_the_field():
         list(load_environment(prompt="poem").taskset)
 
 
-def test_vf_eval_plays_the_episodes_serve_plays_with_the_same_model_and_scores_them_with_the_projects_reward(tmp_path):
+@pytest.mark.parametrize("prompt,fmt", [("full", "json"), ("advice", "tagged")])
+def test_vf_eval_plays_the_episodes_serve_plays_with_the_same_model_and_scores_them_with_the_projects_reward(tmp_path, prompt, fmt):
     seed, markets = 3, 2
     with serve_in_thread() as server:
         episodes = vf_eval(tmp_path / "vf", server.model, server.url, "-n", str(markets), "--env.taskset.markets",
-                           str(markets), "--env.taskset.seed", str(seed), "--env.taskset.buyers", "concession")
+                           str(markets), "--env.taskset.seed", str(seed), "--env.taskset.buyers", "concession",
+                           "--env.taskset.prompt", prompt, "--env.taskset.format", fmt)
         requests = [r["messages"] for r in server.requests]
         served = tmp_path / "serve"
-        seller = f"openai:{server.model}@{server.url}?temperature=0.7&max_tokens=96"
+        seller = f"openai:{server.model}@{server.url}?temperature=0.7&max_tokens=96&prompt={prompt}&format={fmt}"
         assert main(["serve", "--seller", seller, "--buyers", "concession", "--episodes", str(markets), "--seed", str(seed),
                      "--fresh", "--out", str(served), "--quiet"]) == 0
     expected = {e[0]["index"]: EpisodeRecord.of(e) for e in read_episodes(next(served.glob("openai-*.jsonl")))}

@@ -4,11 +4,15 @@ playing the very episodes ``negotiate serve`` plays."""
 from __future__ import annotations
 
 import doctest
+import importlib.util
 
 import orjson
 import pytest
 
-pytest.importorskip("pettingzoo", reason="the envs extra is not installed: pip install -e '.[envs]'")
+from needs import missing
+
+if importlib.util.find_spec("pettingzoo") is None or importlib.util.find_spec("gymnasium") is None:
+    missing("the envs extra is not installed: pip install -e '.[envs]'", "NEGOTIATE_REQUIRE_ENVS")
 
 from pettingzoo.test import api_test, seed_test  # noqa: E402
 

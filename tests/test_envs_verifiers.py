@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed: pip install -e '.[verifiers]'")
+from needs import missing
+
+if importlib.util.find_spec("verifiers") is None:
+    missing("the verifiers extra is not installed: pip install -e '.[verifiers]'", "NEGOTIATE_REQUIRE_ENVS")
 
 from fake_openai import serve_in_thread  # noqa: E402
 

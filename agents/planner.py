@@ -57,6 +57,8 @@ TASTE = np.linspace(-3.0, 3.0, 25)
 """Grid of a buyer's common factor (correlated splits)."""
 MAX_TRIES = 8
 """Longest ladder planned per pair; longer ones change the first price by under a cell."""
+CHUNK = 1024
+"""Pairs planned in one piece (:meth:`PlannerSeller._refresh`)."""
 LONGEST = 2 * MAX_TRIES + 1
 """Longest ladder a decision reads: its price comes from ladders of up to 2 x MAX_TRIES offers and the next."""
 PATIENCE = (3, 4, 5, 6)
@@ -324,7 +326,7 @@ class PlannerSeller(_Follower):
         deals = min(active, sum(units[j] for j in cols))
         length = min(2.0 * MAX_TRIES, max(1.0, PRICE_TRIES * obs.budget_left / max(1, deals)))
         short, weight = int(length), length - int(length)
-        self._refresh(free)
+        self._refresh(free, max(tries, short + 1))
         at = np.ix_(free, cols)
         worth = self._worth[tries][at]
         # A ladder's first price: the one whose sale plus the rest of the ladder is worth most.
@@ -360,34 +362,36 @@ class PlannerSeller(_Follower):
             why = self._why(facts, obs.budget_left, active, f"offer {product.id}")
         return self._record(_offer(buyer.id, product.id, max(int(price[r, c]), product.cost), thought=why))
 
-    def _refresh(self, rows: list[int]) -> None:
-        """Keep each buyer's ladders (every length up to :data:`LONGEST`) until its bounds move: a reply moves one
-        buyer's, so a decision plans one row, not every free buyer's (at 200 x 200, 200 times the work). The
-        programme of a row reads that row's bounds alone, so a kept row is what planning it again would give."""
+    def _refresh(self, rows: list[int], need: int) -> None:
+        """Keep each pair's ladders (every length up to ``need``, at the least) until its bounds move: a reply moves
+        one pair's (one buyer's, where values are correlated), so a decision plans that, not every free buyer's
+        every pair (at 200 x 200, 40,000 times the work). A pair's programme reads its own bounds alone (its row's,
+        where correlated), so what is kept is what planning it again would give."""
         if self._seen_lo is None:
             n, m = self.lo.shape
             self._seen_lo, self._seen_hi = np.full((n, m), np.nan), np.full((n, m), np.nan)
+            self._depth = np.zeros((n, m), dtype=np.intp)
             self._worth = np.zeros((LONGEST + 1, n, m))
             self._first = np.zeros((LONGEST + 1, n, m), dtype=np.intp)
             self._prices = np.zeros((n, m, CELLS))
-        moved = (self.lo[rows] != self._seen_lo[rows]) | (self.hi[rows] != self._seen_hi[rows])
-        keep = tuple(range(1, LONGEST + 1))
+        moved = (self.lo[rows] != self._seen_lo[rows]) | (self.hi[rows] != self._seen_hi[rows]) | (self._depth[rows] < need)
+        keep = tuple(range(1, need + 1))
         if self.correlated:  # a buyer's taste is read from all its bounds: a row moves whole
             stale = [i for i, m in zip(rows, moved.any(axis=1)) if m]
-            if not stale:
-                return
-            ladder, at = self._ladders(stale, keep), (stale,)
+            step = max(1, CHUNK // self.lo.shape[1])
+            parts = [(stale[k:k + step],) for k in range(0, len(stale), step)]
         else:  # values drawn pair by pair: only the pairs whose bounds moved (one a reply, mostly)
             r, cols = np.nonzero(moved)
-            if not len(r):
-                return
-            at = (np.asarray(rows)[r], cols)
-            ladder = self._pair_ladders(*at, keep)
-        for t in keep:
-            self._worth[(t, *at)] = ladder["value"][t][..., CELLS].reshape(self._worth[(t, *at)].shape)
-            self._first[(t, *at)] = np.argmax(self._firsts[t], axis=-1).reshape(self._first[(t, *at)].shape)
-        self._prices[at] = ladder["prices"].reshape(self._prices[at].shape)
-        self._seen_lo[at], self._seen_hi[at] = self.lo[at], self.hi[at]
+            r = np.asarray(rows)[r]
+            parts = [(r[k:k + CHUNK], cols[k:k + CHUNK]) for k in range(0, len(r), CHUNK)]
+        for at in parts:  # a few thousand pairs at a time: a 200 x 200 market's first plan took GBs in one piece
+            ladder = self._ladders(at[0], keep) if self.correlated else self._pair_ladders(*at, keep)
+            for t in keep:
+                self._worth[(t, *at)] = ladder["value"][t][..., CELLS].reshape(self._worth[(t, *at)].shape)
+                self._first[(t, *at)] = np.argmax(self._firsts[t], axis=-1).reshape(self._first[(t, *at)].shape)
+            self._prices[at] = ladder["prices"].reshape(self._prices[at].shape)
+            self._seen_lo[at], self._seen_hi[at] = self.lo[at], self.hi[at]
+            self._depth[at] = need
 
     def _why(self, facts: str, left: int, active: int, verdict: str) -> str:
         """The thought of a message under ``reasons=1`` ("" otherwise): what the choice turned on, in words a

@@ -44,12 +44,17 @@ def test_greedy_on_arrays_sends_what_its_loop_sends(monkeypatch, buyers, valuati
 def test_the_planner_keeping_ladders_sends_what_planning_every_row_sends(monkeypatch, buyers, valuation):
     from negotiate.agents.planner import PlannerSeller
 
+    from negotiate.agents import planner
+
     spec = MarketSpec(name="big", buyers=(3, 8), products=(3, 8), stock=2, valuation=valuation)
     for seed in range(3):
-        kept = _messages("planner?reasons=1", buyers, spec, seed)
+        with monkeypatch.context() as patch:
+            patch.setattr(planner, "CHUNK", 5)  # the first plan in several pieces (rows of 5 pairs or fewer: one row)
+            kept = _messages("planner?reasons=1", buyers, spec, seed)
         with monkeypatch.context() as patch:
             # forget every row's ladders before each decision: every free row planned afresh, as before issue 44
             refresh = PlannerSeller._refresh
-            patch.setattr(PlannerSeller, "_refresh", lambda self, rows: (setattr(self, "_seen_lo", None), refresh(self, rows))[1])
+            patch.setattr(PlannerSeller, "_refresh",
+                          lambda self, rows, need: (setattr(self, "_seen_lo", None), refresh(self, rows, need))[1])
             afresh = _messages("planner?reasons=1", buyers, spec, seed)
         assert len(kept) > 10 and kept == afresh, seed

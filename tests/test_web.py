@@ -77,6 +77,27 @@ def test_the_child_command_is_the_servers_settings_quoted():
     assert command.endswith("--buyers threshold --out o --seed 9 --index 4")
 
 
+async def test_the_page_names_its_websocket_by_the_address_the_browser_used_and_says_when_seats_are_full():
+    pytest.importorskip("textual_serve", reason="the web extra: pip install -e '.[web]'")
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from negotiate.tui.web import PlayServer
+
+    args = argparse.Namespace(role="buyer", split="train", seller=None, buyers="concession", out=Path("o"))
+    seats = Seats(1, first_index=0)
+    async with TestClient(TestServer(PlayServer(args, seats).application())) as client:
+        page = await client.get("/", headers={"Host": "study.example:8443"})
+        assert page.status == 200 and 'data-session-websocket-url="ws://study.example:8443/ws"' in await page.text()
+        page = await client.get("/", headers={"Host": "study.example", "X-Forwarded-Proto": "https"})
+        assert 'data-session-websocket-url="wss://study.example/ws"' in await page.text()  # an https page needs wss
+        assert (await client.get("/static/js/textual.js")).status == 200
+        assert (await client.get("/static/")).status in (403, 404)  # no listing
+        assert (await client.get("/download/x")).status == 404  # no download route
+        seats.take()
+        full = await client.get("/")
+        assert full.status == 503 and "Every seat is taken" in await full.text()
+
+
 def test_web_flags_are_refused_one_line_each(tmp_path, capsys):
     base = ["play", "--out", str(tmp_path / "p")]
     assert main([*base, "--port", "8001"]) == 2
@@ -219,7 +240,7 @@ class Visitor:
             self.moves.append(("reject", None))
 
 
-def play(visitors: list[Visitor], screenshot: Path | None = None, timeout: float = 120) -> None:
+def play(visitors: list[Visitor], screenshot: Path | None = None, timeout: float = 120, max_moves: int = 10) -> None:
     """Play every visitor's episode to its end (then a screenshot of the first one's results)."""
     deadline = time.monotonic() + timeout
     while not all(v.done for v in visitors):
@@ -227,7 +248,7 @@ def play(visitors: list[Visitor], screenshot: Path | None = None, timeout: float
         for visitor in visitors:
             if not visitor.done:
                 visitor.step()
-                assert len(visitor.moves) < 10
+                assert len(visitor.moves) < max_moves
         visitors[0].page.wait_for_timeout(50)  # lets Playwright deliver the pages' frames
     if screenshot is not None:
         first = visitors[0]

@@ -25,11 +25,15 @@ route: the app delivers no files).
   comes in past the cap (two pages loaded at once) shows the same sentence in the
   terminal, and no process starts.
 * **127.0.0.1 by default.** Serving other machines is a choice (``--host 0.0.0.0``); the
-  page builds its websocket address from the address the browser used, so it works
-  behind whatever name reaches the server.
+  page builds its websocket address from the address the browser used (``wss`` where a
+  TLS proxy says ``X-Forwarded-Proto: https``), so it works behind whatever name
+  reaches the server. There is no login: a study on the open internet puts the server
+  behind a proxy that has one.
 
-Measured (``benchmarks/web_players.py``, see ``docs/web-play.md``): a player is one
-Python process of about 80 MB that takes CPU only while its screen changes.
+Measured (``benchmarks/web_players.py``, 4 to 16 players on 2 busy cores; see
+``docs/web-play.md``): a player is one Python process of about 95 MB (PSS; 136 MB RSS)
+that takes about 2 CPU s to start, 2% of a core while the person thinks, and 0.5-0.6
+CPU s per move: some 12 people per core who move every 10 s.
 """
 
 from __future__ import annotations
@@ -176,7 +180,8 @@ class PlayServer:
         if self.seats.playing >= self.seats.limit:
             return web.Response(status=503, content_type="text/html", headers={"Retry-After": str(FULL_RETRY_S)},
                                 text=FULL_PAGE.format(title=title, limit=self.seats.limit, retry=FULL_RETRY_S))
-        scheme = "wss" if request.secure else "ws"
+        # Behind a proxy that ends TLS the page is https, and a browser refuses a plain ws:// socket from it.
+        scheme = "wss" if request.secure or request.headers.get("X-Forwarded-Proto") == "https" else "ws"
         websocket = html.escape(f"{scheme}://{request.host}/ws", quote=True)
         font_size = _number(request.query.get("fontsize"), 16, 8, 32)
         return web.Response(content_type="text/html", text=PAGE.format(title=title, websocket=websocket, font_size=font_size))

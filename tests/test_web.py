@@ -142,13 +142,20 @@ class Server:
     def __init__(self, tmp_path: Path, *flags: str):
         (tmp_path / "solo.toml").write_text(SOLO)
         self.out = tmp_path / "traces" / "web"
+        seller = () if "seller" in flags else ("--seller", "greedy")  # the person is the seller with --role seller
         self.process = subprocess.Popen(  # in tmp_path, as a researcher would start it in their project
-            [sys.executable, "-m", "negotiate", "play", "--web", "--port", "0", "--split", "solo.toml", "--seller", "greedy",
+            [sys.executable, "-m", "negotiate", "play", "--web", "--port", "0", "--split", "solo.toml", *seller,
              "--buyers", "threshold", "--out", "traces/web", *flags],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.log = [self._line(deadline=time.monotonic() + 60)]
-        found = re.search(r"http://127\.0\.0\.1:(\d+)/", self.log[0])
-        assert found, self.log
+        try:
+            self.log = [self._line(deadline=time.monotonic() + 60)]
+            found = re.search(r"http://127\.0\.0\.1:(\d+)/", self.log[0])
+            assert found, self.log
+        except BaseException:
+            self.process.kill()
+            self.process.wait()
+            self.process.stdout.close()
+            raise
         self.url = f"http://127.0.0.1:{found[1]}/"
 
     def _line(self, deadline: float) -> str:
@@ -318,3 +325,25 @@ def test_two_visitors_at_once_play_two_episodes_and_a_third_is_told_every_seat_i
         seed = int(re.search(r"seed (\d+)", visitor.screen())[1])
         assert [(m["action"]["kind"], m["action"].get("price")) for m in by_seed[seed]] == visitor.moves
     assert len(rows_from_traces([server.out])) == 2
+
+
+@pytest.mark.parametrize("server", [("--role", "seller", "--seed", "3")], indirect=True)
+def test_a_visitor_plays_the_seller_and_train_reads_the_episode(browser, server):
+    visitor = Visitor(browser, server.url)
+    visitor.wait_for("Your turn · 8 turns left · Write to b1".encode(), since=0, timeout=60)
+    visitor.page.wait_for_timeout(300)
+    visitor.page.focus("textarea.xterm-helper-textarea")
+    drawn = len(visitor.frames)
+    visitor.page.keyboard.press("Control+t")  # end the market: it asks first
+    visitor.wait_for(b"End the market", since=drawn)
+    visitor.page.keyboard.press("y")
+    visitor.wait_for(b"Saved to", since=drawn, timeout=60)
+    visitor.context.close()
+    assert server.stop() == 128 + signal.SIGINT
+    [events] = list(read_episodes(server.out / "play.jsonl"))
+    start = events[0]
+    assert start["episode"] == "play-seller-0000" and start["seller"] == "human" and start["seed"] == 3
+    assert [(e["sender"], e["action"]["kind"]) for e in events if e["type"] == "message"] == [("seller", "end")]
+    dataset = pytest.importorskip("negotiate.training.dataset", reason="the train extra")
+    [episode] = dataset.load_episodes([server.out], where=dataset.DataFilter(seller="human"))  # what train --seller human reads
+    assert episode.group == dataset.group_key(start)

@@ -327,7 +327,7 @@ def _parser() -> argparse.ArgumentParser:
     play.add_argument("--seed", type=_seed, default=None, help="market seed (default: a fresh one, printed)")
     play.add_argument("--seller", "--sellers", dest="seller", default=None,
                       help="the seller agent when you play a buyer (default: greedy); refused with --role seller")
-    play.add_argument("--buyers", default="concession", help="the other buyers' agent (default: concession)")
+    play.add_argument("--buyers", default="threshold", help="the other buyers' agent (default: threshold, as in serve and eval)")
     play.add_argument("--out", type=Path, default=Path("traces") / "play", help="folder for your episodes' traces (default: traces/play)")
     play.add_argument("--web", action="store_true", help="serve the game to browsers instead (extra 'web'): each visitor plays "
                                                          "one episode of their own with these settings, a fresh market each")

@@ -12,6 +12,7 @@ textual-serve, Playwright (the Python package; its own browsers are not needed) 
 from __future__ import annotations
 
 import argparse
+import doctest
 import os
 import re
 import select
@@ -29,6 +30,7 @@ from negotiate.errors import UserError
 from negotiate.report import rows_from_traces
 from negotiate.trace import read_episodes
 from negotiate.tui import commands
+from negotiate.tui import web as web_module
 from negotiate.tui.web import Seats, child_command
 
 from needs import missing
@@ -98,10 +100,19 @@ async def test_the_page_names_its_websocket_by_the_address_the_browser_used_and_
         assert full.status == 503 and "Every seat is taken" in await full.text()
 
 
-def test_web_flags_are_refused_one_line_each(tmp_path, capsys):
+def test_the_web_module_doctests_pass():
+    result = doctest.testmod(web_module, report=False)
+    assert result.attempted >= 2 and result.failed == 0
+
+
+def test_web_flags_are_refused_one_line_each(tmp_path, capsys, monkeypatch):
     base = ["play", "--out", str(tmp_path / "p")]
     assert main([*base, "--port", "8001"]) == 2
     assert "--port: 8001: serves the game to browsers: give it with --web" in capsys.readouterr().err
+    with monkeypatch.context() as patch:
+        patch.setattr(web_module, "web", None)  # as without the extra
+        assert main([*base, "--web"]) == 2
+        assert "--web: needs the web extra: pip install 'negotiate[web]'" in capsys.readouterr().err
     pytest.importorskip("textual_serve", reason="the web extra: pip install -e '.[web]'")
     assert main([*base, "--web", "--max-players", "0"]) == 2
     assert "--max-players: 0: must be at least 1" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import signal
+import socket
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
@@ -60,12 +61,25 @@ def check_workers(workers: int, specs: Iterable[str], *, executor: str = "local"
     if executor == "ray":
         if importlib.util.find_spec("ray") is None:  # found without importing it (Ray takes a second to import)
             raise UserError("needs Ray: pip install 'negotiate[ray]'", field="--executor", value=executor)
+        _check_reachable(address)
         if local:
             raise UserError(f"{local[0]!r} would load its model in a Ray task, which is lent a CPU; serve the model "
                             "(vllm serve) and name it with an openai: spec", field="--executor", value=executor)
     if workers > 1 and local:
         raise UserError(f"{local[0]!r} loads its model in every worker process; local models batch inside one "
                         "process, so play them with --workers 1", field="--workers", value=str(workers))
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse a Ray address (``HOST:PORT`` or ``ray://HOST:PORT``) where nothing answers: ``ray.init`` would retry
+    it for minutes (13 measured here) before saying so. ``auto``, ``local`` and Ray's default are Ray's to find."""
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as error:
+        raise UserError(f"nothing answers there ({error.strerror or error})", field="--address", value=address) from None
 
 
 def share_of(total: int, worker: int, workers: int) -> int:

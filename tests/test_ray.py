@@ -19,7 +19,7 @@ from negotiate.cli import main
 from negotiate.ray_executor import Written
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import serve_in_thread  # noqa: E402
+from fake_openai import free_port, serve_in_thread  # noqa: E402
 
 VOLATILE = ("run", "time", "ts", "wall_s")
 """What differs between two runs of the same episodes: the run's id and the clock."""
@@ -124,6 +124,7 @@ def test_written_numbers_stay_as_few_as_those_finished_out_of_order():
     (["--address", "auto"], "--address: 'auto': names a Ray cluster: add --executor ray"),
     (["--executor", "dask"], "--executor: 'dask': unknown executor; use local or ray"),
     (["--executor", "ray", "--seller", "hf:some/model"], "would load its model in a Ray task"),
+    (["--executor", "ray", "--address", f"ray://127.0.0.1:{free_port()}"], "nothing answers there (Connection refused)"),
 ])
 def test_what_ray_cannot_play_is_one_line_before_anything_runs(tmp_path, capsys, extra, expected):
     code = main(["serve", "--episodes", "2", "--buyers", "concession", "--quiet", "--out", str(tmp_path / "run"), *extra])

@@ -241,7 +241,9 @@ class Visitor:
         keyboard = self.page.keyboard
         if not self.moves and turn[3]:
             price = int(turn[3]) // 3
+            drawn = len(self.frames)
             keyboard.type(str(price))  # the turn opens on a bid's price
+            self.wait_for(str(price).encode(), since=drawn)  # in the price field, before it is sent
             keyboard.press("Enter")
             self.moves.append(("bid", price))
         elif turn[2] and int(turn[2]) <= int(turn[3]):

@@ -19,7 +19,7 @@ from negotiate.regulator import SellerObservation
 from negotiate.agents.base import ScriptedAgent
 from negotiate.agents.views.tools import TOOLS
 
-__all__ = ["RuleSeller", "KINDS", "kind_of"]
+__all__ = ["RuleSeller", "KINDS", "kind_of", "rules_over"]
 
 KINDS = ("offer", "accept", "reject", "end", "wait")
 """The kinds of move a tool proposes: a seller action's kind, or ``wait`` (it would send nothing now)."""
@@ -35,10 +35,35 @@ def kind_of(message: Message | None) -> str:
     return "wait" if message is None else message.action.kind
 
 
+def rules_over(tools: tuple[str, ...]) -> list[str]:
+    """The fixed rules a policy shown ``tools``' next messages is measured against (issue 41): each tool alone, and with
+    two tools, keyed on either one's kind of move, the rules that send the other's message for one kind of move only,
+    or for every kind but one (22 for two tools; ``benchmarks/rules.py`` ranks all 62 keyed on one kind). The tools are
+    joined by ``|`` (a list of seller specs on the command line is split at its commas), and a tool with an ``&`` in its
+    spec is written ``%26`` inside the rule's.
+
+    >>> rules_over(("planner",))
+    ['planner']
+    >>> specs = rules_over(("a?x=1", "b"))
+    >>> len(specs), specs[:3], specs[-1]
+    (22, ['a?x=1', 'b', 'rule?tools=a?x=1|b&offer=b'], 'rule?tools=b|a?x=1&wait=b&else=a')
+    """
+    out = list(dict.fromkeys(tools))
+    if len(tools) != 2:
+        return out
+    for first, other in (tools, tools[::-1]):
+        mine, theirs = (tool.split("?")[0] for tool in (first, other))
+        head = f"rule?tools={first.replace('&', '%26')}|{other.replace('&', '%26')}"
+        out += [f"{head}&{kind}={theirs}" for kind in KINDS]
+        out += [f"{head}&{kind}={mine}&else={theirs}" for kind in KINDS]
+    return out
+
+
 class RuleSeller(ScriptedAgent):
     """A fixed rule over scripted sellers (its tools, walking the episode): in each state, the message of the tool named
     for the kind of move the first tool proposes. ``tools`` are sellers that can follow, comma-separated (default
-    ``planner?reasons=1,greedy``, the tools prompt's); ``offer``, ``accept``, ``reject``, ``end`` and ``wait`` (the first
+    ``planner?reasons=1,greedy``, the tools prompt's; ``|`` separates them too, as a list of sellers on the command line
+    needs); ``offer``, ``accept``, ``reject``, ``end`` and ``wait`` (the first
     tool would send nothing) each name a tool, ``else`` the one for the kinds not named (default the first tool).
     ``rule?tools=greedy,planner?reasons=1&offer=greedy&else=planner`` offers as greedy, otherwise as the planner.
 
@@ -69,7 +94,7 @@ class RuleSeller(ScriptedAgent):
         """The spec's parameters, read: ``tools`` parsed into seller specs by ``parse`` (default :data:`TOOLS`), each of
         a class in ``sellers`` that can follow; each choice the name of one of them. A ``ValueError`` names the key,
         its value and what it may be."""
-        texts = params.get("tools", ",".join(TOOLS)).split(",")
+        texts = params.get("tools", ",".join(TOOLS)).replace("|", ",").split(",")
         able = ", ".join(name for name, agent in sellers.items() if hasattr(agent, "follow"))
         tools = []
         for text in texts:

@@ -436,6 +436,33 @@ def test_under_the_tools_prompt_the_results_say_which_tool_each_policy_followed(
     assert "which tool" not in (out.parent / "plain" / "results.md").read_text()
 
 
+def test_under_the_tools_prompt_the_headline_is_the_policy_against_the_best_fixed_rule_over_its_tools(world):
+    """Issue 41: a policy shown scripted moves is measured against the best fixed rule over them: every one of the 22
+    rules over the tools prompt's two is evaluated beside the ladder, and the first paired row is the last policy
+    against the one with the highest mean profit/OPT."""
+    from negotiate.agents.rule import rules_over
+    from negotiate.agents.views.tools import TOOLS
+
+    config, calls, crash, out = world
+    run_loop(config(prompt="tools", rounds=1), echo=lambda line: None)
+    ratios: dict[str, list[float]] = {}
+    for path in trace_files([out / "baselines"]):
+        for record in read_records(path):
+            ratios.setdefault(record.start.seller, []).append(record.metrics["profit_ratio"])
+    rules = rules_over(TOOLS)
+    assert len(rules) == 22 and set(rules) <= set(ratios)
+    means = {rule: sum(ratios[rule]) / len(ratios[rule]) for rule in rules if None not in ratios[rule]}
+    best = max(means, key=means.get)
+    text = (out / "results.md").read_text()
+    assert "first paired row: round 1 against the best of the 22 fixed rules" in text
+    paired = [line for line in text.splitlines() if "(paired)" in line]
+    assert paired[0].startswith(f"| round 1 − {best} (paired) |")
+    rows = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| rule?") or line.startswith("| greedy")]
+    assert len(rows) == 21  # every rule, and greedy (the ladder's and a tool); planner?reasons=1 is a row of its own
+    run_loop(config(out=str(out.parent / "plain"), rounds=0), echo=lambda line: None)  # the full prompt shows no moves
+    assert "fixed rules" not in (out.parent / "plain" / "results.md").read_text()
+
+
 def test_a_failing_stage_is_one_line_that_says_how_to_resume(world, monkeypatch):
     config, calls, crash, out = world
 

@@ -17,7 +17,7 @@ from negotiate.training.loop.curve import write_loop_curve
 from negotiate.training.loop.state import State
 from negotiate.training.loop.summary import _mean_ci, per_market, teacher_row
 
-__all__ = ["ALL_SPLITS", "results_table", "teacher_section", "tools_section", "write_report"]
+__all__ = ["ALL_SPLITS", "results_table", "rule_baselines", "teacher_section", "tools_section", "write_report"]
 
 log = structlog.get_logger("negotiate.loop")
 
@@ -65,9 +65,33 @@ def results_table(rows: list[tuple[str, dict]], splits: list[str], pairs: list[t
     return "\n".join(lines)
 
 
+def rule_baselines(config: LoopConfig) -> list[str]:
+    """The fixed rules over the scripted moves the policy's prompt shows it (:func:`~negotiate.agents.rule.rules_over`
+    of its view's tools; none where it shows none): the baselines evaluated beside the ladder, the best of which heads
+    ``results.md``."""
+    from negotiate.agents.rule import rules_over
+    from negotiate.agents.views import view
+
+    return rules_over(view(config.prompt).tools)
+
+
+def _best_rule(rows: list[tuple[str, dict]], rules: list[str]) -> str | None:
+    """The rule row with the highest mean profit/OPT over every market it played (chosen on the held-out markets
+    themselves: a choice that favours the rule, so the model's difference to it is a conservative one)."""
+    means = {}
+    for label, markets in rows:
+        ratios = [m["profit_ratio"] for m in markets.values() if m["profit_ratio"] is not None]
+        if label in rules and ratios:
+            means[label] = float(np.mean(ratios))
+    return max(means, key=means.get) if means else None
+
+
 def write_report(out: Path, config: LoopConfig, state: State) -> None:
-    """``results.md`` (every row paired on the same held-out markets) and ``curve.png``."""
+    """``results.md`` (every row paired on the same held-out markets) and ``curve.png``. Where the prompt shows the
+    policy scripted moves, the first paired row is the headline: the last policy against the best fixed rule over
+    those moves."""
     sections = []
+    rules = rule_baselines(config)
     for buyers in _list(config.eval_buyers):
         rows: list[tuple[str, dict]] = []
         base_folder = out / "baselines" / _slug(buyers)
@@ -86,13 +110,19 @@ def write_report(out: Path, config: LoopConfig, state: State) -> None:
         chain = ["SFT (round 0)", *trained]
         teacher = teacher_row(config.teacher, [label for label, _ in rows])
         pairs = [("SFT (round 0)", teacher)]
+        best = _best_rule(rows, rules)
+        if best is not None and chain[-1] in {label for label, _ in rows}:
+            pairs.insert(0, (chain[-1], best))
         pairs += [(later, earlier) for earlier, later in zip(chain[:-1], chain[1:])]  # each round against the one before
         if len(trained) > 1:
             pairs.append((trained[-1], "SFT (round 0)"))
         if trained:
             pairs.append((trained[-1], teacher))
         table = results_table(rows, splits, pairs)
-        sections.append(f"### buyers: {buyers}\n\nprofit/OPT mean ± 95% CI (valid-message rate, markets)\n\n{table}\n")
+        headline = (f"The headline is the first paired row: {chain[-1]} against the best of the {len(rules)} fixed rules over the "
+                    f"prompt's scripted moves (those of {' and '.join(rules[:2] if len(rules) > 1 else rules)}; the best chosen on "
+                    "these markets, which favours the rule).\n\n" if best is not None else "")
+        sections.append(f"### buyers: {buyers}\n\n{headline}profit/OPT mean ± 95% CI (valid-message rate, markets)\n\n{table}\n")
     against = teacher_section(out, config)
     if against:
         sections.append(against)

@@ -24,7 +24,7 @@ from negotiate.runner import slug as _slug
 from negotiate.settings import to_toml
 from negotiate.trace import trace_files
 from negotiate.training.loop.config import LoopConfig, _list
-from negotiate.training.loop.report import write_report
+from negotiate.training.loop.report import rule_baselines, write_report
 from negotiate.training.loop.rounds import ROUNDS, learning_signal
 from negotiate.training.loop.serving import Serving
 from negotiate.training.loop.state import State
@@ -332,11 +332,13 @@ class Stages:
         self.train("round 0 sft", sft_config(self.config, r0 / "teacher", self.base, r0 / "checkpoint"))
 
     def baselines(self) -> None:
-        """The scripted ladder, and the untrained model, on the held-out markets: each buyer column not yet evaluated."""
+        """The scripted ladder, the fixed rules over the prompt's tools (:func:`rule_baselines`), and the untrained
+        model, on the held-out markets: each buyer column not yet evaluated."""
         config = self.config
         for buyers in self.state.missing("baselines"):
             target = self.out / "baselines" / _slug(buyers)
             sellers = _list(config.ladder)
+            sellers += [rule for rule in rule_baselines(config) if rule not in sellers]
             if config.untrained:
                 url, name = self.serving.policy(None)
                 sellers.append(_policy_spec(url, name, config, config.eval_temperature))

@@ -8,7 +8,7 @@ SGLang, llama.cpp's server, OpenAI) over HTTP (aiohttp, or the ``openai`` client
 
 Spec grammar (``--seller`` / ``--buyers``; see ``negotiate.agents.registry``)::
 
-    openai:MODEL@BASE_URL[?KEY=VALUE[&KEY=VALUE...]]
+    openai:MODEL@BASE_URL[|BASE_URL...][?KEY=VALUE[&KEY=VALUE...]]
 
 ``format``       ``json`` (structured output, the default) or ``tagged`` (tagged text)
 ``server``       ``auto`` | ``vllm`` | ``openai`` | ``llamacpp`` | ``generic``: how structured output
@@ -51,6 +51,9 @@ records it as the agent's silence (a timeout violation) and the episode goes on.
 :data:`DOWN_AFTER` requests in a row have timed out so, the backend takes the server for down:
 every later request fails at once with :class:`LLMError` ("the server at URL is down: N requests
 in a row timed out"), so a run ends instead of spending every turn of every episode on it.
+An error of a server that is not there (refused, reset, down) has ``unreachable`` set: a spec naming
+several replicas (``URL|URL``) drains that one and sends the request to another
+(:mod:`negotiate.agents.replicas`, one :class:`OpenAIBackend` per replica).
 
 Whatever a server sends, our two clients stay bounded and strict alike (issue 44): an answer's body
 is capped as it arrives (``max_answer_mb``; :class:`~negotiate.agents.http1.AnswerTooLarge`, not
@@ -132,6 +135,15 @@ def _cut(text, what: str) -> tuple[str, str]:
 class LLMError(RuntimeError):
     """A failure that is not the model's fault: server down, bad key, unknown model, bad request."""
 
+    def __init__(self, message: str, *, status: int | None = None, unreachable: bool = False):
+        super().__init__(message)
+        self.status = status
+        """The HTTP status the server answered with (after the retries), where it answered; None otherwise."""
+        self.unreachable = unreachable
+        """The server is not there: it could not be reached, went away mid-answer (after the retries), or is taken
+        for down (:data:`DOWN_AFTER` timeouts in a row). Of several replicas, this one is drained
+        (``negotiate.agents.replicas``)."""
+
 
 class LLMTimeout(TimeoutError):
     """No reply within the request timeout, retries included: the bus takes it as the agent's silence."""
@@ -144,7 +156,7 @@ class OpenAIOptions:
     model: str
     """Model name as the server knows it (``Qwen/Qwen3-8B``)."""
     base_url: str
-    """Server URL up to and including ``/v1``."""
+    """Server URL up to and including ``/v1``; several replicas' URLs joined by ``|`` (:attr:`base_urls`)."""
     format: str = "json"
     """``json`` or ``tagged``."""
     server: str = "auto"
@@ -184,6 +196,11 @@ class OpenAIOptions:
 
     def to_params(self) -> dict:
         return asdict(self)
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        """The servers' URLs: one, or the replicas of ``URL|URL|...`` (``negotiate.agents.replicas`` balances them)."""
+        return tuple(self.base_url.split("|"))
 
 
 _NUMBERS: dict[str, tuple[type, float, bool, float]] = {
@@ -247,14 +264,14 @@ def parse_openai_spec(rest: str, *, field: str, text: str) -> OpenAIOptions:
 
     found = re.fullmatch(r"(?P<model>[^@\s]+)@(?P<url>\S+)", rest.strip())
     if not found:
-        raise fail("an openai agent is openai:MODEL@BASE_URL[?key=value...], e.g. openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1")
-    url = urlsplit(found["url"])
-    if url.scheme not in ("http", "https") or not url.netloc:
-        raise fail(f"base URL {found['url']!r} is not an http(s) URL like http://127.0.0.1:8000/v1")
-    if "@" in url.netloc:
-        raise fail("put no credentials in the base URL; the key comes from an environment variable (key_env=NAME)")
-    base_url = urlunsplit((url.scheme, url.netloc, url.path.rstrip("/"), "", ""))
-    values: dict = {"model": found["model"], "base_url": base_url}
+        raise fail("an openai agent is openai:MODEL@BASE_URL[|BASE_URL...][?key=value...], e.g. openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1")
+    urls, mark, query = found["url"].partition("?")
+    base_urls = [_base_url(text, fail) for text in urls.split("|")]  # replicas: URL|URL|... (negotiate.agents.replicas)
+    twice = sorted({url for url in base_urls if base_urls.count(url) > 1})
+    if twice:
+        raise fail(f"base URL {twice[0]} is given twice; name each replica once")
+    url = urlsplit(base_urls[0] + mark + query)
+    values: dict = {"model": found["model"], "base_url": "|".join(base_urls)}
     if url.netloc.split(":")[0].lower() == "api.openai.com":
         values["server"] = "openai"
     def special(key: str, value: str) -> bool:
@@ -278,6 +295,18 @@ def parse_openai_spec(rest: str, *, field: str, text: str) -> OpenAIOptions:
         raise fail(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed; an openai agent needs "
                    f"the llm extra: {LLM_INSTALL}")
     return options
+
+
+def _base_url(text: str, fail) -> str:
+    """One server's base URL of a spec, checked and without a trailing slash."""
+    url = urlsplit(text)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise fail(f"base URL {text!r} is not an http(s) URL like http://127.0.0.1:8000/v1")
+    if re.search(r",\s*https?://", text):
+        raise fail(f"base URL {text!r} holds several URLs; separate replicas with |, like http://a:8000/v1|http://b:8000/v1")
+    if "@" in url.netloc:
+        raise fail("put no credentials in the base URL; the key comes from an environment variable (key_env=NAME)")
+    return urlunsplit((url.scheme, url.netloc, url.path.rstrip("/"), "", ""))
 
 
 LLM_INSTALL = "pip install 'negotiate[llm]'"
@@ -652,7 +681,7 @@ class OpenAIBackend:
         requests = pools.requests.logger
         where = f"{o.model} at {o.base_url}"
         if self.down is not None:
-            raise LLMError(self.down)
+            raise LLMError(self.down, unreachable=True)
         payload = orjson.dumps(self.request(messages, role=role, seed=seed, constraint=constraint))  # serialized once, by orjson
         try:
             try:
@@ -731,10 +760,10 @@ class OpenAIBackend:
                                                         timeout=aiohttp.ClientTimeout(total=limit)) as response:
                     return response.status, await read_bounded(response, self._limit)
             except TimeoutError:
-                raise LLMError(f"{where}: no answer to {method} {path} within {limit:g}s") from None
+                raise LLMError(f"{where}: no answer to {method} {path} within {limit:g}s", unreachable=True) from None
             except aiohttp.ClientError as error:
                 cause = getattr(error, "os_error", None) or error
-                raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
+                raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})", unreachable=True) from None
             except OSError as error:  # a broken or oversized answer (read_bounded's)
                 raise LLMError(f"{where}: {method} {path}: {error} (the spec's max_answer_mb={o.max_answer_mb:g})") from None
 
@@ -810,7 +839,7 @@ class OpenAIBackend:
                 if isinstance(failure, BrokenAnswer) and "closed the connection" not in str(failure):
                     raise LLMError(f"{where}: the server's answer is broken: {failure}") from None
                 cause = getattr(failure, "os_error", None) or failure
-                raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
+                raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})", unreachable=True) from None
             latency = time.perf_counter() - began
         try:
             return orjson.loads(body), attempt, latency
@@ -867,7 +896,7 @@ class OpenAIBackend:
             except openai.APITimeoutError as error:
                 refused = _refused(error)
                 if refused is not None:
-                    raise LLMError(f"{where}: cannot reach the server ({type(refused).__name__}: {refused})") from None
+                    raise LLMError(f"{where}: cannot reach the server ({type(refused).__name__}: {refused})", unreachable=True) from None
                 raise LLMTimeout(f"{where}: no reply within {o.timeout}s ({o.retries} retries)") from None
             except TimeoutError:
                 raise LLMTimeout(f"{where}: no reply within {deadline:.0f}s, retries included") from None
@@ -875,7 +904,7 @@ class OpenAIBackend:
                 raise _status_error(error.status_code, _error_message(error), where, o) from None
             except openai.APIConnectionError as error:
                 cause = error.__cause__ or error
-                raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})") from None
+                raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})", unreachable=True) from None
             except orjson.JSONDecodeError as error:
                 raise LLMError(f"{where}: the server's answer is not JSON ({error})") from None
             latency = time.perf_counter() - began
@@ -883,7 +912,13 @@ class OpenAIBackend:
 
 
 def _status_error(status: int, message: str, where: str, o: OpenAIOptions) -> LLMError:
-    """The error for an HTTP error status (after the retries, where it is retried)."""
+    """The error for an HTTP error status (after the retries, where it is retried), its ``status`` set."""
+    error = _status_error_of(status, message, where, o)
+    error.status = status
+    return error
+
+
+def _status_error_of(status: int, message: str, where: str, o: OpenAIOptions) -> LLMError:
     if status == 401:
         return LLMError(f"{where}: authentication failed (401): {message}; set the key in ${o.key_env}")
     if status == 403:

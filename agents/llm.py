@@ -34,7 +34,8 @@ import numpy as np
 from negotiate.protocol import BUYER, SELLER, Generated, Message, Notice, ParseFailure, parse_lenient
 from negotiate.regulator import ACTIVE, SellerObservation
 
-from negotiate.agents.backends import Completion, openai_backend, openai_options
+from negotiate.agents.backends import Completion, openai_options
+from negotiate.agents.replicas import openai_backend  # one server's backend, or its replicas' (URL|URL)
 from negotiate.agents.moves import units_left
 from negotiate.agents.planner import bid_in_play, turn_facts
 from negotiate.agents.policy import Policy

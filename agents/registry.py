@@ -3,7 +3,7 @@
 Grammar::
 
     [scripted:]NAME[?KEY=VALUE[&KEY=VALUE...]]
-    openai:MODEL@BASE_URL[?KEY=VALUE[&KEY=VALUE...]]
+    openai:MODEL@BASE_URL[|BASE_URL...][?KEY=VALUE[&KEY=VALUE...]]
     hf:PATH_OR_ALIAS[?KEY=VALUE[&KEY=VALUE...]]
     vllm:MODEL[?KEY=VALUE[&KEY=VALUE...]]
 
@@ -32,6 +32,10 @@ model behind any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); its
                   aiohttp session) or ``openai`` (the openai package's client)
 ``key_env``       environment variable with the API key (default ``OPENAI_API_KEY``); a key
                   is never written in a spec, since specs go into traces
+
+``openai:MODEL@URL|URL|...`` names replicas of one model (several ``vllm serve``, say): each request goes to
+the one with fewest in flight, and one that dies is drained and its requests sent to the others
+(``negotiate.agents.replicas``, docs/replicas.md). A router in front of them (``vllm-router``) is one URL.
 
 ``hf:smollm2?format=tagged&max_tokens=64`` is a local transformers model on CPU (a model
 folder, a ``.gguf`` file, or the alias ``smollm2``: SmolLM2-135M-Instruct from the PyPI package
@@ -120,7 +124,8 @@ def _model_agent(spec: AgentSpec, market: Market, seed, pools=None):
 
     pools = pools or current_pools()
     if spec.backend == "openai":  # the openai client loads only when used
-        from negotiate.agents.backends import openai_backend, openai_options
+        from negotiate.agents.backends import openai_options
+        from negotiate.agents.replicas import openai_backend
 
         options = openai_options(pools, spec.params)
         backend = openai_backend(pools, options)

@@ -81,8 +81,9 @@ def _kill_first_shard_once_it_sent_an_episode(out: Path, killed: dict, stop: thr
             continue
         indices = [orjson.loads(line)["index"] for line in traces[0].read_bytes().splitlines()
                    if line.startswith(b'{"type":"episode_start"') and line.endswith(b"}")]
-        pids = [line["pid"] for line in map(orjson.loads, log.read_bytes().splitlines()[:-1] or [])
-                if line["event"] == "shard started" and line["shard"] == 1]
+        written = log.read_bytes()
+        lines = written[:written.rfind(b"\n") + 1].splitlines()  # whole lines only: the log may be mid-write
+        pids = [line["pid"] for line in map(orjson.loads, lines) if line["event"] == "shard started" and line["shard"] == 1]
         if pids and any(i % 2 == 0 for i in indices):
             killed["pid"], killed["written"] = pids[0], len(indices)
             os.kill(pids[0], signal.SIGKILL)

@@ -14,8 +14,9 @@ ends on its own.
 
 Scripted agents never await, so an episode of them would hold the event loop from its
 first turn to its last (a 100,000-turn episode stalled every episode beside it for
-minutes): the seller's loop yields to the loop every :data:`YIELD_TURNS` turns while it
-has inline buyers to answer. With every buyer inline no other task of the episode can
+minutes): the seller's loop yields to the loop every :data:`YIELD_TURNS` turns, or
+:data:`YIELD_SECONDS` (whichever comes first: a 200 x 200 market's turn takes milliseconds, and
+SIGTERM is taken at the next yield), while it has inline buyers to answer. With every buyer inline no other task of the episode can
 run meanwhile, so the trace is the same. Inline buyers beside buyers in tasks happen
 only when those buyers can wait (models, people): their replies come when they come,
 and the yield lets them (and their I/O) get on.
@@ -37,6 +38,7 @@ memory stream costs about 3x an asyncio queue per message (see benchmarks/).
 from __future__ import annotations
 
 import asyncio
+from time import monotonic
 from collections import deque
 from dataclasses import dataclass
 
@@ -45,9 +47,12 @@ import anyio
 from negotiate.protocol import Generated, Message, ParseFailure
 from negotiate.regulator import EpisodeState
 
-__all__ = ["Mailbox", "MailboxStatistics", "Bus", "YIELD_TURNS"]
+__all__ = ["Mailbox", "MailboxStatistics", "Bus", "YIELD_TURNS", "YIELD_SECONDS"]
 
 YIELD_TURNS = 100
+YIELD_SECONDS = 0.05
+"""The longest the seller's loop runs scripted turns without yielding (``benchmarks/scale_markets.py``: SIGTERM
+took 8 s at 200 x 200 when the yield came every 100 turns of 10-80 ms each)."""
 """Seller turns between yields to the event loop while the seller has inline (scripted) buyers to answer:
 about 1.5 ms of work at the measured 15 us per turn, and one loop pass (a few us) per 100 turns."""
 
@@ -175,6 +180,7 @@ class Bus:
         # With only instant buyers the seller's wait cannot hang: no timer needed on it.
         self._wait_timeout = None if all(self._instant.values()) else reply_timeout * 2 + 5
         self._yield_at = YIELD_TURNS
+        self._yield_by = monotonic() + YIELD_SECONDS
         """Seller turns after which the seller next yields to the event loop (with inline buyers due)."""
 
     @staticmethod
@@ -226,6 +232,9 @@ class Bus:
                             due.append((to, result))
                         else:
                             self.mailboxes[to].put(result)
+                    if monotonic() >= self._yield_by:  # a message to each of 200 free buyers before any reply
+                        await asyncio.sleep(0)
+                        self._yield_by = monotonic() + YIELD_SECONDS
                     continue
                 if not state.pending:
                     state.finish("terminated", "seller_idle")
@@ -237,10 +246,11 @@ class Bus:
                     state.finish("terminated", "no_buyers")
                 break
             if due:
-                if state.turns_used >= self._yield_at:
+                if state.turns_used >= self._yield_at or monotonic() >= self._yield_by:
                     # Other episodes may run meanwhile (and this one's buyers that wait, if any).
                     self._yield_at = state.turns_used + YIELD_TURNS
                     await asyncio.sleep(0)
+                    self._yield_by = monotonic() + YIELD_SECONDS
                 await self._answer_due()
                 continue
             # Every buyer's own deadline bounds this wait; the margin only guards against a stuck bus.

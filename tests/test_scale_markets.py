@@ -58,3 +58,31 @@ def test_the_planner_keeping_ladders_sends_what_planning_every_row_sends(monkeyp
                           lambda self, rows, need: (setattr(self, "_seen_lo", None), refresh(self, rows, need))[1])
             afresh = _messages("planner?reasons=1", buyers, spec, seed)
         assert len(kept) > 10 and kept == afresh, seed
+
+
+def test_the_seller_loop_yields_by_the_clock_too_and_plays_the_same_episode(monkeypatch):
+    """Issue 44: SIGTERM is taken at the seller loop's next yield; at 200 x 200 a turn takes milliseconds, and a yield
+    every 100 turns (or none while the seller writes to 200 free buyers in a row) held SIGTERM for seconds. The loop
+    also yields once YIELD_SECONDS have passed. Here a clock that moves a second per reading makes every turn late:
+    the loop yields at every turn instead of every 100th, and the episode is the same."""
+    import asyncio
+
+    from negotiate import bus
+
+    spec = MarketSpec(name="long", buyers=3, products=2, budget=400)
+    sleep = asyncio.sleep
+    yields = []
+
+    async def counted(delay, *args):
+        yields.append(delay)
+        return await sleep(delay, *args)
+
+    monkeypatch.setattr(bus.asyncio, "sleep", counted)
+    steady = _messages("concession", "threshold", spec, 3)
+    steady_yields = len(yields)
+    clock = iter(range(10**9))
+    monkeypatch.setattr(bus, "monotonic", lambda: float(next(clock)))
+    yields.clear()
+    late = _messages("concession", "threshold", spec, 3)
+    assert late == steady and len(steady) > 300
+    assert steady_yields <= len(steady) // bus.YIELD_TURNS + 2 and len(yields) >= len(steady) // 2 - 1

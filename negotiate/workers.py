@@ -59,12 +59,12 @@ def check_workers(workers: int, specs: Iterable[str], *, executor: str = "local"
         raise UserError("names a Ray cluster: add --executor ray", field="--address", value=address)
     local = [text.strip() for text in specs if text.strip().partition(":")[0] in ("hf", "vllm")]
     if executor == "ray":
-        if importlib.util.find_spec("ray") is None:  # found without importing it (Ray takes a second to import)
-            raise UserError("needs Ray: pip install 'negotiate[ray]'", field="--executor", value=executor)
-        _check_reachable(address)
         if local:
             raise UserError(f"{local[0]!r} would load its model in a Ray task, which is lent a CPU; serve the model "
                             "(vllm serve) and name it with an openai: spec", field="--executor", value=executor)
+        _check_reachable(address)
+        if importlib.util.find_spec("ray") is None:  # found without importing it (Ray takes a second to import)
+            raise UserError("needs Ray: pip install 'negotiate[ray]'", field="--executor", value=executor)
     if workers > 1 and local:
         raise UserError(f"{local[0]!r} loads its model in every worker process; local models batch inside one "
                         "process, so play them with --workers 1", field="--workers", value=str(workers))

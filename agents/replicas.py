@@ -17,6 +17,9 @@ bound, retries and timeouts, exactly as a single server has them, whichever ``cl
   fails with a 5xx is sent again to a replica it has not tried yet; a replica whose requests time out
   :data:`~negotiate.agents.backends.DOWN_AFTER` times in a row is drained too. Only a request that every live
   replica failed fails (with the last error), so an episode is lost only when every replica is.
+* **Stall.** A replica with requests in flight that has neither answered nor been given its first of them for the
+  spec's ``timeout`` (a hung server: with the default timeouts the bus's deadline cancels its requests before
+  their retries end, so they never count as timeouts) gets new requests only when every live replica is stalled.
 * **Revival.** A drained replica is tried again by one request once :data:`REVIVE_S` seconds have passed: if it
   answers, it is live again (a restarted server rejoins the run); if not, it is drained again.
 * **All down.** When every replica is drained, a request fails at once with one ``LLMError`` naming each replica
@@ -56,6 +59,9 @@ class Replica:
     """Requests of this set sent to it and not yet answered (those waiting for its ``max_inflight`` slot included)."""
     answered: int = 0
     """Requests it answered."""
+    progress_at: float = 0.0
+    """When it last answered, or went from no request in flight to one (``time.monotonic``): with requests in flight
+    and no progress for the spec's ``timeout``, it is stalled (:meth:`ReplicaBackend.pick`)."""
     drained: str | None = None
     """Why no request goes to it (its error, without the model and URL); None while it is live."""
     drained_at: float = 0.0
@@ -101,17 +107,22 @@ class ReplicaBackend:
                 "replicas": len(self.replicas)}
 
     def pick(self, tried=()) -> Replica | None:
-        """The replica the next request goes to: of the live ones not in ``tried``, the one with fewest requests in
-        flight (ties taken in turn); else a drained one whose :attr:`revive_s` has passed and that nobody is trying
-        (it is tried again); else None."""
+        """The replica the next request goes to: a drained one whose :attr:`revive_s` has passed and that nobody is
+        trying (it is tried again); else, of the live ones not in ``tried``, the one with fewest requests in flight
+        (ties taken in turn), one that is stalled (requests in flight, and neither an answer nor a first request for
+        the spec's ``timeout``: a hung server, whose requests the bus's deadline cancels before they can time out)
+        only where all are; else None."""
         count = len(self.replicas)
         start = self._turn
-        best = None
+        now = time.monotonic()
+        stall = self.options.timeout
+        best, best_key = None, None
         for k in range(count):
             replica = self.replicas[(start + k) % count]
-            if replica.drained is None and replica not in tried and (best is None or replica.in_flight < best.in_flight):
-                best = replica
-        now = time.monotonic()
+            if replica.drained is None and replica not in tried:
+                key = (replica.in_flight > 0 and now - replica.progress_at > stall, replica.in_flight)
+                if best is None or key < best_key:
+                    best, best_key = replica, key
         for k in range(count):
             replica = self.replicas[(start + k) % count]
             if (replica.drained is not None and not replica.probing and replica not in tried
@@ -161,6 +172,8 @@ class ReplicaBackend:
                     raise self.all_down()
                 raise failure
             tried.append(replica)
+            if replica.in_flight == 0:
+                replica.progress_at = time.monotonic()
             replica.in_flight += 1
             probing = replica.probing
             try:
@@ -185,7 +198,8 @@ class ReplicaBackend:
                         self.drain(replica, str(error))
                     failure = error
                     continue
-                if probing and error.status is not None:  # it answered: it is there, and the request was at fault
+                if error.status is not None:  # it answered: it is there, and the request was at fault
+                    replica.progress_at = time.monotonic()
                     self._revive(replica)
                 elif probing:
                     self.drain(replica, str(error))
@@ -195,6 +209,7 @@ class ReplicaBackend:
                 if probing:
                     replica.probing = False
             replica.answered += 1
+            replica.progress_at = time.monotonic()
             self._revive(replica)
             return completion
 

@@ -110,6 +110,19 @@ def test_the_pick_is_the_fewest_in_flight_and_ties_go_in_turn():
     assert backend.pick(tried=[a, c]) is None
 
 
+def test_a_stalled_replica_gets_a_request_only_when_every_live_one_is_stalled():
+    backend = replicas("http://a:1/v1", "http://b:2/v1", timeout=5.0)
+    a, b = backend.replicas
+    now = time.monotonic()
+    a.in_flight, a.progress_at = 1, now - 6.0  # a hung server: one request out, nothing back for 6 s > timeout
+    b.in_flight, b.progress_at = 3, now - 1.0  # busier, but answering
+    assert [backend.pick() for _ in range(3)] == [b, b, b]
+    b.progress_at = now - 7.0
+    assert backend.pick() is a  # both stalled: fewest in flight again
+    a.progress_at = now
+    assert backend.pick() is a
+
+
 async def test_concurrent_requests_are_spread_evenly(closing, client):
     async with FakeOpenAI(lambda body: ANSWER, latency=0.2) as one, FakeOpenAI(lambda body: ANSWER, latency=0.2) as two:
         backend = replicas(one.url, two.url, client=client)

@@ -288,6 +288,16 @@ def test_a_run_whose_replica_stops_mid_run_finishes_every_episode_once(tmp_path)
     assert [line["base_url"] for line in drained] == [one.url] and "cannot reach the server" in drained[0]["reason"]
 
 
+def test_a_run_whose_replicas_are_all_down_stops_before_any_episode_with_one_line(tmp_path, capsys):
+    from negotiate.cli import main
+
+    urls = dead_url(), dead_url()
+    code = main(["serve", "--seller", f"openai:m@{urls[0]}|{urls[1]}", "--episodes", "2", "--out", str(tmp_path / "r"), "--quiet"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("negotiate serve: error: --seller: ") and "all 2 replicas are down" in last, last
+    assert all(f"{url}: cannot reach the server" in last for url in urls) and not (tmp_path / "r").exists()
+
+
 # -- two real llama.cpp servers ----------------------------------------------------------------------------
 
 

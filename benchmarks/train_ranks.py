@@ -94,8 +94,8 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         traces = teacher(Path(tmp) / "teacher", args.markets)
-        for processes, threads in parse_runs(args.runs):
-            row = train(args.model, traces, Path(tmp) / f"sft-{processes}x{threads}", processes=processes, threads=threads,
+        for k, (processes, threads) in enumerate(parse_runs(args.runs)):
+            row = train(args.model, traces, Path(tmp) / f"sft-{k}-{processes}x{threads}", processes=processes, threads=threads,
                         batch=args.batch, steps=args.steps, warmup=args.warmup, sets=args.sets)
             results.append(row)
             print(f"{processes} process(es) x {threads} thread(s): {row['decisions_per_s']:.3f} decisions/s "

@@ -260,6 +260,53 @@ async def test_replay_steps_and_switches_episodes(trace, monkeypatch):
         await until(pilot, lambda: screen.index == 1)
 
 
+def _plain(renderable, width: int = 120) -> str:
+    console = Console(width=width, file=io.StringIO(), record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
+async def test_replay_draws_a_step_once_and_shows_what_a_whole_redraw_shows(trace, monkeypatch):
+    """Issue 44: a key draws the step it shows (and the two whose current-step mark moves), not every step again; what
+    is on screen is, line for line, what drawing every shown step afresh gives, after steps forward and back,
+    thoughts hidden, and another episode."""
+    drawn = []
+    episodes = load_trace(trace)
+    app = NegotiateApp.replay(episodes, str(trace))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        transcript = screen.query_one("#transcript")
+        real = transcript.show_steps
+
+        def counted(shown, draw, key):
+            return real(shown, lambda k, current: (drawn.append((k, current)), draw(k, current))[1], key)
+
+        monkeypatch.setattr(transcript, "show_steps", counted)
+
+        def afresh() -> str:  # every shown step drawn again, the last one marked
+            return "".join(_plain(screen.step_table(k, k == screen.step - 1)) for k in range(screen.step))
+
+        for keys, step in ((("right",) * 4, 4), (("left",), 3), (("right",), 4), (("t",), 4), (("home",), 0), (("end",), None)):
+            drawn.clear()
+            await pilot.press(*keys)
+            want = len(episodes[screen.index].steps) if step is None else step
+            await until(pilot, lambda: screen.step == want)
+            await pilot.pause()
+            assert _plain(transcript.shown()) == afresh()
+            if keys == ("left",):
+                assert sorted(drawn) == [(2, True), (3, False)]  # the mark moves; nothing else is drawn
+            if keys == ("right",):
+                assert sorted(drawn) == [(2, False), (3, True)]  # step 4 is shown again as it was drawn
+        assert len(transcript.query(".step")) == len(episodes[0].steps)
+        await pilot.press("n")
+        await until(pilot, lambda: screen.index == 1)
+        await pilot.press("right")
+        await until(pilot, lambda: screen.step == 1)
+        await pilot.pause()
+        assert len(transcript.query(".step")) == 1 and _plain(transcript.shown()) == afresh()
+
+
+
 async def test_replay_shows_model_text_literally(trace):
     app = NegotiateApp.replay(load_trace(trace), str(trace))
     async with app.run_test(size=SIZE) as pilot:
@@ -268,7 +315,7 @@ async def test_replay_shows_model_text_literally(trace):
         text = screen_text(app)
         assert SHOWN in text and "[link=http://x]click[/link]" in text
         assert "\x1b" not in text and "\x07" not in text
-        body = app.screen.query_one("#transcript .body").content
+        body = app.screen.query_one("#transcript").shown()
         shown = [(segment.text, str(segment.style)) for segment in app.console.render(body)]
         assert any(SHOWN in text for text, _ in shown) and not any("bold red" in style for _, style in shown)
 
@@ -286,9 +333,9 @@ async def test_replay_wraps_long_lines_under_their_text(trace, tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("right")
         await until(pilot, lambda: "word0" in screen_text(app))
-        body = app.screen.query_one("#transcript .body")
-        console = Console(width=body.content_size.width, file=io.StringIO(), record=True)
-        console.print(body.content)
+        transcript = app.screen.query_one("#transcript")
+        console = Console(width=transcript.query_one(".step").content_size.width, file=io.StringIO(), record=True)
+        console.print(transcript.shown())
         rows = console.export_text().splitlines()
         talk = [row for row in rows if "word" in row]
         thought = [row for row in rows if "idea" in row]
@@ -399,7 +446,7 @@ async def test_replay_viewer_cuts_a_100_kb_reply_with_a_marker(trace, tmp_path):
     app = NegotiateApp.replay(load_trace(path), str(path))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("right")
-        body = app.screen.query_one("#transcript .body").content
+        body = app.screen.query_one("#transcript").shown()
         console = Console(width=200, file=io.StringIO(), record=True)
         console.print(body)
         text = console.export_text()

@@ -9,6 +9,7 @@ timer, and switch episode; the list and the transcript work with the mouse too.
 from __future__ import annotations
 
 from rich.cells import cell_len
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -57,6 +58,43 @@ def _hanging(line: str, style: str) -> Text | Table:
     return cell
 
 
+class Steps(Conversation):
+    """The replay's transcript: one widget a step, made when first shown and hidden when stepped back over, so a key
+    draws the step it shows or hides and the two marked as current, not the whole transcript again (a redraw of
+    every step took 0.3 s a key at 1 KB fields on a busy machine, and grew with the steps shown)."""
+
+    def __init__(self, placeholder: str = "", **kwargs) -> None:
+        super().__init__(placeholder, **kwargs)
+        self._steps: list[Static] = []
+        self._key: object = None
+        self._current = -1
+
+    def show_steps(self, shown: int, draw, key: object) -> None:
+        """Show steps ``0 .. shown - 1``, each drawn by ``draw(k, current)`` once (again when it becomes or stops
+        being the current step); ``key`` changes when every step must be drawn afresh (another episode, thoughts)."""
+        if key != self._key:
+            for widget in self._steps:
+                widget.remove()
+            self._steps, self._key, self._current = [], key, -1
+        new = [Static(draw(k, k == shown - 1), classes="step") for k in range(len(self._steps), shown)]
+        if self._current != shown - 1:
+            for k in (self._current, shown - 1):
+                if 0 <= k < len(self._steps):
+                    self._steps[k].update(draw(k, k == shown - 1))
+            self._current = shown - 1
+        self._steps += new
+        if new:
+            self.mount_all(new)
+        for k, widget in enumerate(self._steps):
+            widget.display = k < shown
+        self.query_one(".body", Static).display = shown == 0
+        self.call_after_refresh(self.scroll_end, animate=False)
+
+    def shown(self) -> Group:
+        """What the steps shown draw, first to last (for a test, or a copy)."""
+        return Group(*(widget.content for widget in self._steps if widget.display))
+
+
 class ReplayScreen(Screen):
     """Step through the episodes of one trace file."""
 
@@ -81,8 +119,8 @@ class ReplayScreen(Screen):
     """Seconds between steps while autoplay runs."""
     field_limit: int | None = 1000
     """Characters of a talk, thought or raw reply drawn (about 17 lines of the transcript at 80 columns), the rest cut
-    with a marker: every key redraws the transcript, and 100 KB fields drawn whole took 2.8 s a key, cut at 4000
-    characters 0.25 s, at 1000 0.16 s, where 1 KB fields take 0.14 s (``benchmarks/bench_replay.py``)."""
+    with a marker: a step is drawn when it is first shown (:class:`Steps`), and 100 KB fields drawn whole take 1.3 s
+    a key, cut at 4000 characters 0.18 s, at 1000 0.13 s, as 1 KB fields do (``benchmarks/bench_replay.py``)."""
 
     def __init__(self, episodes: list[Recorded], source: str, index: int = 0) -> None:
         super().__init__()
@@ -97,6 +135,8 @@ class ReplayScreen(Screen):
         self.ready = False
         """True once mounted: keys that arrive earlier are ignored."""
         self._timer = None
+        self._market_drawn: tuple | None = None
+        """The episode and deals the market table last showed."""
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -107,7 +147,7 @@ class ReplayScreen(Screen):
                 yield DataTable(id="market", cursor_type="none", zebra_stripes=True, cell_padding=0)
                 yield Static(id="score")
             with Vertical(id="right"):
-                yield Conversation("Press → to play the first message.", id="transcript")
+                yield Steps("Press → to play the first message.", id="transcript")
                 yield PriceChart(id="chart")
         yield Footer()
 
@@ -159,13 +199,28 @@ class ReplayScreen(Screen):
                             [("", 3), ("cost", self._width)] + [(b, self._width) for b in episode.buyer_ids]))
         best = episode.opt()
         self._opt_pairs = best[1] if best else frozenset()
+        self._market_drawn = None  # its rows were cleared with its columns
         self.draw()
+
+    def step_table(self, k: int, current: bool) -> Table:
+        """Step ``k`` of the episode as the transcript draws it: its lines, marked when it is the current step."""
+        lines = Table.grid(expand=True)
+        lines.add_column(width=1, no_wrap=True)
+        lines.add_column(ratio=1)
+        mark = Text("▌" if current else " ", style="bold magenta")
+        for event in self.episode.steps[k]:
+            for style, line in event_lines(event, thoughts=self.thoughts, arrow="→", limit=self.field_limit):
+                lines.add_row(mark, _hanging(line, style))
+        return lines
 
     def _draw_market(self) -> None:
         episode = self.episode
         table = self.query_one("#market", DataTable)
         table.clear()
         dealt = {(clean(e.buyer), clean(e.product)) for step in episode.steps[: self.step] for e in step if isinstance(e, DealEvent)}
+        if (self.index, dealt) == self._market_drawn:
+            return  # deals are rare: most keys leave the market table as it was
+        self._market_drawn = (self.index, dealt)
         buyers = [b for b in episode.market.get("buyers", []) if isinstance(b, dict)]
         for j, product in enumerate(p for p in episode.market.get("products", []) if isinstance(p, dict)):
             pid = clean(product.get("id", "?"))
@@ -181,17 +236,9 @@ class ReplayScreen(Screen):
     def draw(self) -> None:
         episode = self.episode
         steps = episode.steps
-        lines = Table.grid(expand=True)
-        lines.add_column(width=1, no_wrap=True)
-        lines.add_column(ratio=1)
-        for k, step in enumerate(steps[: self.step]):
-            mark = Text("▌" if k == self.step - 1 else " ", style="bold magenta")
-            for event in step:
-                for style, line in event_lines(event, thoughts=self.thoughts, arrow="→", limit=self.field_limit):
-                    lines.add_row(mark, _hanging(line, style))
-        transcript = self.query_one("#transcript", Conversation)
+        transcript = self.query_one("#transcript", Steps)
         transcript.border_title = esc(f"Step {self.step} of {len(steps)}" + ("  ▶ playing" if self.playing else ""))
-        transcript.show(lines if lines.row_count else None)
+        transcript.show_steps(self.step, self.step_table, (self.index, self.thoughts, self.field_limit))
         points, deals = price_points(steps[: self.step])
         market = episode.market
         low, high = market.get("price_low", 0), market.get("price_high", 1)

@@ -27,7 +27,7 @@ Spec grammar (``--seller`` / ``--buyers``; see ``negotiate.agents.registry``)::
 ``client``       ``http`` (our own lean HTTP/1.1 client, the default), ``aiohttp`` (our requests over
                  an aiohttp session) or ``openai`` (the openai package)
 ``max_answer_mb`` MiB an answer's body may have, as sent and inflated (default 8); past it the
-                 request fails at once (http and aiohttp clients)
+                 request fails at once (every client)
 
 The API key is read from the environment, never from the spec: specs are written into
 traces. One HTTP client is shared per (base URL, key) and event loop in a run's pools
@@ -55,7 +55,8 @@ An error of a server that is not there (refused, reset, down) has ``unreachable`
 several replicas (``URL|URL``) drains that one and sends the request to another
 (:mod:`negotiate.agents.replicas`, one :class:`OpenAIBackend` per replica).
 
-Whatever a server sends, our two clients stay bounded and strict alike (issue 44): an answer's body
+Whatever a server sends, our two clients stay bounded and strict alike (issue 44; ``client=openai`` reads its
+answer under the same cap, through the openai client's streamed body): an answer's body
 is capped as it arrives (``max_answer_mb``; :class:`~negotiate.agents.http1.AnswerTooLarge`, not
 retried), neither client asks for compression and both inflate gzip or deflate under the same cap
 (:func:`~negotiate.agents.http1.inflate`; aiohttp's own inflating is off), a connection is reused
@@ -516,10 +517,19 @@ CONNECTIONS = 4096
 """Connection pool size of a shared client; ``max_inflight`` is the real bound."""
 
 
+def _openai_httpx():
+    """The HTTP package the installed openai client is built on: ``httpx`` (openai 2) or ``httpx2`` (openai 3); its
+    timeouts and responses must be that package's own."""
+    import openai._base_client as base
+
+    return getattr(base, "httpx2", None) or base.httpx
+
+
 def _openai_client(base_url: str, key: str):
     try:
-        import httpx2
         import openai
+
+        httpx2 = _openai_httpx()
     except ImportError:
         raise LLMError(f"client=openai needs the openai client: {LLM_INSTALL}") from None
     limits = httpx2.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS, keepalive_expiry=30.0)
@@ -597,12 +607,13 @@ def _refused(error: BaseException) -> BaseException | None:
     that is down as ``APITimeoutError``; the cause chain still holds the truth.
     """
     seen: set[int] = set()
-    while error is not None and id(error) not in seen:
+    found = None
+    while error is not None and id(error) not in seen:  # the innermost: aiohttp's ClientConnectorError wraps the OS's
         seen.add(id(error))
         if isinstance(error, OSError) and not isinstance(error, TimeoutError):
-            return error
-        error = error.__cause__
-    return None
+            found = error
+        error = error.__cause__ or getattr(error, "os_error", None)
+    return found
 
 
 class OpenAIBackend:
@@ -876,13 +887,21 @@ class OpenAIBackend:
 
     # -- client=openai: the openai package's client ---------------------------------------------
 
+    async def _read_openai(self, response) -> bytes:
+        return await _read_capped(response, self._limit)
+
     async def _post_openai(self, shared: _Shared, payload: bytes, where: str) -> tuple[dict, int, float]:
-        import httpx2
         import openai
+
+        httpx2 = _openai_httpx()
+
+        from negotiate.agents.http1 import AnswerTooLarge, BrokenAnswer
 
         o = self.options
         client = shared.client
-        request_options = {"timeout": httpx2.Timeout(o.timeout, connect=min(o.timeout, 10.0)), "max_retries": o.retries}
+        # identity: as our other clients, ask for no compression (a gzip answer is still inflated, under the cap)
+        request_options = {"timeout": httpx2.Timeout(o.timeout, connect=min(o.timeout, 10.0)), "max_retries": o.retries,
+                           "headers": {"Accept-Encoding": "identity"}}
         # The client's timeout bounds each read; this bounds the whole call, retries and backoff included.
         deadline = o.timeout * (o.retries + 1) + 8.0 * o.retries + 1.0
         async with shared.limiter:
@@ -891,8 +910,29 @@ class OpenAIBackend:
                 with anyio.fail_after(deadline):
                     # The client's low-level post: its retries, backoff and errors, without the typed
                     # parameter transform of chat.completions.create (a millisecond of CPU per request here).
-                    response = await client.post("/chat/completions", content=payload, cast_to=httpx2.Response, options=request_options)
-                data = orjson.loads(response.content)
+                    # stream=True: the body is ours to read, under the cap (the client would read it whole).
+                    streamed = await client.post("/chat/completions", content=payload, cast_to=httpx2.Response,
+                                                 options=request_options, stream=True, stream_cls=openai.AsyncStream[dict])
+                    response = getattr(streamed, "response", streamed)  # openai 3 wraps it in the stream class
+                    try:
+                        body = await self._read_openai(response)
+                    except BaseException:
+                        # Not back to the pool: the unread rest of this answer would meet the next request.
+                        stream = getattr(response, "stream", None)
+                        stream = getattr(stream, "_stream", stream)  # httpx's BoundAsyncStream around the transport's
+                        raw = getattr(stream, "_aiohttp_response", None)
+                        if raw is not None:
+                            raw.close()
+                        raise
+                    finally:
+                        await response.aclose()
+                data = orjson.loads(body)
+            except AnswerTooLarge as error:  # the same answer again would be as large: not retried
+                raise LLMError(f"{where}: {error} (the spec's max_answer_mb={o.max_answer_mb:g} raises it)") from None
+            except BrokenAnswer as error:
+                raise LLMError(f"{where}: the server's answer is broken ({error})") from None
+            except httpx2.HTTPError as error:  # the body broke off: the server went away mid-answer
+                raise LLMError(f"{where}: cannot reach the server ({type(error).__name__}: {error})", unreachable=True) from None
             except openai.APITimeoutError as error:
                 refused = _refused(error)
                 if refused is not None:
@@ -903,12 +943,29 @@ class OpenAIBackend:
             except openai.APIStatusError as error:
                 raise _status_error(error.status_code, _error_message(error), where, o) from None
             except openai.APIConnectionError as error:
-                cause = error.__cause__ or error
+                cause = _refused(error) or error.__cause__ or error
                 raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})", unreachable=True) from None
             except orjson.JSONDecodeError as error:
                 raise LLMError(f"{where}: the server's answer is not JSON ({error})") from None
             latency = time.perf_counter() - began
         return data, int(response.request.headers.get("x-stainless-retry-count", 0)), latency
+
+
+async def _read_capped(response, limit: int) -> bytes:
+    """An httpx response's body (``client=openai``), at most ``limit`` bytes as sent and inflated, as
+    :func:`read_bounded` reads aiohttp's."""
+    from negotiate.agents.http1 import AnswerTooLarge, inflate
+
+    length = response.headers.get("Content-Length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise AnswerTooLarge(limit)
+    parts, size = [], 0
+    async for chunk in response.aiter_raw():
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(limit)
+        parts.append(chunk)
+    return inflate(b"".join(parts), response.headers.get("Content-Encoding", "identity"), limit)
 
 
 def _status_error(status: int, message: str, where: str, o: OpenAIOptions) -> LLMError:

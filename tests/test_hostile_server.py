@@ -516,3 +516,54 @@ def answers(draw) -> bytes:
 def test_the_parser_agrees_with_h11_on_what_is_well_formed(answer, cuts):
     verdict = theirs(answer)
     assert ours(answer, cuts) == verdict, (answer, verdict)
+
+
+# -- client=openai: the openai package's client, held to the same cap ---------------------------------------------
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked", "close"])
+async def test_the_openai_client_fails_an_answer_over_the_cap_too(framing):
+    pytest.importorskip("httpx_aiohttp")
+    content = completion("x" * (CAP + 10))
+    if framing == "content-length":
+        answer = ok(content)
+    elif framing == "chunked":
+        pieces = [content[at:at + 4096] for at in range(0, len(content), 4096)]
+        answer = head("Transfer-Encoding: chunked") + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+    else:
+        answer = head() + content
+    async with Hostile(script(answer)) as server:
+        await fails(server, "openai", r"answer is over the cap of 65536 bytes \(the spec's max_answer_mb=0.0625 raises it\)",
+                    max_answer_mb=CAP_MB)
+        assert len(server.bodies) == 1  # not retried
+    # Raised, the same answer passes (a server of its own: this one closes its connections without saying so, a race
+    # aiohttp's pool, under the openai client, loses once).
+    async with Hostile(script(answer)) as server:
+        with anyio.fail_after(10):
+            reply = await backend(server, "openai", max_answer_mb=1).complete(ask(), role="seller")
+    assert reply.text == "x" * (CAP + 10)
+    assert b"accept-encoding: identity" in server.heads[-1].lower()  # it asks for no compression
+
+
+async def test_the_openai_client_stops_reading_100_gb_of_zeros_and_a_gzip_bomb_at_the_cap():
+    pytest.importorskip("httpx_aiohttp")
+    sent = []
+
+    async def zeros(index: int, body: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(head("Content-Length: 100000000000"))
+        block = bytes(65536)
+        for _ in range(1024):
+            writer.write(block)
+            sent.append(len(block))
+            await writer.drain()
+        return False
+
+    async with Hostile(zeros) as server:
+        await fails(server, "openai", "over the cap of 65536 bytes", max_answer_mb=CAP_MB)
+    assert sum(sent) < 32 * 2**20
+    bomb = gzip.compress(bytes(16 * 2**20), compresslevel=9)
+    async with Hostile(script(ok(bomb, "Content-Encoding: gzip"))) as server:
+        await fails(server, "openai", r"gzip answer, inflated, is over the cap of 65536 bytes", max_answer_mb=CAP_MB)
+    async with Hostile(script(ok(gzip.compress(completion("zipped")), "Content-Encoding: gzip"), keep=True)) as server:
+        with anyio.fail_after(10):
+            assert (await backend(server, "openai").complete(ask(), role="seller")).text == "zipped"

@@ -162,16 +162,20 @@ CAP_MB = 0.0625
 CAP = int(CAP_MB * 2**20)
 
 
-@pytest.mark.parametrize("framing", ["content-length", "chunked", "close"])
-async def test_an_answer_over_the_cap_fails_naming_the_cap_and_the_key(client, framing):
+def over_the_cap(framing: str) -> bytes:
+    """A completion 10 bytes over the test's cap, framed by Content-Length, chunks, or the connection's close."""
     content = completion("x" * (CAP + 10))
     if framing == "content-length":
-        answer = ok(content)
-    elif framing == "chunked":
+        return ok(content)
+    if framing == "chunked":
         pieces = [content[at:at + 4096] for at in range(0, len(content), 4096)]
-        answer = head("Transfer-Encoding: chunked") + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
-    else:
-        answer = head() + content
+        return head("Transfer-Encoding: chunked") + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+    return head() + content
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked", "close"])
+async def test_an_answer_over_the_cap_fails_naming_the_cap_and_the_key(client, framing):
+    answer = over_the_cap(framing)
     async with Hostile(script(answer)) as server:
         await fails(server, client, r"answer is over the cap of 65536 bytes \(the spec's max_answer_mb=0.0625 raises it\)",
                     max_answer_mb=CAP_MB)
@@ -524,14 +528,7 @@ def test_the_parser_agrees_with_h11_on_what_is_well_formed(answer, cuts):
 @pytest.mark.parametrize("framing", ["content-length", "chunked", "close"])
 async def test_the_openai_client_fails_an_answer_over_the_cap_too(framing):
     pytest.importorskip("httpx_aiohttp")
-    content = completion("x" * (CAP + 10))
-    if framing == "content-length":
-        answer = ok(content)
-    elif framing == "chunked":
-        pieces = [content[at:at + 4096] for at in range(0, len(content), 4096)]
-        answer = head("Transfer-Encoding: chunked") + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
-    else:
-        answer = head() + content
+    answer = over_the_cap(framing)
     async with Hostile(script(answer)) as server:
         await fails(server, "openai", r"answer is over the cap of 65536 bytes \(the spec's max_answer_mb=0.0625 raises it\)",
                     max_answer_mb=CAP_MB)

@@ -560,7 +560,7 @@ def test_offline_grpo_from_collected_groups_and_the_checkpoint_plays_as_a_seller
     from negotiate.training.trainer import train
 
     cfg = config(tiny, tmp_path / "grpo", method="offline-grpo", traces=(str(traces / "run"),), seller="random", min_group=3,
-                 max_steps=3, kl_beta=0.05, eval_episodes=2, eval_split=str(traces / "small.toml"))
+                 max_steps=3, kl_beta=0.05, eval_episodes=2, eval_splits=str(traces / "small.toml"))
     summary = train(cfg)
     assert summary["data"]["examples"] > 0 and [e["step"] for e in summary["evals"]] == [0, 3]
     rows = [orjson.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_bytes().splitlines()]
@@ -776,11 +776,11 @@ def test_an_unknown_eval_split_is_refused_under_its_own_flag_before_the_traces_a
     spec = tmp_path / "bad.toml"
     spec.write_text('split = "nosuch"\n')
     for split, message in [
-        ("nosuch", "--set: eval_split: 'nosuch': unknown split; choose from train"),
-        (str(tmp_path), f"--set: eval_split: '{tmp_path}': is a folder; give a split or a .toml spec file"),
+        ("nosuch", "--set: eval_splits: 'nosuch': unknown split; choose from train"),
+        (str(tmp_path), f"--set: eval_splits: '{tmp_path}': is a folder; give a split or a .toml spec file"),
         (str(spec), f"{spec}: split: 'nosuch': unknown split"),
     ]:
-        argv = ["train", "--traces", str(traces / "run"), "--set", f"eval_split={split}", "--eval-episodes", "1", "--out", str(tmp_path / "o")]
+        argv = ["train", "--traces", str(traces / "run"), "--set", f"eval_splits={split}", "--eval-episodes", "1", "--out", str(tmp_path / "o")]
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
@@ -869,3 +869,13 @@ def test_the_gpu_benchmark_times_training_and_generation_on_any_device(tiny, tmp
 
     assert AutoConfig.from_pretrained(saved).to_dict()["hidden_size"] == AutoConfig.from_pretrained(tiny).to_dict()["hidden_size"]
     assert any(saved.glob("*.safetensors")) and (saved / "tokenizer_config.json").is_file()
+
+
+def test_eval_splits_are_a_comma_separated_list_as_in_loop_and_eval_and_each_is_checked(tmp_path):
+    """Issue 44: one name for one idea: train's evaluation markets are --eval-splits, as loop's (and eval's --splits)."""
+    from negotiate.training.trainer import TrainConfig, eval_splits_of
+
+    config = TrainConfig(traces=("x",), out=str(tmp_path / "o"), eval_splits="train, shapes")
+    assert eval_splits_of(config) == ["train", "shapes"]
+    with pytest.raises(UserError, match="--eval-splits: 'nosuch': unknown split"):
+        TrainConfig(traces=("x",), out=str(tmp_path / "o"), eval_splits="train,nosuch").check()

@@ -1,7 +1,7 @@
 """``online-grpo``: TRL's GRPOTrainer, with a rollout function that plays real episodes in this runtime.
 
 The prompt dataset is a list of market instances (``market 17`` names market 17 of the run
-seeded ``config.seed`` on ``config.split``... or ``eval_split`` when no split is given).
+seeded ``config.seed`` on ``config.split``... or the first of ``eval_splits`` when no split is given).
 TRL repeats each prompt ``num_generations`` (= ``config.group``) times and calls
 :func:`rollout` with the repeated list; the rollout plays one full episode per entry with the
 policy's current weights as the seller (scripted buyers, the same for every repeat), and returns
@@ -37,8 +37,8 @@ from negotiate.trace import EpisodeRecord
 
 from negotiate.training.ranks import ONE, Ranks, from_env, gather, leave
 from negotiate.training.rewards import reward_fn
-from negotiate.training.trainer import MetricsLog, TrainConfig, evaluate_policy, load_policy, lora_config, play_episodes, save_policy
-from negotiate.training.trainer import summarize_episodes
+from negotiate.training.trainer import MetricsLog, TrainConfig, eval_splits_of, evaluate_splits, load_policy, lora_config, play_episodes
+from negotiate.training.trainer import save_policy, summarize_episodes
 
 __all__ = ["train_online", "make_rollout", "episode_reward", "market_prompts"]
 
@@ -126,7 +126,7 @@ def train_online(config: TrainConfig, *, progress=None) -> dict:
     if torch.cuda.is_available():
         torch.cuda.set_device(ranks.local % torch.cuda.device_count())  # load_policy's .to("cuda") lands on this rank's GPU
     began = time.perf_counter()
-    split = config.split or config.eval_split
+    split = config.split or eval_splits_of(config)[0]
     model, tokenizer = load_policy(config, wrap=False)
     if ranks.main:
         out.mkdir(parents=True, exist_ok=True)
@@ -168,9 +168,7 @@ def train_online(config: TrainConfig, *, progress=None) -> dict:
 
     def run_eval(step: int) -> None:
         if config.eval_episodes > 0:
-            played = evaluate_policy(trainer.model, tokenizer, config, out / "eval" / f"step-{step:05d}.jsonl",
-                                     episodes=config.eval_episodes, run_seed=config.eval_seed, split=config.eval_split, label=f"step-{step}",
-                                     ranks=ranks)
+            played = evaluate_splits(trainer.model, tokenizer, config, out / "eval", step, ranks)
             row = {"step": step, "eval": summarize_episodes(played, config.reward)}
             evals.append(row)
             metrics.write(row)

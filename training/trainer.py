@@ -125,7 +125,8 @@ class TrainConfig:
     threads: int | None = setting("torch threads, 1 or more (default: torch's choice)", default=None, flag=True)
     eval_episodes: int = setting("held-out episodes the policy plays before, during and after training (0: none)", default=0, flag=True)
     eval_every: int = setting("steps between evaluations (0: only before and after)", default=0)
-    eval_split: str = setting("split (or TOML spec) of the evaluation markets", default="train")
+    eval_splits: str = setting("comma-separated splits (or TOML specs) of the evaluation markets, as loop's and eval's",
+                               default="train")
     eval_buyers: str = setting("buyer spec in evaluation and rollouts", default="threshold")
     fresh: bool = setting("evaluation and rollouts: ask the policy for a message only once every scripted buyer has answered "
                         "its last one, so it decides on the state its message lands in (as serve --fresh)", default=False)
@@ -184,7 +185,8 @@ class TrainConfig:
         if self.method == "online-grpo" and self.batch_size % self.group:
             raise UserError(f"must be a multiple of --group ({self.group})", field="--batch-size", value=self.batch_size)
         self.check_ranks(from_env())
-        check_split(self.eval_split, "--eval-split")
+        for split in eval_splits_of(self):
+            check_split(split, "--eval-splits")
         if self.method == "online-grpo" and self.split is not None:  # the markets of the rollouts (a filter of traces otherwise)
             check_split(self.split, "--split")
 
@@ -580,6 +582,25 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
     return results
 
 
+def eval_splits_of(config: TrainConfig) -> list[str]:
+    """The evaluation splits of ``config.eval_splits`` (comma-separated, in order)."""
+    return [split.strip() for split in config.eval_splits.split(",") if split.strip()]
+
+
+def evaluate_splits(model, tokenizer, config: TrainConfig, folder: Path, step: int, ranks: Ranks = ONE) -> list:
+    """The policy's evaluation at ``step`` on each of ``--eval-splits`` (``--eval-episodes`` markets each): one trace
+    file each under ``folder`` (``step-NNNNN.jsonl`` where there is one split), the episodes pooled."""
+    from negotiate.runner import slug
+
+    splits = eval_splits_of(config)
+    played = []
+    for split in splits:
+        name = f"step-{step:05d}.jsonl" if len(splits) == 1 else f"step-{step:05d}-{slug(split)}.jsonl"
+        played += evaluate_policy(model, tokenizer, config, folder / name, episodes=config.eval_episodes,
+                                  run_seed=config.eval_seed, split=split, label=f"step-{step}", ranks=ranks)
+    return played
+
+
 def evaluate_policy(model, tokenizer, config: TrainConfig, out_file: Path, *, episodes: int, run_seed: int,
                     split: str, label: str = "policy", ranks: Ranks = ONE) -> list[list[dict]]:
     """Play ``episodes`` held-out episodes with the current weights; write their trace to ``out_file``. Under several
@@ -698,8 +719,7 @@ def _train_steps(config: TrainConfig, episodes: list[Episode], ranks: Ranks, *, 
     def run_eval(step: int) -> None:
         if config.eval_episodes <= 0:
             return
-        played = evaluate_policy(model, tokenizer, config, out / "eval" / f"step-{step:05d}.jsonl", episodes=config.eval_episodes,
-                                 run_seed=config.eval_seed, split=config.eval_split, label=f"step-{step}", ranks=ranks)
+        played = evaluate_splits(model, tokenizer, config, out / "eval", step, ranks)
         row = {"step": step, "eval": summarize_episodes(played, config.reward)}
         evals.append(row)
         metrics.write(row)

@@ -923,6 +923,7 @@ def main(argv: list[str] | None = None) -> int:
         commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     console = Console()
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' loading bars: the screen is ours
     args.console_level = _console_level(args)
     configure(None, console_level=args.console_level)
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None

@@ -58,6 +58,7 @@ def configure(log_file: Path | None = None, *, console_level: int = logging.INFO
             foreign_pre_chain=pre_chain,
         ))
         root.addHandler(to_file)
+    _third_party(root.handlers[-1] if log_file is not None else None, pre_chain)
     structlog.configure(
         processors=[structlog.stdlib.filter_by_level, structlog.stdlib.add_logger_name, *pre_chain,
                     structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
@@ -65,6 +66,34 @@ def configure(log_file: Path | None = None, *, console_level: int = logging.INFO
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
+
+
+THIRD_PARTY_CONSOLE = logging.ERROR
+"""The least severe line of another library (transformers, peft, torch, Python warnings) shown on the console; below
+it, its lines go to the run's log file only."""
+
+
+def _third_party(to_file: logging.Handler | None, pre_chain: list) -> None:
+    """Other libraries' log lines and Python warnings (``logging.captureWarnings``): warnings and up into the run's log
+    file, errors also on the console, so the screen shows the project's own progress (issue 44: peft's warnings and
+    model-loading bars flooded it). Their progress bars are off (``HF_HUB_DISABLE_PROGRESS_BARS``, set by the CLI)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "negotiate_third_party", False):
+            root.removeHandler(handler)
+            if handler is not to_file:
+                handler.close()
+    console = logging.StreamHandler(sys.stderr)
+    console.negotiate_third_party = True
+    console.setLevel(THIRD_PARTY_CONSOLE)
+    console.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
+    root.addHandler(console)
+    if to_file is not None:
+        to_file.negotiate_third_party = True
+        root.addHandler(to_file)
+    root.setLevel(logging.WARNING)
+    logging.captureWarnings(False)  # anew: whatever shows warnings now (a test's recorder, say) is what it replaces
+    logging.captureWarnings(True)
 
 
 class RequestLog:

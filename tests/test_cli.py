@@ -1104,3 +1104,32 @@ def test_an_error_fits_the_terminal_and_a_pipe_gets_it_on_one_line(tmp_path, col
     piped = tmp_path / "piped.txt"
     with open(piped, "w") as stream:
         assert for_screen(line, stream) == line
+
+
+def test_other_libraries_warnings_go_to_the_run_log_and_only_their_errors_to_the_screen(tmp_path, capsys):
+    """Issue 44: peft's warnings and transformers' lines flooded the screen. Another library's warnings (Python's
+    warnings module and its loggers) go to the run's log file; its errors also reach the console; ours are unchanged."""
+    import logging
+    import warnings
+
+    from negotiate.logs import configure
+
+    log = tmp_path / "run.log.jsonl"
+    configure(log, console_level=logging.INFO)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("peft: the adapter has no config", UserWarning)
+        logging.getLogger("transformers.modeling_utils").warning("some weights were not used")
+        logging.getLogger("transformers.modeling_utils").error("the model could not be loaded")
+        logging.getLogger("negotiate.cli").info("our own line")
+    finally:
+        configure(None, console_level=logging.WARNING)
+        logging.captureWarnings(False)
+    err = capsys.readouterr().err
+    assert "peft: the adapter has no config" not in err and "some weights were not used" not in err
+    assert "transformers.modeling_utils: ERROR: the model could not be loaded" in err and "our own line" in err
+    lines = [orjson.loads(line) for line in log.read_text().splitlines()]
+    said = [line["event"] for line in lines]
+    assert any("peft: the adapter has no config" in event for event in said)
+    assert "some weights were not used" in said and "the model could not be loaded" in said and "our own line" in said

@@ -696,10 +696,14 @@ class OpenAIBackend:
         payload = orjson.dumps(self.request(messages, role=role, seed=seed, constraint=constraint))  # serialized once, by orjson
         try:
             try:
-                if o.client == "openai":
-                    data, retries, latency = await self._post_openai(shared, payload, where)
-                else:
-                    data, retries, latency = await self._post(shared, payload, where)
+                waiting = pools.requests.begin()  # the run's progress line counts the requests that keep it waiting
+                try:
+                    if o.client == "openai":
+                        data, retries, latency = await self._post_openai(shared, payload, where)
+                    else:
+                        data, retries, latency = await self._post(shared, payload, where)
+                finally:
+                    pools.requests.end(waiting)
             except LLMTimeout:
                 self.timeouts_in_a_row += 1
                 if self.timeouts_in_a_row >= DOWN_AFTER and self.down is None:  # one reason for every later request

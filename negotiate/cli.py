@@ -33,7 +33,8 @@ from pathlib import Path
 import structlog
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.table import Table
 from rich.text import Text
 
@@ -403,6 +404,26 @@ def _print_command(console: Console, label: str, *words: str) -> None:
     console.print(Text("  " + _command_line(*words)), soft_wrap=True, highlight=False)
 
 
+class SlowRequests(ProgressColumn):
+    """The model requests of this process that have waited more than :data:`SLOW_AFTER` seconds, and the longest
+    wait, redrawn with the bar (several times a second), so a server that is slow or gone shows before any episode
+    ends (issue 44: a run against a server that never answered was silent for 30 s and more)."""
+
+    def __init__(self, requests) -> None:
+        super().__init__()
+        self.requests = requests
+
+    def render(self, task) -> Text:
+        count, longest = self.requests.slow(SLOW_AFTER)
+        if not count:
+            return Text("")
+        return Text(f"{count} request{'s' * (count != 1)} waiting, the longest {longest:.0f} s", style="yellow")
+
+
+SLOW_AFTER = 5.0
+"""Seconds a model request waits before the progress line counts it."""
+
+
 def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, console: Console, label: str,
              log_file: Path | None, pools: Pools) -> tuple[int, float, int | None]:
     """Play every pending job of ``runs`` under one progress bar (in ``--workers`` processes), each one
@@ -410,8 +431,8 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
     interruption or None)."""
     total = sum(len(p.jobs) for p, _ in runs)
     progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                        TextColumn("[red]{task.fields[failed]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-                        disable=args.quiet, transient=False)
+                        TextColumn("[red]{task.fields[failed]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                        SlowRequests(pools.requests), console=console, disable=args.quiet, transient=False)
     began = time.perf_counter()
     counter = {"n": 0, "failed": 0}
     with progress:

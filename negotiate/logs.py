@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -109,6 +110,24 @@ class RequestLog:
     def __init__(self) -> None:
         self.logger = None
         self._file = None
+        self._waiting: dict[int, float] = {}
+        """Requests in flight: a number each, and when it began (``time.monotonic``)."""
+        self._next = 0
+
+    def begin(self) -> int:
+        """A request goes out; the number :meth:`end` takes when it is answered (or fails, or is cancelled)."""
+        self._next += 1
+        self._waiting[self._next] = time.monotonic()
+        return self._next
+
+    def end(self, number: int) -> None:
+        self._waiting.pop(number, None)
+
+    def slow(self, after: float = 5.0) -> tuple[int, float]:
+        """How many requests have waited more than ``after`` seconds, and the longest wait (0 and 0.0: none)."""
+        now = time.monotonic()
+        waits = [now - began for began in self._waiting.values() if now - began > after]
+        return len(waits), max(waits, default=0.0)
 
     def open(self, path: Path) -> None:
         self.close()

@@ -1133,3 +1133,27 @@ def test_other_libraries_warnings_go_to_the_run_log_and_only_their_errors_to_the
     said = [line["event"] for line in lines]
     assert any("peft: the adapter has no config" in event for event in said)
     assert "some weights were not used" in said and "the model could not be loaded" in said and "our own line" in said
+
+
+def test_the_progress_line_counts_model_requests_that_keep_the_run_waiting(monkeypatch):
+    """Issue 44: a run against a server that accepts and never answers was silent for 30 s and more. Each request
+    is counted from when it goes out to when it ends (answered, failed or cancelled); the progress line shows those
+    that have waited more than 5 s, and the longest wait, at every redraw."""
+    from negotiate import logs
+    from negotiate.cli import SlowRequests
+
+    clock = [100.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: clock[0])
+    requests = logs.RequestLog()
+    column = SlowRequests(requests)
+    first = requests.begin()
+    clock[0] = 103.0
+    second = requests.begin()
+    assert column.render(None).plain == ""  # 3 s and 0 s: none slow yet
+    clock[0] = 110.0
+    assert column.render(None).plain == "2 requests waiting, the longest 10 s"
+    requests.end(first)
+    assert column.render(None).plain == "1 request waiting, the longest 7 s"
+    requests.end(second)
+    requests.end(second)  # ended twice (a cancel after a failure): no harm
+    assert column.render(None).plain == "" and requests.slow() == (0, 0.0)

@@ -111,7 +111,9 @@ class TrainConfig:
     batch_size: int = setting("decisions per optimizer step", default=8, flag=True)
     micro_batch: int = setting("decisions per forward pass (they share one pass over their common prompt prefix); "
                              "gradients accumulate over the step", default=8)
-    bf16: bool = setting("compute in bfloat16 (torch.autocast; the weights and the optimizer stay float32)", default=False)
+    bf16: bool = setting("compute in bfloat16 (torch.autocast; the weights and the optimizer stay float32). Off unless set, so "
+                         "a run's numbers do not depend on the CPU; loop decides it from the machine and writes it here",
+                         default=False)
     lr: float = setting("AdamW learning rate", default=1e-4, flag=True)
     weight_decay: float = setting("AdamW weight decay", default=0.0)
     max_grad_norm: float = setting("clip the gradient's norm to this (above 0; inf: no clipping)", default=1.0)
@@ -133,7 +135,8 @@ class TrainConfig:
     eval_seed: int = setting("run seed of the evaluation markets (keep it apart from the training runs' seeds)", default=1_000_003)
     temperature: float = setting("sampling temperature in evaluation and rollouts, 0 to 2 (0: greedy, which online-grpo's "
                                "rollouts cannot be)", default=0.7)
-    max_tokens: int = setting("most tokens per seller reply in evaluation and rollouts", default=96)
+    max_tokens: int = setting("most tokens per seller reply in evaluation and rollouts (96 leaves room for a JSON reply; "
+                              "loop's tagged replies default to 48)", default=96)
     gen_batch: int = setting("replies generated together in evaluation and rollouts", default=16)
     markets: int = setting("online-grpo: markets in the prompt dataset", default=64)
     group: int = setting("online-grpo: episodes per market per step (GRPO's num_generations)", default=4)

@@ -64,7 +64,8 @@ class LoopConfig:
                               "or on a GPU: there 2.3x faster per decision than fp32; on an AVX2-only CPU 18.6x slower, "
                               "benchmarks/bench_decisions.py)", default=None)
     micro_batch: int = setting("decisions per training forward pass (they share one pass over their common prompt prefix)", default=8)
-    max_tokens: int = setting("most tokens per seller reply", default=48)
+    max_tokens: int = setting("most tokens per seller reply (the loop's tagged replies take about 34; train's default, 96, "
+                              "leaves room for JSON replies)", default=48)
     eval_splits: str = setting("comma-separated held-out splits or TOML specs",
                              default="specs/compact.toml,specs/compact-correlated.toml,specs/compact-shapes.toml", flag=True)
     eval_buyers: str = setting("comma-separated buyer specs; each is a column of held-out evaluations", default="threshold", flag=True)

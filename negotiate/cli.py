@@ -949,6 +949,7 @@ def main(argv: list[str] | None = None) -> int:
         commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     console = Console()
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' loading bars: the screen is ours
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # its logger prints through a handler of its own
     args.console_level = _console_level(args)
     configure(None, console_level=args.console_level)
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None

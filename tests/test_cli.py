@@ -1120,19 +1120,31 @@ def test_other_libraries_warnings_go_to_the_run_log_and_only_their_errors_to_the
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             warnings.warn("peft: the adapter has no config", UserWarning)
-        logging.getLogger("transformers.modeling_utils").warning("some weights were not used")
-        logging.getLogger("transformers.modeling_utils").error("the model could not be loaded")
+        # a library logger of no installed package: transformers, once imported, has a handler of its own (its
+        # verbosity is set to errors by the CLI: TRANSFORMERS_VERBOSITY, below)
+        logging.getLogger("somelib.modeling").warning("some weights were not used")
+        logging.getLogger("somelib.modeling").error("the model could not be loaded")
         logging.getLogger("negotiate.cli").info("our own line")
     finally:
         configure(None, console_level=logging.WARNING)
         logging.captureWarnings(False)
     err = capsys.readouterr().err
     assert "peft: the adapter has no config" not in err and "some weights were not used" not in err
-    assert "transformers.modeling_utils: ERROR: the model could not be loaded" in err and "our own line" in err
+    assert "somelib.modeling: ERROR: the model could not be loaded" in err and "our own line" in err
     lines = [orjson.loads(line) for line in log.read_text().splitlines()]
     said = [line["event"] for line in lines]
     assert any("peft: the adapter has no config" in event for event in said)
     assert "some weights were not used" in said and "the model could not be loaded" in said and "our own line" in said
+
+
+def test_the_command_line_turns_hugging_face_bars_and_warnings_down_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")  # a person's own choice stays
+    assert main(["splits"]) == 0
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and os.environ["TRANSFORMERS_VERBOSITY"] == "info"
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY")
+    assert main(["splits"]) == 0
+    assert os.environ["TRANSFORMERS_VERBOSITY"] == "error"
 
 
 def test_the_progress_line_counts_model_requests_that_keep_the_run_waiting(monkeypatch):

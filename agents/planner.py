@@ -228,7 +228,11 @@ class PlannerSeller(_Follower):
         Shape (len(rows), m, CELLS); masses are conditional on the pair's bounds, so a row
         sums to P(v >= floor | belief).
         """
-        lo, hi = self.lo[rows], self.hi[rows]
+        return self._masses(self.lo[rows], self.hi[rows], floor, top)
+
+    def _masses(self, lo: np.ndarray, hi: np.ndarray, floor: np.ndarray, top: np.ndarray) -> np.ndarray:
+        """:meth:`_cell_masses` of pairs with bounds ``lo`` and ``hi`` (whole rows of buyers where values are
+        correlated: a buyer's taste is read from all its bounds)."""
         frac = np.linspace(0.0, 1.0, CELLS + 1)
         edges = floor[..., None] + (top - floor)[..., None] * frac  # (r, m, CELLS+1)
         if not self.correlated:
@@ -261,7 +265,7 @@ class PlannerSeller(_Follower):
         lo, hi = self.lo[rows], self.hi[rows]
         floor = np.maximum(lo, self.costs[None, :])
         top = np.maximum(hi + 1.0, floor)
-        return self._programme(floor, top, self.costs[None, :], self._cell_masses(rows, floor, top), keep)
+        return self._programme(floor, top, self.costs[None, :], self._masses(lo, hi, floor, top), keep)
 
     def _pair_ladders(self, rows: np.ndarray, cols: np.ndarray, keep: tuple[int, ...]) -> dict:
         """:meth:`_ladders` of single pairs (uniform values: a pair's belief reads its own bounds alone), each
@@ -269,9 +273,7 @@ class PlannerSeller(_Follower):
         lo, hi, costs = self.lo[rows, cols][:, None], self.hi[rows, cols][:, None], self.costs[cols][:, None]
         floor = np.maximum(lo, costs)
         top = np.maximum(hi + 1.0, floor)
-        edges = floor[..., None] + (top - floor)[..., None] * np.linspace(0.0, 1.0, CELLS + 1)
-        mass = np.diff(edges, axis=-1) / np.maximum(hi - lo + 1.0, 1.0)[..., None]  # as _cell_masses does
-        return self._programme(floor, top, costs, mass, keep)
+        return self._programme(floor, top, costs, self._masses(lo, hi, floor, top), keep)
 
     def _programme(self, floor: np.ndarray, top: np.ndarray, costs: np.ndarray, mass: np.ndarray, keep: tuple[int, ...]) -> dict:
         """The ladder programme of :meth:`_ladders` on pairs with these floors, tops, costs (broadcast) and cell masses."""

@@ -67,6 +67,7 @@ reply text a trace keeps is cut at :data:`REPLY_MAX` characters, the cut noted i
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import math
 import os
@@ -472,18 +473,27 @@ async def read_bounded(response, limit: int) -> bytes:
     """An aiohttp response's body, at most ``limit`` bytes as sent (counted as it arrives, a larger
     ``Content-Length`` refused before a byte is read) and inflated (:func:`~negotiate.agents.http1.inflate`).
     Raises :class:`~negotiate.agents.http1.AnswerTooLarge` or ``BrokenAnswer``."""
+    async def chunks():
+        while chunk := await response.content.readany():
+            yield chunk
+
+    return await _capped(response.content_length, chunks(), response.headers.get("Content-Encoding", "identity"), limit)
+
+
+async def _capped(length: int | None, chunks, encoding: str, limit: int) -> bytes:
+    """A body of at most ``limit`` bytes as sent (``length``, its Content-Length, refused before a byte is read;
+    ``chunks`` counted as they arrive) and inflated: what every client reads an answer through."""
     from negotiate.agents.http1 import AnswerTooLarge, inflate
 
-    length = response.content_length
     if length is not None and length > limit:
         raise AnswerTooLarge(limit)
-    parts, size, content = [], 0, response.content
-    while chunk := await content.readany():
+    parts, size = [], 0
+    async for chunk in chunks:
         size += len(chunk)
         if size > limit:
             raise AnswerTooLarge(limit)
         parts.append(chunk)
-    return inflate(b"".join(parts), response.headers.get("Content-Encoding", "identity"), limit)
+    return inflate(b"".join(parts), encoding, limit)
 
 
 def _settling_connector():
@@ -517,6 +527,7 @@ CONNECTIONS = 4096
 """Connection pool size of a shared client; ``max_inflight`` is the real bound."""
 
 
+@functools.cache
 def _openai_httpx():
     """The HTTP package the installed openai client is built on: ``httpx`` (openai 2) or ``httpx2`` (openai 3); its
     timeouts and responses must be that package's own."""
@@ -891,9 +902,6 @@ class OpenAIBackend:
 
     # -- client=openai: the openai package's client ---------------------------------------------
 
-    async def _read_openai(self, response) -> bytes:
-        return await _read_capped(response, self._limit)
-
     async def _post_openai(self, shared: _Shared, payload: bytes, where: str) -> tuple[dict, int, float]:
         import openai
 
@@ -919,7 +927,7 @@ class OpenAIBackend:
                                                  options=request_options, stream=True, stream_cls=openai.AsyncStream[dict])
                     response = getattr(streamed, "response", streamed)  # openai 3 wraps it in the stream class
                     try:
-                        body = await self._read_openai(response)
+                        body = await _read_capped(response, self._limit)
                     except BaseException:
                         # Not back to the pool: the unread rest of this answer would meet the next request.
                         stream = getattr(response, "stream", None)
@@ -958,18 +966,9 @@ class OpenAIBackend:
 async def _read_capped(response, limit: int) -> bytes:
     """An httpx response's body (``client=openai``), at most ``limit`` bytes as sent and inflated, as
     :func:`read_bounded` reads aiohttp's."""
-    from negotiate.agents.http1 import AnswerTooLarge, inflate
-
     length = response.headers.get("Content-Length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise AnswerTooLarge(limit)
-    parts, size = [], 0
-    async for chunk in response.aiter_raw():
-        size += len(chunk)
-        if size > limit:
-            raise AnswerTooLarge(limit)
-        parts.append(chunk)
-    return inflate(b"".join(parts), response.headers.get("Content-Encoding", "identity"), limit)
+    return await _capped(int(length) if length is not None and length.isdigit() else None, response.aiter_raw(),
+                         response.headers.get("Content-Encoding", "identity"), limit)
 
 
 def _status_error(status: int, message: str, where: str, o: OpenAIOptions) -> LLMError:

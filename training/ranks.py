@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from negotiate.errors import UserError
 
-__all__ = ["Ranks", "from_env", "join", "leave", "share", "sum_gradients", "sum_floats", "gather", "barrier", "broadcast_parameters"]
+__all__ = ["Ranks", "from_env", "join", "leave", "share", "sum_gradients", "sum_floats", "gather", "broadcast_parameters"]
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def sum_gradients(params: Sequence, ranks: Ranks) -> None:
     offset = 0
     for p in params:
         n = p.numel()
-        p.grad = flat[offset : offset + n].view_as(p).clone()
+        p.grad = flat[offset : offset + n].view_as(p)  # views of the one summed buffer: no second copy
         offset += n
 
 
@@ -165,13 +165,6 @@ def gather(value, ranks: Ranks) -> list:
     out: list = [None] * ranks.world
     dist.all_gather_object(out, value)
     return out
-
-
-def barrier(ranks: Ranks) -> None:
-    if ranks.many:
-        import torch.distributed as dist
-
-        dist.barrier()
 
 
 def broadcast_parameters(params: Sequence, ranks: Ranks) -> None:

@@ -120,7 +120,7 @@ def write_report(out: Path, config: LoopConfig, state: State) -> None:
             pairs.append((trained[-1], teacher))
         table = results_table(rows, splits, pairs)
         headline = (f"The headline is the first paired row: {chain[-1]} against the best of the {len(rules)} fixed rules over the "
-                    f"prompt's scripted moves (those of {' and '.join(rules[:2] if len(rules) > 1 else rules)}; the best chosen on "
+                    f"prompt's scripted moves (those of {' and '.join(rules[:2])}; the best chosen on "
                     "these markets, which favours the rule).\n\n" if best is not None else "")
         sections.append(f"### buyers: {buyers}\n\n{headline}profit/OPT mean ± 95% CI (valid-message rate, markets)\n\n{table}\n")
     against = teacher_section(out, config)

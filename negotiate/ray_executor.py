@@ -65,7 +65,11 @@ class Written:
 
     low: int = 0
     ahead: set[int] = field(default_factory=set)
-    count: int = 0
+
+    @property
+    def count(self) -> int:
+        """How many numbers are written."""
+        return self.low + len(self.ahead)
 
     def add(self, number: int) -> bool:
         """Note ``number`` written; False if it was already (a second copy, which is not written)."""
@@ -75,7 +79,6 @@ class Written:
         while self.low in self.ahead:
             self.ahead.remove(self.low)
             self.low += 1
-        self.count += 1
         return True
 
 

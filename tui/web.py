@@ -310,5 +310,7 @@ def serve(args: argparse.Namespace) -> int:
         raise UserError("must be at least 1", field="--max-players", value=limit)
     if args.index is not None:
         raise UserError("is chosen by the server for each visitor", field="--index", value=args.index)
-    first = prepare(args, args.seed if args.seed is not None else 0)  # one line for a bad setting, before any visitor
-    return asyncio.run(PlayServer(args, Seats(limit, first.index, args.seed)).run())
+    # One line for a bad setting, before any visitor; only the first index is kept (the session, with any model it
+    # loaded, is not: each visitor's process loads its own).
+    first = prepare(args, args.seed if args.seed is not None else 0).index
+    return asyncio.run(PlayServer(args, Seats(limit, first, args.seed)).run())

@@ -29,7 +29,7 @@ a buyer that sends nothing has its silence taken as a reject."""
 def _item(item: Message | Notice) -> dict:
     if isinstance(item, Notice):
         return {"notice": item.kind, "to": item.to, "text": item.text}
-    return {"sender": item.sender, "to": item.to, "thought": item.thought, "talk": item.talk, "action": item.action.to_dict()}
+    return item.to_dict()
 
 
 def _unitem(data: dict) -> Message | Notice:

@@ -293,6 +293,8 @@ async def test_replay_draws_a_step_once_and_shows_what_a_whole_redraw_shows(trac
             await until(pilot, lambda: screen.step == want)
             await pilot.pause()
             assert _plain(transcript.shown()) == afresh()
+            market = screen.query_one("#market")
+            assert market.row_count == len(episodes[screen.index].market["products"])  # kept, not cleared, between deals
             if keys == ("left",):
                 assert sorted(drawn) == [(2, True), (3, False)]  # the mark moves; nothing else is drawn
             if keys == ("right",):

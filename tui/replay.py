@@ -215,12 +215,12 @@ class ReplayScreen(Screen):
 
     def _draw_market(self) -> None:
         episode = self.episode
-        table = self.query_one("#market", DataTable)
-        table.clear()
         dealt = {(clean(e.buyer), clean(e.product)) for step in episode.steps[: self.step] for e in step if isinstance(e, DealEvent)}
         if (self.index, dealt) == self._market_drawn:
             return  # deals are rare: most keys leave the market table as it was
         self._market_drawn = (self.index, dealt)
+        table = self.query_one("#market", DataTable)
+        table.clear()
         buyers = [b for b in episode.market.get("buyers", []) if isinstance(b, dict)]
         for j, product in enumerate(p for p in episode.market.get("products", []) if isinstance(p, dict)):
             pid = clean(product.get("id", "?"))

@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
 import shlex
 import signal
@@ -47,7 +46,8 @@ from negotiate.report import (
     summarize, summary_csv, summary_markdown, summary_table,
 )
 from negotiate.agents.pools import Pools
-from negotiate.run import RunConfig, RunOptions, command_default, command_flags, default_timeout, flag_help
+from negotiate.run import RUN_SETTINGS, RunConfig, RunOptions, default_timeout
+from negotiate.settings import add_command_settings, apply_command_settings, command_default, command_flags, read_seed
 from negotiate.runner import (
     Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug, take_failed,
 )
@@ -112,67 +112,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, for_screen(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
 
 
-def _shard(text: str) -> tuple[int, int]:
-    # argparse names the flag itself ("argument --shard: ..."): the message says only what is wrong.
-    try:
-        k, n = (int(part) for part in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N, like 2/8") from None
-    if not 1 <= k <= n:
-        raise argparse.ArgumentTypeError(f"{text!r}: need 1 <= K <= N")
-    return k, n
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-def _seed(text: str) -> int:
-    """A seed: a whole number that fits in 64 bits unsigned (what a trace's JSON keeps exactly)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"{text!r} must be from 0 to {2**64 - 1}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """A deadline in seconds: positive and finite (0, -1, nan and inf are refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive, finite number of seconds")
-    return value
-
-
-_KINDS = {"int": int, "seed": _seed, "count": _positive, "seconds": _seconds, "shard": _shard}
-"""How each kind of config flag reads its value (``negotiate.run.Flag.kind``)."""
-
-
 def _run_arguments(parser: argparse.ArgumentParser, command: str) -> None:
-    """The flags of serve, collect and eval, generated from the help text of :class:`RunConfig` and
-    :class:`RunOptions`. Run settings default to None so that --resume can tell a flag given from one left
-    out (the command's default is filled in from the config: :func:`_setting`)."""
-    for cls in (RunConfig, RunOptions):
-        for name, flag, default in command_flags(cls, command):
-            spelled = flag.name or "--" + name.replace("_", "-")
-            options = {"dest": spelled[2:].replace("-", "_"), "help": flag_help(flag, default)}
-            if flag.kind == "switch":
-                options |= {"action": "store_true", "default": None if cls is RunConfig else False}
-            else:
-                options |= {"type": _KINDS.get(flag.kind, str), "metavar": flag.metavar,
-                            "default": None if cls is RunConfig else default}
-            parser.add_argument(spelled, *flag.aliases, **options)
+    """The settings of serve, collect and eval (:data:`RUN_SETTINGS`): a flag each, and --config, --set and --keys. Run
+    settings default to None so that --resume can tell a setting given from one left out (the command's default is
+    filled in from the config: :func:`_setting`)."""
+    add_command_settings(parser, RUN_SETTINGS, command)
+
+
+def _run_settings(args: argparse.Namespace) -> None:
+    """The settings of serve, collect and eval as typed, else from --config and --set; how the run is played
+    (:class:`RunOptions`) filled in with the command's defaults where none gave it (what a run is stays None where not
+    given: --resume takes the run's own)."""
+    apply_command_settings(args, RUN_SETTINGS, args.command)
+    for name, flag, default in command_flags(RunOptions, args.command):
+        if getattr(args, flag.key(name)) is None:
+            setattr(args, flag.key(name), default)
 
 
 def _setting(args: argparse.Namespace, name: str, dest: str | None = None):
@@ -325,7 +279,7 @@ def _parser() -> argparse.ArgumentParser:
                           description="Play one episode in the terminal UI against scripted (or any) agents; the episode is traced like any other.")
     play.add_argument("--role", choices=("buyer", "seller"), default="buyer", help="the part you take (default: buyer)")
     play.add_argument("--split", default="train", help=f"split ({', '.join(SPLITS)}) or a TOML market spec file (default: train)")
-    play.add_argument("--seed", type=_seed, default=None, help="market seed (default: a fresh one, printed)")
+    play.add_argument("--seed", type=read_seed, default=None, help="market seed (default: a fresh one, printed)")
     play.add_argument("--seller", "--sellers", dest="seller", default=None,
                       help="the seller agent when you play a buyer (default: greedy); refused with --role seller")
     play.add_argument("--buyers", default="threshold", help="the other buyers' agent (default: threshold, as in serve and eval)")
@@ -954,6 +908,8 @@ def main(argv: list[str] | None = None) -> int:
     configure(None, console_level=args.console_level)
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
+        if args.command in ("serve", "collect", "eval"):
+            _run_settings(args)
         return args.run(args, console)
     except UserError as error:
         print(for_screen(f"negotiate {args.command}: error: {error}"), file=sys.stderr)

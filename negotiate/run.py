@@ -21,16 +21,17 @@ task take the run's pools, and on leaving it the run closes its trace files and 
 HTTP clients. Nothing about a run lives in module globals.
 
 :class:`RunConfig` (what a run is, saved as ``run.json``) and :class:`RunOptions` (how it is
-played) generate the flags of ``negotiate serve``, ``collect`` and ``eval`` from their fields, as
-``TrainConfig`` does for ``train``: each flag's help, spelling and each command's default are
-written once, on the field (:class:`Flag`), and so are the agents' deadline defaults.
+played) are the settings of ``negotiate serve``, ``collect`` and ``eval`` (their flags, ``--config`` and ``--set``
+keys and help, by :mod:`negotiate.settings`, as ``TrainConfig`` is ``train``'s): each flag's help, spelling and each
+command's default are written once, on the field (:class:`~negotiate.settings.Flag`), and so are the agents' deadline
+defaults.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from negotiate.agents.pools import Pools, use_pools
@@ -39,10 +40,11 @@ from negotiate.agents.scripted import BUYERS, SELLERS
 from negotiate.episode import Episode, run_episode
 from negotiate.errors import UserError
 from negotiate.market import SPLITS, Market, MarketSpec, generate, resolve_spec
+from negotiate.settings import Flag, setting
 from negotiate.trace import TraceWriter
 
 __all__ = [
-    "Run", "RunConfig", "RunOptions", "EpisodePlan", "Flag", "command_flags", "command_default", "flag_help",
+    "Run", "RunConfig", "RunOptions", "EpisodePlan", "RUN_SETTINGS",
     "market_seed", "seller_seed", "build_buyers", "slug", "check_timeout",
     "DEFAULT_TIMEOUT", "COLLECT_TIMEOUT", "LOCAL_TIMEOUT", "HUMAN_TIMEOUT", "default_timeout",
 ]
@@ -113,75 +115,17 @@ def default_timeout(base: float, specs) -> float:
     return max(base, LOCAL_TIMEOUT) if local else base
 
 
-RUN_COMMANDS = ("serve", "collect", "eval")
-"""The commands whose flags :class:`RunConfig` and :class:`RunOptions` generate."""
 _LOCAL_NOTE = f"or {LOCAL_TIMEOUT:g} when an hf: or vllm: model plays"
 
 
-@dataclass(frozen=True)
-class Flag:
-    """How a config field reads on the command line of ``serve``, ``collect`` and ``eval``: the flag's
-    help, and where a command differs, its own spelling, default or help (``per``)."""
-
-    help: str
-    commands: tuple[str, ...] = RUN_COMMANDS
-    """The commands that take the flag."""
-    name: str = ""
-    """The flag (default: ``--field-name``); the parsed value is ``args.<name without dashes>``."""
-    aliases: tuple[str, ...] = ()
-    metavar: str | None = None
-    kind: str = "text"
-    """How the value is read: ``text``, ``int``, ``seed`` (a whole number from 0 to 2**64 - 1), ``count`` (a whole number >= 1), ``seconds`` (positive and
-    finite), ``shard`` (K/N) or ``switch`` (present or not)."""
-    default: object = None
-    """The command's default, where it is not the field's."""
-    shown: str | None = None
-    """The default as the help words it (None: the default itself; "": not shown)."""
-    per: tuple = ()
-    """(command, {attribute: value}) pairs: what differs in that command."""
-
-    def of(self, command: str) -> Flag:
-        """The flag as ``command`` shows it."""
-        changes = dict(self.per).get(command, {})
-        return replace(self, per=(), **changes) if changes else self
-
-
 def _flag(initial, help: str, **options):
-    """A config field whose default is ``initial``, and its :class:`Flag`."""
-    return field(default=initial, metadata={"flag": Flag(help, **options)})
+    """A setting of the commands that play, whose default is ``initial``, and its :class:`~negotiate.settings.Flag`."""
+    return setting(help, default=initial, flag=Flag(help, **options))
 
 
 def _timeout_flag(help: str):
     return _flag(DEFAULT_TIMEOUT, help, metavar="SECONDS", kind="seconds", shown=f"{DEFAULT_TIMEOUT:g}, {_LOCAL_NOTE}",
                  per=(("collect", {"default": COLLECT_TIMEOUT, "shown": f"{COLLECT_TIMEOUT:g}, {_LOCAL_NOTE}"}),))
-
-
-def command_flags(cls, command: str) -> list[tuple[str, Flag, object]]:
-    """(field, flag, default) of each field of ``cls`` that ``command`` takes as a flag, in field order."""
-    out = []
-    for item in fields(cls):
-        flag = item.metadata.get("flag")
-        if flag is None or command not in flag.commands:
-            continue
-        flag = flag.of(command)
-        out.append((item.name, flag, flag.default if flag.default is not None else item.default))
-    return out
-
-
-def command_default(cls, name: str, command: str):
-    """The default ``command`` gives the field ``name`` of ``cls``: its flag's there, else the field's."""
-    for field_name, _, default in command_flags(cls, command):
-        if field_name == name:
-            return default
-    return next(item.default for item in fields(cls) if item.name == name)
-
-
-def flag_help(flag: Flag, default) -> str:
-    """The help line of a flag: its help and the default it shows (``{default}`` places it inside the help)."""
-    shown = str(default) if flag.shown is None else flag.shown
-    if "{default}" in flag.help:
-        return flag.help.format(default=shown)
-    return f"{flag.help} (default: {shown})" if shown else flag.help
 
 
 LADDER = tuple(name for name in SELLERS if name != "rule")
@@ -273,6 +217,10 @@ class RunOptions:
                                            "the agents' timeouts include the wait for a slot", metavar="N", kind="count", shown="")
     fsync: bool = _flag(False, "fsync after every episode (survives power loss, slower)", commands=("serve", "collect"),
                         kind="switch", shown="")
+
+
+RUN_SETTINGS = (RunConfig, RunOptions)
+"""The settings of ``serve``, ``collect`` and ``eval``: what a run is, and how it is played."""
 
 
 @dataclass(frozen=True)

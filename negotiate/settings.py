@@ -8,6 +8,12 @@ the file, ``--set``, the flag typed. Bad input is one line naming the file (or `
 
 The commands that learn (``negotiate train``, ``negotiate loop``) keep their flags few (the settings people change from
 run to run); the rest are keys. TRL's nested config dataclasses and their ``HfArgumentParser`` are the model.
+
+The commands that play (``serve``, ``collect``, ``eval``) share the fields of ``RunConfig`` and ``RunOptions``, and a
+field reads differently in each (``--markets`` in ``collect`` for ``episodes``, a list of splits in ``eval``): such a
+field's ``flag`` is a :class:`Flag` saying so, and :func:`add_command_settings` makes each command's flags and keys from
+it (a key is the flag's name without its dashes: ``markets``, ``seller_timeout``), with the same ``--config``,
+``--set`` and ``--keys``; :func:`apply_command_settings` puts the file's and ``--set``'s values where no flag was typed.
 """
 
 from __future__ import annotations
@@ -16,17 +22,141 @@ import argparse
 import math
 import sys
 import tomllib
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 from negotiate.errors import UserError
 
-__all__ = ["setting", "Setting", "settings_of", "add_settings", "read_settings", "settings_from_args", "flag_of", "to_toml"]
+__all__ = [
+    "setting", "Setting", "settings_of", "add_settings", "read_settings", "settings_from_args", "flag_of", "to_toml",
+    "Flag", "READERS", "command_flags", "command_default", "flag_help", "add_command_settings", "apply_command_settings",
+    "read_count", "read_seed", "read_seconds", "read_shard",
+]
 
 
-def setting(help: str, *, default=MISSING, flag: bool = False):
-    """A settings field: its help text, its default, and whether it is a command-line flag too (every field is a key)."""
+def setting(help: str, *, default=MISSING, flag: bool | Flag = False):
+    """A settings field: its help text, its default, and whether it is a command-line flag too (every field is a key);
+    a :class:`Flag` where the flag reads differently from one command to another."""
     return field(default=default, metadata={"help": help, "flag": flag})
+
+
+# -- how a flag's text is read -----------------------------------------------------------------------------------------
+# argparse names the flag itself ("argument --shard: ..."): each message says only what is wrong.
+
+
+def read_shard(text: str) -> tuple[int, int]:
+    """``K/N``: the K-th of N slices, 1 <= K <= N."""
+    try:
+        k, n = (int(part) for part in str(text).split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N, like 2/8") from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 1 <= K <= N")
+    return k, n
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def read_count(text: str) -> int:
+    """A whole number >= 1."""
+    value = _whole(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def read_seed(text: str) -> int:
+    """A seed: a whole number that fits in 64 bits unsigned (what a trace's JSON keeps exactly)."""
+    value = _whole(text)
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 0 to {2**64 - 1}")
+    return value
+
+
+def read_seconds(text: str) -> float:
+    """A deadline in seconds: positive and finite (0, -1, nan and inf are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive, finite number of seconds")
+    return value
+
+
+READERS = {"int": int, "seed": read_seed, "count": read_count, "seconds": read_seconds, "shard": read_shard}
+"""How each kind of :class:`Flag` reads its value (``text``: as typed; ``switch``: present or not)."""
+
+COMMANDS = ("serve", "collect", "eval")
+"""The commands a :class:`Flag` belongs to unless it says otherwise."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a setting reads on the command line of the commands that share it (``serve``, ``collect`` and ``eval``):
+    the flag's help, and where a command differs, its own spelling, default or help (``per``)."""
+
+    help: str
+    commands: tuple[str, ...] = COMMANDS
+    """The commands that take the flag."""
+    name: str = ""
+    """The flag (default: ``--field-name``); the parsed value, and the key, is the name without dashes."""
+    aliases: tuple[str, ...] = ()
+    metavar: str | None = None
+    kind: str = "text"
+    """How the value is read: ``text``, ``int``, ``seed`` (a whole number from 0 to 2**64 - 1), ``count`` (a whole
+    number >= 1), ``seconds`` (positive and finite), ``shard`` (K/N) or ``switch`` (present or not)."""
+    default: object = None
+    """The command's default, where it is not the field's."""
+    shown: str | None = None
+    """The default as the help words it (None: the default itself; "": not shown)."""
+    per: tuple = ()
+    """(command, {attribute: value}) pairs: what differs in that command."""
+
+    def of(self, command: str) -> Flag:
+        """The flag as ``command`` shows it."""
+        changes = dict(self.per).get(command, {})
+        return replace(self, per=(), **changes) if changes else self
+
+    def spelled(self, field_name: str) -> str:
+        return self.name or flag_of(field_name)
+
+    def key(self, field_name: str) -> str:
+        """The key of the setting in a ``--config`` file and in ``--set``: the flag without its dashes (``markets``)."""
+        return self.spelled(field_name)[2:].replace("-", "_")
+
+
+def command_flags(cls, command: str) -> list[tuple[str, Flag, object]]:
+    """(field, flag, default) of each field of ``cls`` that ``command`` takes as a flag, in field order."""
+    out = []
+    for item in fields(cls):
+        flag = item.metadata.get("flag")
+        if not isinstance(flag, Flag) or command not in flag.commands:
+            continue
+        flag = flag.of(command)
+        out.append((item.name, flag, flag.default if flag.default is not None else item.default))
+    return out
+
+
+def command_default(cls, name: str, command: str):
+    """The default ``command`` gives the field ``name`` of ``cls``: its flag's there, else the field's."""
+    for field_name, _, default in command_flags(cls, command):
+        if field_name == name:
+            return default
+    return next(item.default for item in fields(cls) if item.name == name)
+
+
+def flag_help(flag: Flag, default) -> str:
+    """The help line of a flag: its help and the default it shows (``{default}`` places it inside the help)."""
+    shown = str(default) if flag.shown is None else flag.shown
+    if "{default}" in flag.help:
+        return flag.help.format(default=shown)
+    return f"{flag.help} (default: {shown})" if shown else flag.help
 
 
 @dataclass(frozen=True)
@@ -43,7 +173,7 @@ class Setting:
 
 def settings_of(cls) -> list[Setting]:
     """The settings of ``cls``, in its fields' order."""
-    return [Setting(f.name, str(f.type), f.default, f.metadata.get("help", ""), f.metadata.get("flag", False)) for f in fields(cls)]
+    return [Setting(f.name, str(f.type), f.default, f.metadata.get("help", ""), f.metadata.get("flag") is True) for f in fields(cls)]
 
 
 def flag_of(name: str) -> str:
@@ -99,16 +229,25 @@ _WORDS = {"int": "an integer", "int | None": "an integer", "float": "a number", 
           "tuple[str, ...]": "a list of strings"}
 
 
+def _known(data: dict, known, command: str, source: str):
+    """(name, key, value) of each item of ``data`` (a TOML table): ``-`` and ``_`` alike, each a setting in ``known``
+    and given once; one line naming ``source`` and the key otherwise."""
+    seen = set()
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise UserError(f"not a {command} setting; choose from {', '.join(known)}", source=source, field=key)
+        if name in seen:
+            raise UserError("is given twice (with - and with _)", source=source, field=key)
+        seen.add(name)
+        yield name, key, value
+
+
 def _checked(cls, command: str, data: dict, source: str) -> dict:
     """``data`` (a TOML table) as field values of ``cls``: ``-`` and ``_`` alike, types checked, one line otherwise."""
     kinds = {s.name: s.kind for s in settings_of(cls)}
     values: dict = {}
-    for key, value in data.items():
-        name = key.replace("-", "_")
-        if name not in kinds:
-            raise UserError(f"not a {command} setting; choose from {', '.join(kinds)}", source=source, field=key)
-        if name in values:
-            raise UserError("is given twice (with - and with _)", source=source, field=key)
+    for name, key, value in _known(data, kinds, command, source):
         kind = kinds[name]
         if kind.startswith("tuple"):
             value = [value] if isinstance(value, str) else value
@@ -129,23 +268,28 @@ def _checked(cls, command: str, data: dict, source: str) -> dict:
     return values
 
 
-def read_settings(path: str | Path, cls, *, command: str) -> dict:
-    """The settings in a TOML file (``teacher_episodes = 600`` or ``teacher-episodes = 600``), checked against ``cls``'s
-    fields: a one-line :class:`UserError` naming the file, the key and the value otherwise. Relative paths in it are
-    relative to where the command runs, as on the command line."""
+def _toml_file(path: str | Path) -> dict:
+    """The table of a TOML file given by ``--config``: one line naming the file otherwise."""
     given, path = str(path), Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except OSError as error:
         raise UserError(f"cannot read it ({error.strerror or error})", field="--config", value=given) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise UserError(f"not valid TOML ({error})", source=str(path)) from None
+
+
+def read_settings(path: str | Path, cls, *, command: str) -> dict:
+    """The settings in a TOML file (``teacher_episodes = 600`` or ``teacher-episodes = 600``), checked against ``cls``'s
+    fields: a one-line :class:`UserError` naming the file, the key and the value otherwise. Relative paths in it are
+    relative to where the command runs, as on the command line."""
+    data = _toml_file(path)
     return _checked(cls, command, data, str(path))
 
 
-def _read_set(items: list[str], cls, *, command: str) -> dict:
-    """``--set KEY=VALUE`` items: each VALUE read as in a TOML file (``8``, ``true``, ``"x"``), or as a string where it
-    is not a TOML value (``--set split=specs/compact.toml``)."""
+def _set_pairs(items: list[str]) -> dict:
+    """``--set KEY=VALUE`` items as raw values: each VALUE read as in a TOML file (``8``, ``true``, ``"x"``), or as a
+    string where it is not a TOML value (``--set split=specs/compact.toml``)."""
     data: dict = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -159,7 +303,11 @@ def _read_set(items: list[str], cls, *, command: str) -> dict:
         if name in data:
             raise UserError("is given twice", field="--set", value=item)
         data[name] = value
-    return _checked(cls, command, data, "--set")
+    return data
+
+
+def _read_set(items: list[str], cls, *, command: str) -> dict:
+    return _checked(cls, command, _set_pairs(items), "--set")
 
 
 def settings_from_args(cls, args: argparse.Namespace, *, command: str):
@@ -198,12 +346,96 @@ def _toml_value(value) -> str:
 
 
 def to_toml(config) -> str:
-    """A settings dataclass as the TOML file that gives it back (:func:`read_settings`); None values are left out (a
-    None field is its default's absence).
+    """A settings dataclass (or a command's settings as a dict of keys) as the TOML file that gives it back
+    (:func:`read_settings`, ``--config``); None values are left out (a None field is its default's absence).
 
     >>> from negotiate.training.trainer import TrainConfig
     >>> text = to_toml(TrainConfig(traces=("a", "b"), lr=1e-3, max_steps=None))
     >>> "traces = [\\"a\\", \\"b\\"]" in text, "lr = 0.001" in text, "max_steps" in text
     (True, True, False)
+    >>> to_toml({"seller": "greedy", "markets": 4, "max_inflight": None})
+    'seller = "greedy"\\nmarkets = 4\\n'
     """
-    return "".join(f"{f.name} = {_toml_value(getattr(config, f.name))}\n" for f in fields(config) if getattr(config, f.name) is not None)
+    items = config.items() if isinstance(config, dict) else ((f.name, getattr(config, f.name)) for f in fields(config))
+    return "".join(f"{name} = {_toml_value(value)}\n" for name, value in items if value is not None)
+
+
+# -- the commands that play: flags and keys shared by serve, collect and eval -------------------------------------------
+
+
+class _CommandKeys(argparse.Action):
+    """``--keys`` of a command that plays: every key with its default and help, then exit."""
+
+    def __init__(self, option_strings, dest, classes=(), command="", **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        self.classes, self.command = classes, command
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        lines = [f"negotiate {self.command}: every setting, a key of --config FILE and of --set KEY=VALUE, and a flag "
+                 "(--key-name)"]
+        for cls in self.classes:
+            for name, flag, default in command_flags(cls, self.command):
+                kind = "true or false" if flag.kind == "switch" else flag.metavar or flag.kind
+                lines.append(f"  {flag.key(name)} ({kind}; default {flag.shown if flag.shown else repr(default)})")
+                lines.append(f"    {flag.help.format(default=default) if '{default}' in flag.help else flag.help}")
+        sys.stdout.write("\n".join(lines) + "\n")
+        parser.exit(0)
+
+
+def add_command_settings(parser: argparse.ArgumentParser, classes: tuple, command: str) -> None:
+    """The flags ``command`` takes from the fields of ``classes`` (their :class:`Flag`), and ``--config``, ``--set`` and
+    ``--keys`` over the same settings. Every such flag defaults to None, so that a value left out can be told from one
+    typed: the file's or ``--set``'s value, else the command's default (:func:`command_default`), stands for it."""
+    for cls in classes:
+        for name, flag, default in command_flags(cls, command):
+            options = {"dest": flag.key(name), "help": flag_help(flag, default), "default": None}
+            if flag.kind == "switch":
+                options["action"] = "store_true"
+            else:
+                options |= {"type": READERS.get(flag.kind, str), "metavar": flag.metavar}
+            parser.add_argument(flag.spelled(name), *flag.aliases, **options)
+    parser.add_argument("--config", metavar="FILE", help=f"a TOML file of {command} settings (every key: --keys); flags typed "
+                                                         "override it")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="one setting, as a line of --config's file would give it (repeatable)")
+    parser.add_argument("--keys", action=_CommandKeys, classes=classes, command=command,
+                        help="print every setting with its default and help, and exit")
+
+
+def _command_value(flag: Flag, value, source: str, key: str):
+    """A value from a TOML file or ``--set`` as the flag would read it typed: one line naming ``source`` and ``key``
+    otherwise. A text setting takes a string, or a list of strings joined by commas (``seller = ["greedy", "planner"]``)."""
+    if flag.kind == "switch":
+        if isinstance(value, bool):
+            return value
+        raise UserError("must be true or false", source=source, field=key, value=value)
+    if flag.kind == "text":
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            return ",".join(value)
+        if isinstance(value, str):
+            return value
+        raise UserError("must be a string (or a list of strings)", source=source, field=key, value=value)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise UserError(f"must be {'K/N, like 2/8' if flag.kind == 'shard' else 'a number'}", source=source, field=key, value=value)
+    try:
+        return READERS[flag.kind](value)
+    except argparse.ArgumentTypeError as error:
+        raise UserError(str(error).replace(f"{value!r}", "").strip(" :") or "is out of range", source=source, field=key,
+                        value=value) from None
+
+
+def _command_checked(classes: tuple, command: str, data: dict, source: str) -> dict:
+    flags = {flag.key(name): flag for cls in classes for name, flag, _ in command_flags(cls, command)}
+    return {name: _command_value(flags[name], value, source, key) for name, key, value in _known(data, flags, command, source)}
+
+
+def apply_command_settings(args: argparse.Namespace, classes: tuple, command: str) -> None:
+    """Put the values of ``--config FILE`` and ``--set`` on ``args`` for each setting whose flag was not typed (last wins:
+    the file, ``--set``, the flag typed). A bad file, key or value is one line naming it."""
+    data = {}
+    if getattr(args, "config", None) is not None:
+        data = _command_checked(classes, command, _toml_file(args.config), str(args.config))
+    data |= _command_checked(classes, command, _set_pairs(getattr(args, "set", None) or []), "--set")
+    for key, value in data.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)

@@ -482,7 +482,7 @@ def test_the_run_commands_flags_keep_their_names_defaults_and_help(capsys):
     serve, collect, evaluate = (_options(command, capsys) for command in ("serve", "collect", "eval"))
     shared = ["--seller,--sellers", "--buyers", "--seed", "--seller-timeout", "--reply-timeout", "--concurrency",
               "--workers", "--max-inflight", "--out", "--resume", "--retry-failed", "--log-level", "--quiet", "-h,--help", "--fresh",
-              "--executor", "--address"]
+              "--executor", "--address", "--config", "--set", "--keys"]
     assert sorted(serve) == sorted([*shared, "--split", "--episodes", "--group", "--shard", "--fsync", "--by"])
     assert sorted(collect) == sorted([*shared, "--split", "--markets", "--group", "--shard", "--fsync", "--by"])
     assert sorted(evaluate) == sorted([*shared, "--split,--splits", "--episodes", "--baseline"])

@@ -9,6 +9,7 @@ group's rewards differ), and writes a fake checkpoint for each training stage. T
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -17,11 +18,25 @@ from negotiate.cli import main
 from negotiate.errors import UserError
 from negotiate.trace import read_records, trace_files
 from negotiate.training import loop
-from negotiate.settings import read_settings
+from negotiate.settings import read_settings, to_toml
 from negotiate.training.loop import EVAL_FIELDS, SFT_FIELDS, LoopConfig, LoopError, results_table, run_loop
 from negotiate.training.trainer import TrainConfig
 
 SPEC = 'split = "train"\nname = "tiny"\nbuyers = 2\nproducts = 2\n'
+
+
+def _as_flags(args: list[str]) -> list[str]:
+    """A play stage's command (``eval --config FILE --out DIR``) with the file's settings as the flags they are (every
+    key is a flag: ``--keys``), so that a test reads the seller, the split and the rest off the command line."""
+    assert args[0] in ("serve", "collect", "eval") and "--config" in args, args
+    i = args.index("--config")
+    flags = []
+    for key, value in tomllib.loads(Path(args[i + 1]).read_text()).items():
+        if value is True:
+            flags.append(f"--{key.replace('_', '-')}")
+        elif value is not False:
+            flags += [f"--{key.replace('_', '-')}", str(value)]
+    return [args[0], *flags, *args[1:i], *args[i + 2:]]
 
 
 @pytest.fixture
@@ -35,7 +50,7 @@ def world(monkeypatch, tmp_path):
         calls.append(name)
         if progress is not None:  # what the loop shows while a stage runs: said before it has begun, too
             progress()
-        crash["args"][name] = args
+        crash["args"][name] = _as_flags(args) if args[0] != "train" else args
         if args[0] == "train":  # the stage runs `train --config FILE`: the typed config, as the child reads it
             assert args[1] == "--config" and Path(args[2]).name == "train.toml"
             train = TrainConfig(**read_settings(args[2], TrainConfig, command="train"))
@@ -50,9 +65,13 @@ def world(monkeypatch, tmp_path):
             (out / "adapter" / "adapter_config.json").write_text("{}")
             (out / "train.json").write_text("{}")
             return 1.0
-        policy = crash["policy"]
-        args = [",".join(policy if s.startswith("openai:") else s for s in a.split(",")) if "openai:" in a else a for a in args]
-        assert main(args) == 0, args
+        # the command as the loop wrote it, its file's model policy played by a scripted seller
+        policy, i = crash["policy"], args.index("--config")
+        settings = tomllib.loads(Path(args[i + 1]).read_text())
+        settings["seller"] = ",".join(policy if s.startswith("openai:") else s for s in settings["seller"].split(","))
+        file = Path(args[i + 1]).with_suffix(".stand-in.toml")
+        file.write_text(to_toml(settings))
+        assert main([*args[:i + 1], str(file), *args[i + 2:]]) == 0, args
         return 1.0
 
     monkeypatch.setattr(loop.stages, "run_stage", run_stage)

@@ -102,3 +102,66 @@ def test_train_and_loop_show_at_most_20_options_and_keys_lists_every_setting(com
     assert done.value.code == 0
     listed = [found[1] for line in capsys.readouterr().out.splitlines() if (found := re.match(r"[* ] (\w+) \(", line))]
     assert listed == [f.name for f in cls.__dataclass_fields__.values()]
+
+
+# -- serve, collect and eval: the same mechanism over RunConfig and RunOptions ---------------------------------------------
+
+
+def _run_of(folder):
+    from negotiate.runner import load_config
+
+    config = load_config(folder).to_json()
+    config.pop("run_id")
+    return config
+
+
+def test_serve_reads_its_settings_from_a_file_and_set_as_from_its_flags(tmp_path):
+    """A run made from --config and --set is the run the same values typed make: the same run.json (but its id) and the
+    same episodes; a flag typed wins over the file, --set over the file."""
+    typed = ["serve", "--seller", "greedy,posted", "--buyers", "concession", "--split", "shapes", "--episodes", "3",
+             "--seed", "5", "--fresh", "--quiet"]
+    assert main([*typed, "--out", str(tmp_path / "typed")]) == 0
+    file = tmp_path / "serve.toml"
+    file.write_text('seller = ["greedy", "posted"]\nbuyers = "concession"\nsplit = "shapes"\nepisodes = 7\nseed = 9\n'
+                    "concurrency = 4\n")
+    assert main(["serve", "--config", str(file), "--set", "seed=5", "--set", "fresh=true", "--episodes", "3", "--quiet",
+                 "--out", str(tmp_path / "file")]) == 0
+    assert _run_of(tmp_path / "typed") == _run_of(tmp_path / "file")
+    assert _run_of(tmp_path / "file")["episodes"] == 3 and _run_of(tmp_path / "file")["seed"] == 5
+    for name in ("greedy.jsonl", "posted.jsonl"):
+        ends = [[line for line in (tmp_path / run / name).read_text().splitlines() if '"episode_end"' in line] for run in ("typed", "file")]
+        strip = [[re.sub(r'"wall_s":[0-9.e-]+', "", line) for line in lines] for lines in ends]
+        assert len(ends[0]) == 3 and strip[0] == strip[1]
+
+
+def test_collect_and_eval_take_the_keys_their_flags_name(tmp_path, capsys):
+    """collect's episodes are --markets (a key ``markets``), eval's splits a list; --keys lists each command's keys."""
+    file = tmp_path / "collect.toml"
+    file.write_text('seller = "greedy"\nmarkets = 2\ngroup = 3\n')
+    assert main(["collect", "--config", str(file), "--quiet", "--out", str(tmp_path / "c")]) == 0
+    assert _run_of(tmp_path / "c")["episodes"] == 6 and _run_of(tmp_path / "c")["group"] == 3
+    file = tmp_path / "eval.toml"
+    file.write_text('seller = ["greedy", "posted"]\nsplit = ["train", "shapes"]\nepisodes = 2\n')
+    assert main(["eval", "--config", str(file), "--quiet", "--out", str(tmp_path / "e")]) == 0
+    assert {"shapes", "train"} <= {p.name for p in (tmp_path / "e").iterdir() if p.is_dir()}
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["collect", "--keys"])
+    keys = re.findall(r"^  (\w+) \(", capsys.readouterr().out, re.M)
+    assert keys[:4] == ["seller", "buyers", "split", "markets"] and "episodes" not in keys and "fsync" in keys
+
+
+@pytest.mark.parametrize("text, argv, message", [
+    ("markets = 0\n", [], "collect.toml: markets: 0: must be at least 1"),
+    ("episodes = 3\n", [], "collect.toml: episodes: not a collect setting; choose from seller, buyers, split, markets"),
+    ('shard = "3/2"\n', [], "collect.toml: shard: '3/2': need 1 <= K <= N"),
+    ("fresh = 1\n", [], "collect.toml: fresh: 1: must be true or false"),
+    ("", ["--set", "seller_timeout=-1"], "--set: seller_timeout: -1: must be a positive, finite number of seconds"),
+])
+def test_a_bad_run_setting_is_one_line_naming_the_file_or_set_and_the_key(tmp_path, capsys, text, argv, message):
+    file = tmp_path / "collect.toml"
+    file.write_text('seller = "greedy"\n' + text)
+    assert main(["collect", "--config", str(file), *argv, "--quiet", "--out", str(tmp_path / "c")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert message.replace("collect.toml", str(file)) in err, err
+    assert not (tmp_path / "c").exists()

@@ -15,8 +15,9 @@ One folder per run (``--out``)::
     server/                   the vLLM server's log and pid
     curve.png, results.md     per-round curve; every row paired on the same held-out markets
 
-Each stage is a ``negotiate`` command run as a child process (``serve``, ``train``, ``collect``,
-``eval``), so everything a round writes is a trace or a checkpoint the other commands read, and a
+Each stage is a typed config (a ``TrainConfig``, or a ``RunConfig`` with its ``RunOptions``) written as the TOML file
+beside its folder and run as a ``negotiate`` command in a child process (``serve``, ``train``, ``collect``, ``eval``
+with ``--config FILE``), so everything a round writes is a trace or a checkpoint the other commands read, and a
 stage's memory (a model in training) is given back when it ends. A stage is recorded in
 ``loop.json`` only once it finished; a rerun of the same command skips finished stages and
 resumes or redoes the one that was cut (runs resume with ``--resume``; a cut training starts

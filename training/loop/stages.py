@@ -3,8 +3,10 @@ everything a stage writes is a trace or a checkpoint the other commands read, an
 training) is given back when it ends. The teacher's episodes (``serve``), SFT and each round's training (``train``),
 a round's rollouts (``collect``) and the held-out evaluations (``eval``) are the methods of :class:`Stages`.
 
-Every command line the loop runs is built here, in the ``*_args`` functions below, and nowhere else: the one place
-to change when the stages take typed configs instead of flags."""
+Each stage is a typed config: a :class:`TrainConfig` for training, a :class:`Play` (a ``RunConfig`` and its
+``RunOptions``) for a stage that plays. It is written as the TOML file its command reads (``round-01/train.toml``,
+``round-01/eval/threshold.toml``: a record of what ran) and run as ``negotiate COMMAND --config FILE``; the command
+lines are built here and nowhere else."""
 
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
 
+from negotiate.run import RunConfig, RunOptions
 from negotiate.runner import slug as _slug
-from negotiate.settings import to_toml
+from negotiate.settings import command_flags, to_toml
 from negotiate.trace import trace_files
 from negotiate.training.loop.config import LoopConfig, _list
 from negotiate.training.loop.report import rule_baselines, write_report
@@ -175,30 +178,76 @@ def _policy_spec(url: str, name: str, config: LoopConfig, temperature: float) ->
             + ("" if p.prompt == "full" else f"&prompt={p.prompt}"))
 
 
-def _run_args(folder: Path, command: list[str], config: LoopConfig) -> list[str]:
-    """A serve/collect/eval command: resumed where its folder already holds a run (which keeps its own
-    settings), new otherwise."""
-    marker = "eval.json" if command[0] == "eval" else "run.json"
-    common = _common(config)
+@dataclass(frozen=True)
+class Play:
+    """A stage that plays episodes, typed: the command (``serve``, ``collect`` or ``eval``), what the run is
+    (:class:`RunConfig`: for ``eval``, ``split`` lists the splits) and how it is played (:class:`RunOptions`). It runs as
+    ``negotiate COMMAND --config FILE``, the file holding exactly these settings (:func:`play_settings`)."""
+
+    command: str
+    config: RunConfig
+    options: RunOptions
+
+    def episodes(self) -> int:
+        """The episodes it plays in all: per seller (markets x group for collect), x sellers, x splits for eval."""
+        splits = len(_list(self.config.split)) if self.command == "eval" else 1
+        return self.config.episodes * len(self.config.sellers) * splits
+
+
+def play_settings(play: Play) -> dict:
+    """The settings of ``play`` as its command's keys (``--keys``): ``markets`` for collect's episodes, the sellers
+    joined as ``--seller`` takes them, a shard as K/N; a setting left unset (None) is left out."""
+    values = {}
+    for cls, source in ((RunConfig, play.config), (RunOptions, play.options)):
+        for name, flag, _ in command_flags(cls, play.command):
+            value = getattr(source, name)
+            if name == "sellers":
+                value = ",".join(value)
+            elif name == "shard":
+                value = f"{value[0]}/{value[1]}"
+            elif name == "episodes" and play.command == "collect":
+                value = value // play.config.group
+            if value is not None:
+                values[flag.key(name)] = value
+    return values
+
+
+def _settings_file(folder: Path) -> Path:
+    """Where a play stage's settings are written: beside its folder (``round-01/eval/threshold.toml``), so that a stage
+    started over (its folder removed) keeps the record."""
+    return folder.with_name(folder.name + ".toml")
+
+
+def play_args(play: Play, folder: Path) -> list[str]:
+    """The command of a play stage: its typed settings written as the TOML file beside ``folder``, and the command that
+    reads them; resumed where ``folder`` already holds a run (which keeps its own settings: the file's are the same),
+    new otherwise."""
+    marker = "eval.json" if play.command == "eval" else "run.json"
+    file = _settings_file(folder)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(to_toml(play_settings(play)))
     if (folder / marker).exists():
-        return [command[0], "--resume", str(folder), *common]
+        return [play.command, "--resume", str(folder), "--config", str(file), "--quiet"]
     if folder.exists():
         shutil.rmtree(folder)
-    return [*command, "--out", str(folder), *common, *(["--fresh"] if config.fresh else [])]
+    return [play.command, "--config", str(file), "--out", str(folder), "--quiet"]
 
 
-def retry_args(args: list[str], folder: Path, config: LoopConfig) -> list[str]:
+def retry_args(args: list[str], folder: Path) -> list[str]:
     """The command that runs a stage again: the run in ``folder`` resumed, its failed episodes played again
     (``--resume --retry-failed``); ``args`` again where the first try left no run there."""
     marker = "eval.json" if args[0] == "eval" else "run.json"
     if not (folder / marker).exists():
         return args
-    return [args[0], "--resume", str(folder), "--retry-failed", *_common(config)]
+    return [args[0], "--resume", str(folder), "--retry-failed", "--config", str(_settings_file(folder)), "--quiet"]
 
 
-def _common(config: LoopConfig) -> list[str]:
-    """The flags of every serve/collect/eval the loop runs: quiet, its concurrency, deadlines no CPU model misses."""
-    return ["--quiet", "--concurrency", str(config.concurrency), "--seller-timeout", "3600", "--reply-timeout", "3600"]
+def _play(command: str, config: LoopConfig, *, sellers: str, split: str, buyers: str, episodes: int, seed: int, group: int = 1,
+          max_inflight: int | None = None) -> Play:
+    """A play stage of the loop: deadlines no CPU model misses, the loop's concurrency, ``fresh`` as the loop has it."""
+    run = RunConfig(sellers=tuple(_list(sellers)), buyers=buyers, split=split, episodes=episodes * group, group=group, seed=seed,
+                    seller_timeout=3600.0, reply_timeout=3600.0, fresh=config.fresh)
+    return Play(command, run, RunOptions(concurrency=config.concurrency, max_inflight=max_inflight))
 
 
 def _train_common(config: LoopConfig) -> dict:
@@ -207,10 +256,10 @@ def _train_common(config: LoopConfig) -> dict:
             "lora_r": config.lora_r}
 
 
-def teacher_args(config: LoopConfig, folder: Path) -> list[str]:
+def teacher_play(config: LoopConfig) -> Play:
     """The teacher's episodes on the training split (``serve``), for SFT."""
-    return _run_args(folder, ["serve", "--seller", config.teacher, "--split", config.split, "--buyers", config.buyers,
-                              "--episodes", str(config.teacher_episodes), "--seed", str(config.seed)], config)
+    return _play("serve", config, sellers=config.teacher, split=config.split, buyers=config.buyers,
+                 episodes=config.teacher_episodes, seed=config.seed)
 
 
 def sft_config(config: LoopConfig, traces: Path, base: Path, out: Path) -> TrainConfig:
@@ -237,18 +286,16 @@ def train_args(train: TrainConfig) -> list[str]:
     return ["train", "--config", str(file), "--quiet"]
 
 
-def collect_args(config: LoopConfig, k: int, seller: str, folder: Path) -> list[str]:
+def collect_play(config: LoopConfig, k: int, seller: str) -> Play:
     """Round ``k``'s rollouts: groups of episodes of the previous round's policy (``seller``) on the training split."""
-    return _run_args(folder, ["collect", "--seller", seller, "--split", config.split, "--buyers", config.buyers, "--markets",
-                              str(config.markets), "--group", str(config.group), "--seed", str(config.seed + k), "--max-inflight",
-                              str(config.concurrency)], config)
+    return _play("collect", config, sellers=seller, split=config.split, buyers=config.buyers, episodes=config.markets,
+                 group=config.group, seed=config.seed + k, max_inflight=config.concurrency)
 
 
-def eval_args(config: LoopConfig, sellers: str, buyers: str, folder: Path) -> list[str]:
+def eval_play(config: LoopConfig, sellers: str, buyers: str) -> Play:
     """``sellers`` (comma-separated) on the held-out markets against ``buyers``."""
-    return _run_args(folder, ["eval", "--seller", sellers, "--split", config.eval_splits, "--buyers", buyers, "--episodes",
-                              str(config.eval_episodes), "--seed", str(config.eval_seed), "--max-inflight", str(config.concurrency)],
-                     config)
+    return _play("eval", config, sellers=sellers, split=config.eval_splits, buyers=buyers, episodes=config.eval_episodes,
+                 seed=config.eval_seed, max_inflight=config.concurrency)
 
 
 # -- the stages -------------------------------------------------------------------------------------------
@@ -271,13 +318,14 @@ class Stages:
     def round_folder(self, k: int) -> Path:
         return self.out / f"round-{k:02d}"
 
-    def play(self, name: str, args: list[str], folder: Path, serves: int | None | bool = False) -> None:
+    def play(self, name: str, play: Play, folder: Path, serves: int | None | bool = False) -> None:
         """Run a stage that plays episodes into ``folder``, with the policy of round ``serves`` in service (None: the
         untrained model's; False: the stage needs no server). Where some episodes failed, or the stage failed with the
         loop's server dead (it died mid-stage, say), the server is restarted and the stage run again once, playing only
         what is missing or failed; if that fails too, the stage is not finished and the loop stops with one line saying
         why (exit 1). Nothing is summarized from what is left."""
-        shown = {"progress": episodes_progress(folder, self._episodes(args)), "echo": self.echo}
+        shown = {"progress": episodes_progress(folder, play.episodes()), "echo": self.echo}
+        args = play_args(play, folder)
         try:
             run_stage(name, args, self.log_file, **shown)
             return
@@ -290,20 +338,9 @@ class Stages:
         if serves is not False:
             self.serving.restart(serves)
         try:
-            run_stage(f"{name}, again", retry_args(args, folder, self.config), self.log_file, **shown)
+            run_stage(f"{name}, again", retry_args(args, folder), self.log_file, **shown)
         except LoopError as second:
             raise LoopError(f"{second}; it failed again after the server was restarted: the stage is not finished") from None
-    def _episodes(self, args: list[str]) -> int:
-        """The episodes a serve/collect/eval command plays in all: its episodes (or markets x group) x sellers x splits."""
-        def value(flag: str, default: str = "1") -> str:
-            return args[args.index(flag) + 1] if flag in args else default
-
-        if args[0] == "collect":
-            count = int(value("--markets")) * int(value("--group"))
-        else:
-            count = int(value("--episodes", str(self.config.eval_episodes)))
-        return count * len(_list(value("--seller"))) * len(_list(value("--split")))
-
     def train(self, name: str, train: TrainConfig) -> None:
         """Run a training stage (a child process on the typed config), its progress shown from its metrics."""
         run_stage(name, train_args(train), self.log_file, tolerate_failed_episodes=False, echo=self.echo,
@@ -318,7 +355,7 @@ class Stages:
         """Round 0's teacher episodes: played by ``--teacher``, or with ``--teacher-traces`` copied into the run."""
         config, folder = self.config, self.round_folder(0) / "teacher"
         if config.teacher_traces is None:
-            self.play("teacher episodes", teacher_args(config, folder), folder)
+            self.play("teacher episodes", teacher_play(config), folder)
             return
         _fresh(folder)
         folder.mkdir(parents=True)
@@ -342,7 +379,7 @@ class Stages:
             if config.untrained:
                 url, name = self.serving.policy(None)
                 sellers.append(_policy_spec(url, name, config, config.eval_temperature))
-            self.play(f"baselines ({buyers})", eval_args(config, ",".join(sellers), buyers, target), target,
+            self.play(f"baselines ({buyers})", eval_play(config, ",".join(sellers), buyers), target,
                       None if config.untrained else False)
 
     def evaluate(self, k: int) -> None:
@@ -351,7 +388,7 @@ class Stages:
         for buyers in self.state.missing(f"round {k} eval"):
             url, name = self.serving.policy(k)
             spec = _policy_spec(url, name, config, config.eval_temperature)
-            self.play(f"round {k} eval ({buyers})", eval_args(config, spec, buyers, folder / _slug(buyers)), folder / _slug(buyers), k)
+            self.play(f"round {k} eval ({buyers})", eval_play(config, spec, buyers), folder / _slug(buyers), k)
         self.state.data["rounds"][str(k)] = {buyers: summarize_folder(folder / _slug(buyers)) for buyers in _list(config.eval_buyers)}
         write_report(self.out, config, self.state)
 
@@ -359,7 +396,7 @@ class Stages:
         """Round ``k``'s rollouts, by round ``k - 1``'s policy."""
         config, folder = self.config, self.round_folder(k)
         url, name = self.serving.policy(k - 1)
-        self.play(f"round {k} collect", collect_args(config, k, _policy_spec(url, name, config, config.temperature), folder / "rollouts"),
+        self.play(f"round {k} collect", collect_play(config, k, _policy_spec(url, name, config, config.temperature)),
                   folder / "rollouts", k - 1)
         self.state.data.setdefault("rollouts", {})[str(k)] = summarize_folder(folder / "rollouts")
 

@@ -66,7 +66,7 @@ from negotiate.agents.policy import Policy
 
 from negotiate.agents.scripted import BUYERS, SELLERS
 
-__all__ = ["AgentSpec", "parse_agent", "describe_agents", "adviser", "policy_seller"]
+__all__ = ["AgentSpec", "parse_agent", "split_backend", "describe_agents", "adviser", "policy_seller"]
 
 
 _PARAMS = {
@@ -165,11 +165,24 @@ def _check_seller_options(options, role: str, field_name: str, text: str) -> Non
     Policy.of(options).check(role=role, server=getattr(options, "server", None), field=field_name, value=text)
 
 
+def split_backend(spec: str) -> tuple[str, str]:
+    """The backend of an agent spec and what follows it: one grammar, ``[BACKEND:]NAME[@URL][?KEY=VALUE&...]``, for
+    scripted agents (``planner?patience=2``, ``scripted:planner``) and models (``openai:MODEL@URL?...``,
+    ``hf:PATH?...``, ``vllm:MODEL?...``). The backend is what comes before the first ``:`` only where no ``?`` comes
+    before it: a parameter's value may name a model (``rule?tools=hf:x|planner`` is a scripted rule).
+
+    >>> split_backend("openai:m@http://127.0.0.1:8000/v1?temperature=0"), split_backend("rule?tools=hf:x|planner")
+    (('openai', 'm@http://127.0.0.1:8000/v1?temperature=0'), ('scripted', 'rule?tools=hf:x|planner'))
+    """
+    head, colon, rest = spec.partition(":")
+    return (head, rest) if colon and "?" not in head else ("scripted", spec)
+
+
 def parse_agent(text: str, role: str, *, field_name: str | None = None) -> AgentSpec:
     """Parse ``text`` as an agent for ``role``; raise a :class:`UserError` naming the problem."""
     field_name = field_name or ("--seller" if role == "seller" else "--buyers")
     raw = text.strip()
-    backend, _, rest = raw.partition(":") if ":" in raw else ("scripted", "", raw)
+    backend, rest = split_backend(raw)
     if backend == "openai":
         from negotiate.agents.backends import parse_openai_spec
 

@@ -155,3 +155,14 @@ def test_a_tools_own_parameters_are_joined_by_an_escaped_ampersand_and_the_rule_
 
 def test_a_rule_can_teach_since_it_follows_another_sellers_episode():
     assert check_teacher(f"{GREEDY_FIRST}&offer=greedy&else=planner").name == "rule"
+
+
+def test_a_tool_that_names_a_model_is_read_as_the_rules_parameter_not_as_a_backend():
+    """One grammar: the backend is before the first ``:`` only where no ``?`` comes first, so a rule whose tool is a
+    model spec is a scripted rule, and the tool is checked as the model spec it is."""
+    spec = parse_agent("rule?tools=greedy|planner&offer=greedy&else=planner", "seller")
+    assert spec.backend == "scripted" and [tool.name for tool in spec.params["tools"]] == ["greedy", "planner"]
+    with pytest.raises(UserError) as caught:
+        parse_agent("rule?tools=hf:/nowhere/at-all|planner", "seller")
+    assert "unknown agent backend" not in str(caught.value)
+    assert "hf" in str(caught.value) and ("no model at" in str(caught.value) or "not installed" in str(caught.value))

@@ -75,7 +75,8 @@ _PARAMS = {
     ("buyer", "concession"): {"start": (0.0, False, 1.0), "patience": (1, True, 1000)},
     ("buyer", "mixed"): {"conceding": (0.0, True, 1.0)},
     ("buyer", "stubborn"): {"share": (0.0, False, 1.0)},
-    ("seller", "rule"): {"tools": "SPECS", **dict.fromkeys(("offer", "accept", "reject", "end", "wait", "else"), "TOOL")},
+    ("seller", "rule"): {"tools": "SPECS", **dict.fromkeys(("offer", "accept", "reject", "end", "wait", "else"), "TOOL"),
+                         "table": "FILE"},
 }
 """Parameters each scripted agent accepts: name -> (low, low allowed, high) for a number, or a metavar for text, which
 the agent's class reads and checks (its ``parse_params``: a rule's tools and choices)."""

@@ -32,7 +32,7 @@ import numpy as np
 
 from negotiate.agents.llm import TOOLS
 from negotiate.agents.registry import adviser
-from negotiate.agents.planner import read_reason
+from negotiate.agents.rule import state_of
 from negotiate.agents.registry import parse_agent
 from negotiate.episode import run_episode
 from negotiate.errors import UserError
@@ -53,33 +53,23 @@ def differ(planner, greedy) -> bool:
     return greedy is not None and (planner is None or planner.to != greedy.to or planner.action != greedy.action)
 
 
-def kind_of(obs: SellerObservation, planner, greedy) -> tuple:
-    """A state as the table sees it: the planner's verdict, both actions' kinds, whether both write to the same buyer,
-    and the turns left per active buyer (capped at 4): what the ``tools`` prompt shows in so many words."""
-    reason = read_reason(planner.thought) if planner is not None else None
-    verdict = "none" if reason is None else "offer" if reason[2].startswith("offer p") else reason[2]
-    active = sum(1 for b in obs.buyers if b.status == "active")
-    return (verdict, planner.action.kind if planner is not None else "wait", greedy.action.kind,
-            planner is not None and planner.to == greedy.to, min(obs.budget_left // max(active, 1), 4))
-
-
 class Chooser:
     """A seller that sends the planner's message but where ``switch`` (decision index -> bool) or ``table`` (kind of
     state -> bool) says to send greedy's. It records every state where the two differ."""
 
     instant = True
 
-    def __init__(self, market, seed, switch: dict[int, bool] | None = None, table: dict[tuple, bool] | None = None):
+    def __init__(self, market, seed, switch: dict[int, bool] | None = None, table: dict[str, bool] | None = None):
         self.tools = adviser(market, seed, TOOLS)  # both walk the episode as the tools prompt's lines do
         self.switch, self.table = switch or {}, table
         self.step = 0
-        self.states: list[tuple[int, tuple]] = []
+        self.states: list[tuple[int, str]] = []
 
     def decide(self, obs: SellerObservation):
         planner, greedy = self.tools.advise(obs)
         send = planner
         if differ(planner, greedy):
-            kind = kind_of(obs, planner, greedy)
+            kind = state_of(obs, (planner, greedy))
             self.states.append((self.step, kind))
             if self.switch.get(self.step, False) or (self.table is not None and self.table.get(kind, False)):
                 send = greedy
@@ -124,7 +114,7 @@ class Labelled(NamedTuple):
     """Per decision index where the tools differ: whether greedy's message was sent."""
 
 
-async def label(market: Market, ties: str, advantages: dict[tuple, list[tuple[float, bool]]]) -> Labelled:
+async def label(market: Market, ties: str, advantages: dict[str, list[tuple[float, bool]]]) -> Labelled:
     """The market's hindsight episode. ``advantages`` gathers, per kind of state, each labelled state's one-step advantage
     of greedy's move and its label."""
     switch: dict[int, bool] = {}
@@ -145,7 +135,7 @@ async def label(market: Market, ties: str, advantages: dict[tuple, list[tuple[fl
         start = step + 1
 
 
-async def check_table(name: str, table: dict[tuple, bool], splits: list[str], buyers: str, markets: int) -> None:
+async def check_table(name: str, table: dict[str, bool], splits: list[str], buyers: str, markets: int) -> None:
     print(f"\na table seller ({name}) on the held-out markets (run seed {EVAL_SEED}, {markets} per split), {buyers} buyers; "
           "paired against the planner")
     mine_all, base_all = [], []
@@ -171,7 +161,7 @@ async def main(args) -> None:
     if path.exists():
         raise UserError("already holds a trace; give a new folder", field="--out", value=str(out))
     began = time.perf_counter()
-    advantages: dict[tuple, list[tuple[float, bool]]] = defaultdict(list)
+    advantages: dict[str, list[tuple[float, bool]]] = defaultdict(list)
     totals, ours, planners = Counter(), [], []
     with TraceWriter(path) as writer:
         for split in splits:
@@ -190,7 +180,7 @@ async def main(args) -> None:
     print(f"{path}: {len(ours)} episodes in {summary['seconds']}s; {totals['states']} states where the two differ, "
           f"{totals['greedy']} labelled greedy's move; profit/OPT {ours.mean():.3f} (the planner's on the same markets "
           f"{planners.mean():.3f}, paired {'%+.3f ± %.3f' % mean_ci(ours - planners)})")
-    print("\nkinds of state (verdict, planner's action, greedy's, same buyer, turns per active buyer), 20 or more seen:")
+    print("\nkinds of state (verdict/planner's action/greedy's/same buyer/turns per active buyer), 20 or more seen:")
     by_mean, by_label = {}, {}
     for kind, rows in sorted(advantages.items(), key=lambda kv: -len(kv[1])):
         gains, labels = np.array([gain for gain, _ in rows]), np.array([chosen for _, chosen in rows])
@@ -199,6 +189,10 @@ async def main(args) -> None:
         by_mean[kind], by_label[kind] = bool(gains.mean() > 0), bool(labels.mean() > 0.5)
         print(f"  {str(kind):58s} n={len(gains):5d} greedy better {np.mean(gains > 0):.2f}, worse {np.mean(gains < 0):.2f}, "
               f"mean {gains.mean():+.4f}, labelled greedy {labels.mean():.2f}")
+    tools = f"tools={TOOLS[0].replace('&', '%26')}|{TOOLS[1]}"
+    for file, table in (("table-mean.json", by_mean), ("table-label.json", by_label)):  # the tables as rule sellers (agents/rule.py)
+        (out / file).write_text(json.dumps({kind: "greedy" if pick else "planner" for kind, pick in table.items()}, indent=1) + "\n")
+        print(f"{file}: play it as rule?{tools}&table={out / file}")
     if args.check:
         for name, table in (("greedy where its mean advantage is above 0", by_mean), ("the label most states of a kind have", by_label)):
             await check_table(name, table, splits, args.buyers, args.check)

@@ -110,3 +110,40 @@ async def test_tool_choices_counts_the_hindsight_labels_as_the_tools_it_sent(tmp
     planner = sum(n for key, n in counts.items() if key[0] == "planner")
     assert greedy == chosen and planner >= labels - chosen and counts["neither"] == counts["invalid"] == 0
     assert planner - (labels - chosen) == counts[("planner", "wait")]  # no label where greedy would wait
+
+
+async def test_a_table_played_as_a_rule_seller_plays_as_the_scripts_table_chooser(tmp_path):
+    """The lookup table as a seller (``rule?...&table=FILE``, what the loop plays beside the fixed rules) sends, in every
+    state, what the script's own table seller sends: the same messages, episode for episode."""
+    from negotiate.agents.registry import parse_agent
+    from negotiate.episode import run_episode
+    from negotiate.run import seller_seed
+    from negotiate.runner import build_episode
+
+    def messages(episode) -> list[tuple]:
+        return [(e.sender, str(e.to), e.action, e.valid) for e in episode.events if e.type == "message"]
+
+    flipped = 0
+    for index in range(6):
+        _, seller = await market(index).play()
+        kinds = sorted({kind for _, kind in seller.states})
+        table = {kind: k % 2 == 0 for k, kind in enumerate(kinds)}  # greedy's move in every other kind of state seen
+        file = tmp_path / f"table-{index}.json"
+        file.write_text(json.dumps({kind: "greedy" if pick else "planner" for kind, pick in table.items()}))
+        theirs, _ = await market(index).play(table=table)
+        spec = parse_agent(f"rule?tools=planner?reasons=1|greedy&table={file}", "seller")
+        m, _, buyers = build_episode(market(index).spec, spec, market(index).buyers, 7, index)
+        ours = await run_episode(m, spec.build(m, seller_seed(m.seed)), buyers, fresh=True, episode_id="x")
+        assert messages(ours) == messages(theirs), index
+        flipped += messages(theirs) != messages((await market(index).play())[0])
+    assert flipped >= 3  # the tables changed what was sent: not the planner's episodes over again
+
+
+def test_a_bad_table_is_one_line_naming_the_file(tmp_path):
+    from negotiate.agents.registry import parse_agent
+    from negotiate.errors import UserError
+
+    (tmp_path / "t.json").write_text('{"hold out/reject/accept/same/4": "oracle"}')
+    for text, message in [(tmp_path / "nope.json", "cannot read it"), (tmp_path / "t.json", "names 'oracle', not one of the tools")]:
+        with pytest.raises(UserError, match=re.escape(str(text)) + ".*" + message):
+            parse_agent(f"rule?tools=planner?reasons=1|greedy&table={text}", "seller")

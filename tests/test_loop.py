@@ -482,6 +482,26 @@ def test_under_the_tools_prompt_the_headline_is_the_policy_against_the_best_fixe
     assert "fixed rules" not in (out.parent / "plain" / "results.md").read_text()
 
 
+def test_a_lookup_table_is_played_beside_the_fixed_rules_and_counts_for_the_headline(world, tmp_path):
+    """``rule_tables``: each table (benchmarks/hindsight.py's) is one more rule over the tools, evaluated on the held-out
+    markets with the others and a candidate for the best rule; it needs a prompt that shows two tools."""
+    from negotiate.agents.rule import table_rule
+    from negotiate.agents.views.tools import TOOLS
+
+    config, calls, crash, out = world
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"none/offer/offer/apart/4": "greedy", "hold out/reject/accept/same/1": "greedy"}))
+    run_loop(config(prompt="tools", rounds=0, rule_tables=str(table)), echo=lambda line: None)
+    sellers = {record.start.seller for path in trace_files([out / "baselines"]) for record in read_records(path)}
+    assert table_rule(TOOLS, str(table.resolve())) in sellers
+    assert "against the best of the 23 fixed rules" in (out / "results.md").read_text()
+    with pytest.raises(UserError, match=r"rule_tables.*a table chooses between two tools, and --prompt compact shows 0"):
+        config(prompt="compact", rule_tables=str(table)).check()
+    table.write_text('{"none/offer/offer/apart/4": "posted"}')
+    with pytest.raises(UserError, match=r"names 'posted', not one of the tools"):
+        config(out=str(tmp_path / "other"), prompt="tools", rule_tables=str(table)).check()
+
+
 def test_a_failing_stage_is_one_line_that_says_how_to_resume(world, monkeypatch):
     config, calls, crash, out = world
 
@@ -728,13 +748,15 @@ def test_the_readmes_loop_runs_are_config_files_that_check(tmp_path, monkeypatch
     given = tmp_path / "runs" / "hindsight"
     given.mkdir(parents=True)
     (given / "hindsight.jsonl").write_text("")
+    (given / "table-label.json").write_text("{}")  # the table hindsight.py fits on the same labels
     (tmp_path / "specs").symlink_to(root / "specs")
     monkeypatch.chdir(tmp_path)  # the file names runs/hindsight, where benchmarks/hindsight.py writes it
     tools = _config_from(["--config", str(root / "docs" / "experiments" / "hindsight-tools.toml")]).to_json()
     assert {k: tools[k] for k in tools if tools[k] != advice[k]} == {
         "teacher_traces": str(given), "prompt": "tools", "grounded": False, "seed": 7, "sft_steps": 120, "round_method": "rft",
         "group": 4, "round_action_weights": None, "grpo_steps": None, "eval_buyers": "concession,threshold",
-        "teacher_episodes": 400}  # unused: the teacher episodes are given
+        "teacher_episodes": 400,  # unused: the teacher episodes are given
+        "rule_tables": str(given / "table-label.json")}
 
 
 @pytest.mark.parametrize("text, message", [

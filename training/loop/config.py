@@ -73,6 +73,9 @@ class LoopConfig:
     eval_seed: int = setting("run seed of the held-out markets (no training run may use it)", default=1_000_003)
     eval_temperature: float = setting("sampling temperature in evaluation", default=0.7)
     ladder: str = setting("scripted sellers evaluated once on the held-out markets", default="greedy,posted,concession,dutch,oracle")
+    rule_tables: str = setting("lookup tables played beside the fixed rules where the prompt shows two tools: JSON files from kinds "
+                               "of state to a tool (benchmarks/hindsight.py writes them from its labels), comma-separated",
+                               default="")
     untrained: bool = setting("evaluate the untrained model too", default=True)
     legal: bool = setting("decode the policy's replies (rollouts and evaluations) under a regex of the replies the rules allow "
                         "(the seller spec's legal=1)", default=False)
@@ -142,6 +145,17 @@ class LoopConfig:
             if method.labels_with_teacher:
                 raise UserError(f"{method.name} rounds label the policy's states with --teacher, not with the traces' seller; use "
                                 f"{_those(lambda m: not m.labels_with_teacher)} rounds", field="--round-method", value=self.round_method)
+        if self.rule_tables:
+            from negotiate.agents.rule import table_rule
+            from negotiate.agents.views import view
+
+            self.rule_tables = ",".join(str(Path(path).resolve()) for path in _list(self.rule_tables))
+            tools = view(self.prompt).tools
+            if len(tools) != 2:
+                raise UserError(f"a table chooses between two tools, and --prompt {self.prompt} shows {len(tools)}",
+                                field="rule_tables", value=self.rule_tables)
+            for path in _list(self.rule_tables):
+                parse_agent(table_rule(tools, path), "seller", field_name="rule_tables")
         if not _list(self.eval_buyers):
             raise UserError("give at least one buyer spec (each is a column of held-out evaluations)", field="--eval-buyers",
                             value=self.eval_buyers)

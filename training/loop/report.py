@@ -67,12 +67,13 @@ def results_table(rows: list[tuple[str, dict]], splits: list[str], pairs: list[t
 
 def rule_baselines(config: LoopConfig) -> list[str]:
     """The fixed rules over the scripted moves the policy's prompt shows it (:func:`~negotiate.agents.rule.rules_over`
-    of its view's tools; none where it shows none): the baselines evaluated beside the ladder, the best of which heads
-    ``results.md``."""
-    from negotiate.agents.rule import rules_over
+    of its view's tools; none where it shows none), and the lookup tables of ``rule_tables`` over the same two tools: the
+    baselines evaluated beside the ladder, the best of which heads ``results.md``."""
+    from negotiate.agents.rule import rules_over, table_rule
     from negotiate.agents.views import view
 
-    return rules_over(view(config.prompt).tools)
+    tools = view(config.prompt).tools
+    return rules_over(tools) + [table_rule(tools, path) for path in _list(config.rule_tables)] if len(tools) == 2 else rules_over(tools)
 
 
 def _best_rule(rows: list[tuple[str, dict]], rules: list[str]) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ from negotiate.report import (
 )
 from negotiate.agents.pools import Pools
 from negotiate.run import RUN_SETTINGS, RunConfig, RunOptions, default_timeout
-from negotiate.settings import add_command_settings, apply_command_settings, command_default, command_flags, read_seed
+from negotiate.settings import Flag, add_command_settings, apply_command_settings, command_default, setting
 from negotiate.runner import (
     Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug, take_failed,
 )
@@ -119,14 +120,78 @@ def _run_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     add_command_settings(parser, RUN_SETTINGS, command)
 
 
+def _flag_of(command: str):
+    """A setting of ``command`` alone: its default, help and :class:`~negotiate.settings.Flag` options."""
+    def make(initial, help: str, **options):
+        return setting(help, default=initial, flag=Flag(help, commands=(command,), **options))
+
+    return make
+
+
+_play_flag, _report_flag, _replay_flag = _flag_of("play"), _flag_of("report"), _flag_of("replay")
+
+
+@dataclass(frozen=True)
+class PlaySettings:
+    """The settings of ``negotiate play``: flags, and keys of ``--config FILE`` and ``--set`` (a ``play --web`` server's
+    settings in a file, say), by the one mechanism (:mod:`negotiate.settings`)."""
+
+    role: str = _play_flag("buyer", "the part you take", choices=("buyer", "seller"))
+    split: str = _play_flag("train", f"split ({', '.join(SPLITS)}) or a TOML market spec file")
+    seed: int | None = _play_flag(None, "market seed (default: a fresh one, printed)", kind="seed", shown="")
+    seller: str | None = _play_flag(None, "the seller agent when you play a buyer (default: greedy); refused with --role seller",
+                                    aliases=("--sellers",), shown="")
+    buyers: str = _play_flag("threshold", "the other buyers' agent (default: threshold, as in serve and eval)", shown="")
+    out: Path = _play_flag(Path("traces") / "play", "folder for your episodes' traces", kind="path")
+    web: bool = _play_flag(False, "serve the game to browsers instead (extra 'web'): each visitor plays one episode of their "
+                                  "own with these settings, a fresh market each", kind="switch", shown="")
+    host: str | None = _play_flag(None, "with --web: the address to listen on (default: 127.0.0.1, this machine only)", shown="")
+    port: int | None = _play_flag(None, "with --web: the port (default: 8000)", kind="int", shown="")
+    max_players: int | None = _play_flag(None, "with --web: visitors playing at once; the next one is told to come back later "
+                                               "(default: 8)", kind="int", shown="")
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """The settings of ``negotiate report`` (the trace paths are its arguments)."""
+
+    by: str = _report_flag("seller,split", f"breakdown, from {', '.join(GROUP_KEYS)}")
+    format: str = _report_flag("table", "table: for the terminal (the headline intervals); markdown and csv: every interval",
+                               choices=("table", "markdown", "csv"))
+    allow_partial: bool = _report_flag(False, "skip a half-written trailing episode instead of failing (a note says how many "
+                                              "were skipped)", kind="switch", shown="")
+    baseline: str | None = _report_flag(None, "also print paired differences of every seller against this one (same markets, in "
+                                              "one run or across runs; with --format csv, only this table)", shown="")
+    baseline_run: str | None = _report_flag(None, "the run whose --baseline the others are compared with, where separate runs of "
+                                                  "the same markets both have it (a run id, as the report's run column shows it)",
+                                            metavar="RUN", shown="")
+    teacher: str | None = _report_flag(None, "also replay a scripted seller (greedy, planner...) through every seller state and "
+                                             "count where the seller's message differs from what it would have sent, by seller "
+                                             "(with --format csv, only this table)", shown="")
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """The settings of ``negotiate replay`` (the trace file is its argument)."""
+
+    episode: str | None = _replay_flag(None, "episode id (default: the first; the UI lets you pick)", shown="")
+    text: bool = _replay_flag(False, "print a plain transcript instead of opening the UI", kind="switch", shown="")
+    full: bool = _replay_flag(False, "with --text: print long fields whole (cut at 4000 characters, with a marker, by default)",
+                              kind="switch", shown="")
+    allow_partial: bool = _replay_flag(False, "skip a half-written trailing episode (a run still playing, or killed) instead of "
+                                              "failing", kind="switch", shown="")
+
+
+COMMAND_SETTINGS = {"play": (PlaySettings,), "report": (ReportSettings,), "replay": (ReplaySettings,)}
+"""The commands other than serve, collect and eval (:data:`RUN_SETTINGS`) and train and loop (their own configs) whose
+flags are settings, each command's default filled in where neither a flag, the file nor ``--set`` gave one."""
+
+
 def _run_settings(args: argparse.Namespace) -> None:
     """The settings of serve, collect and eval as typed, else from --config and --set; how the run is played
     (:class:`RunOptions`) filled in with the command's defaults where none gave it (what a run is stays None where not
     given: --resume takes the run's own)."""
-    apply_command_settings(args, RUN_SETTINGS, args.command)
-    for name, flag, default in command_flags(RunOptions, args.command):
-        if getattr(args, flag.key(name)) is None:
-            setattr(args, flag.key(name), default)
+    apply_command_settings(args, RUN_SETTINGS, args.command, defaults=(RunOptions,))
 
 
 def _setting(args: argparse.Namespace, name: str, dest: str | None = None):
@@ -246,19 +311,7 @@ def _parser() -> argparse.ArgumentParser:
                                         "runs that played the same episodes (serve, then eval, with one seed) are reported apart, by run.")
     report.add_argument("traces", nargs="+", help="trace files (*.jsonl) or folders searched recursively; *.log.jsonl files are "
                         "skipped, and among several paths (a shell glob) any file that is not *.jsonl")
-    report.add_argument("--by", default="seller,split", help=f"breakdown, from {', '.join(GROUP_KEYS)} (default: seller,split)")
-    report.add_argument("--format", choices=("table", "markdown", "csv"), default="table",
-                        help="table: for the terminal (the headline intervals); markdown and csv: every interval (default: table)")
-    report.add_argument("--allow-partial", action="store_true",
-                        help="skip a half-written trailing episode instead of failing (a note says how many were skipped)")
-    report.add_argument("--baseline", help="also print paired differences of every seller against this one (same markets, "
-                                           "in one run or across runs; with --format csv, only this table)")
-    report.add_argument("--baseline-run", metavar="RUN", help="the run whose --baseline the others are compared with, where "
-                                                              "separate runs of the same markets both have it (a run id, as "
-                                                              "the report's run column shows it)")
-    report.add_argument("--teacher", help="also replay a scripted seller (greedy, planner...) through every seller state and "
-                                          "count where the seller's message differs from what it would have sent, by seller "
-                                          "(with --format csv, only this table)")
+    add_command_settings(report, (ReportSettings,), "report")
     report.set_defaults(run=_report)
 
     evaluate = sub.add_parser("eval", help="compare sellers side by side on the generalization splits (tables, CSV, plots)",
@@ -277,31 +330,14 @@ def _parser() -> argparse.ArgumentParser:
 
     play = sub.add_parser("play", help="bargain yourself in the terminal UI, as a buyer or as the seller",
                           description="Play one episode in the terminal UI against scripted (or any) agents; the episode is traced like any other.")
-    play.add_argument("--role", choices=("buyer", "seller"), default="buyer", help="the part you take (default: buyer)")
-    play.add_argument("--split", default="train", help=f"split ({', '.join(SPLITS)}) or a TOML market spec file (default: train)")
-    play.add_argument("--seed", type=read_seed, default=None, help="market seed (default: a fresh one, printed)")
-    play.add_argument("--seller", "--sellers", dest="seller", default=None,
-                      help="the seller agent when you play a buyer (default: greedy); refused with --role seller")
-    play.add_argument("--buyers", default="threshold", help="the other buyers' agent (default: threshold, as in serve and eval)")
-    play.add_argument("--out", type=Path, default=Path("traces") / "play", help="folder for your episodes' traces (default: traces/play)")
-    play.add_argument("--web", action="store_true", help="serve the game to browsers instead (extra 'web'): each visitor plays "
-                                                         "one episode of their own with these settings, a fresh market each")
-    play.add_argument("--host", default=None, help="with --web: the address to listen on (default: 127.0.0.1, this machine only)")
-    play.add_argument("--port", type=int, default=None, help="with --web: the port (default: 8000)")
-    play.add_argument("--max-players", type=int, default=None,
-                      help="with --web: visitors playing at once; the next one is told to come back later (default: 8)")
+    add_command_settings(play, (PlaySettings,), "play")
     play.add_argument("--index", type=int, default=None, help=argparse.SUPPRESS)  # --web numbers its visitors' episodes
     play.set_defaults(run=_play)
 
     replay = sub.add_parser("replay", help="step through recorded episodes (terminal UI, or --text)",
                             description="Replay episodes from a trace file: every message (thoughts included), deals, violations, metrics.")
     replay.add_argument("trace", type=Path, help="a trace file (*.jsonl)")
-    replay.add_argument("--episode", help="episode id (default: the first; the UI lets you pick)")
-    replay.add_argument("--text", action="store_true", help="print a plain transcript instead of opening the UI")
-    replay.add_argument("--full", action="store_true", help="with --text: print long fields whole (cut at 4000 "
-                        "characters, with a marker, by default)")
-    replay.add_argument("--allow-partial", action="store_true",
-                        help="skip a half-written trailing episode (a run still playing, or killed) instead of failing")
+    add_command_settings(replay, (ReplaySettings,), "replay")
     replay.set_defaults(run=_replay)
 
     sub.add_parser("agents", help="list the agents, their parameters and the model backends",
@@ -910,6 +946,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in ("serve", "collect", "eval"):
             _run_settings(args)
+        elif args.command in COMMAND_SETTINGS:
+            classes = COMMAND_SETTINGS[args.command]
+            apply_command_settings(args, classes, args.command, defaults=classes)
         return args.run(args, console)
     except UserError as error:
         print(for_screen(f"negotiate {args.command}: error: {error}"), file=sys.stderr)

@@ -89,7 +89,7 @@ def read_seconds(text: str) -> float:
     return value
 
 
-READERS = {"int": int, "seed": read_seed, "count": read_count, "seconds": read_seconds, "shard": read_shard}
+READERS = {"int": int, "seed": read_seed, "count": read_count, "seconds": read_seconds, "shard": read_shard, "path": Path}
 """How each kind of :class:`Flag` reads its value (``text``: as typed; ``switch``: present or not)."""
 
 COMMANDS = ("serve", "collect", "eval")
@@ -110,7 +110,9 @@ class Flag:
     metavar: str | None = None
     kind: str = "text"
     """How the value is read: ``text``, ``int``, ``seed`` (a whole number from 0 to 2**64 - 1), ``count`` (a whole
-    number >= 1), ``seconds`` (positive and finite), ``shard`` (K/N) or ``switch`` (present or not)."""
+    number >= 1), ``seconds`` (positive and finite), ``shard`` (K/N), ``path`` or ``switch`` (present or not)."""
+    choices: tuple[str, ...] = ()
+    """The values a text setting may take (none: any)."""
     default: object = None
     """The command's default, where it is not the field's."""
     shown: str | None = None
@@ -392,7 +394,7 @@ def add_command_settings(parser: argparse.ArgumentParser, classes: tuple, comman
             if flag.kind == "switch":
                 options["action"] = "store_true"
             else:
-                options |= {"type": READERS.get(flag.kind, str), "metavar": flag.metavar}
+                options |= {"type": READERS.get(flag.kind, str), "metavar": flag.metavar, **({"choices": flag.choices} if flag.choices else {})}
             parser.add_argument(flag.spelled(name), *flag.aliases, **options)
     parser.add_argument("--config", metavar="FILE", help=f"a TOML file of {command} settings (every key: --keys); flags typed "
                                                          "override it")
@@ -409,12 +411,15 @@ def _command_value(flag: Flag, value, source: str, key: str):
         if isinstance(value, bool):
             return value
         raise UserError("must be true or false", source=source, field=key, value=value)
-    if flag.kind == "text":
-        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-            return ",".join(value)
-        if isinstance(value, str):
-            return value
-        raise UserError("must be a string (or a list of strings)", source=source, field=key, value=value)
+    if flag.kind in ("text", "path"):
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value) and flag.kind == "text":
+            value = ",".join(value)
+        if not isinstance(value, str):
+            raise UserError(f"must be a string{' (or a list of strings)' if flag.kind == 'text' else ''}", source=source, field=key,
+                            value=value)
+        if flag.choices and value not in flag.choices:
+            raise UserError(f"must be one of {', '.join(flag.choices)}", source=source, field=key, value=value)
+        return Path(value) if flag.kind == "path" else value
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise UserError(f"must be {'K/N, like 2/8' if flag.kind == 'shard' else 'a number'}", source=source, field=key, value=value)
     try:
@@ -429,9 +434,10 @@ def _command_checked(classes: tuple, command: str, data: dict, source: str) -> d
     return {name: _command_value(flags[name], value, source, key) for name, key, value in _known(data, flags, command, source)}
 
 
-def apply_command_settings(args: argparse.Namespace, classes: tuple, command: str) -> None:
+def apply_command_settings(args: argparse.Namespace, classes: tuple, command: str, *, defaults: tuple = ()) -> None:
     """Put the values of ``--config FILE`` and ``--set`` on ``args`` for each setting whose flag was not typed (last wins:
-    the file, ``--set``, the flag typed). A bad file, key or value is one line naming it."""
+    the file, ``--set``, the flag typed), then the command's default for each setting of ``defaults`` (classes) still
+    unset. A bad file, key or value is one line naming it."""
     data = {}
     if getattr(args, "config", None) is not None:
         data = _command_checked(classes, command, _toml_file(args.config), str(args.config))
@@ -439,3 +445,7 @@ def apply_command_settings(args: argparse.Namespace, classes: tuple, command: st
     for key, value in data.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    for cls in defaults:
+        for name, flag, default in command_flags(cls, command):
+            if getattr(args, flag.key(name)) is None:
+                setattr(args, flag.key(name), default)

@@ -165,3 +165,37 @@ def test_a_bad_run_setting_is_one_line_naming_the_file_or_set_and_the_key(tmp_pa
     err = " ".join(capsys.readouterr().err.split())
     assert message.replace("collect.toml", str(file)) in err, err
     assert not (tmp_path / "c").exists()
+
+
+def test_play_takes_its_settings_by_the_same_mechanism(tmp_path, capsys):
+    """play's flags are keys too (a ``play --web`` server's settings in a file); a typed flag wins, the rest keep their
+    defaults; a bad value names the file and the key."""
+    from pathlib import Path
+
+    from negotiate.cli import PlaySettings, _parser
+    from negotiate.settings import apply_command_settings
+
+    file = tmp_path / "play.toml"
+    file.write_text('role = "seller"\nbuyers = "concession"\nout = "games"\nport = 8123\n')
+    args = _parser().parse_args(["play", "--config", str(file), "--port", "9000"])
+    apply_command_settings(args, (PlaySettings,), "play", defaults=(PlaySettings,))
+    assert (args.role, args.buyers, args.out, args.port, args.split, args.seed, args.web) == (
+        "seller", "concession", Path("games"), 9000, "train", None, False)
+    file.write_text('role = "referee"\n')
+    assert main(["play", "--config", str(file)]) == 2
+    assert f"{file}: role: 'referee': must be one of buyer, seller" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("command", ["serve", "collect", "eval", "train", "loop", "play", "report", "replay"])
+def test_every_command_with_settings_lists_them_with_keys_and_takes_config_and_set(command, capsys):
+    """One mechanism for every command that has settings: ``--keys`` lists each one (flag or key only), and
+    ``--config``/``--set`` are in its help."""
+    with pytest.raises(SystemExit) as done:
+        main([command, "--keys"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"negotiate {command}: every setting") and len(re.findall(r"^[ *] ?\S+ \(", out, re.M)) >= 4
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    help_text = capsys.readouterr().out
+    assert "--config FILE" in help_text and "--set KEY=VALUE" in help_text

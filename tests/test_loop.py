@@ -225,7 +225,7 @@ def test_a_run_started_where_bf16_is_fast_resumes_in_bf16_where_it_is_not(world,
     monkeypatch.setattr(local, "cpu_bf16", lambda: True)
     assert cut(world, "round 0 sft")["config"]["bf16"] is True
     monkeypatch.setattr(local, "cpu_bf16", lambda: False)
-    with pytest.raises(UserError, match=r"--bf16 True; rerun with the same value"):
+    with pytest.raises(UserError, match=r"has bf16 True; rerun with the same value"):
         run_loop(config(bf16=False), echo=lambda line: None)
     data = run_loop(config(), echo=lambda line: None)
     assert data["config"]["bf16"] is True and all(train.bf16 for train in crash["train_args"])
@@ -286,7 +286,7 @@ def test_action_weights_reach_the_sft_and_the_imitation_rounds_and_round_0_depen
     run_loop(config(round_method="dagger", group=1, markets=3, grpo_steps=2, action_weights="accept=4"), echo=lambda line: None)
     sft, dagger = crash["train_args"]
     assert sft.action_weights == dagger.action_weights == "accept=4"
-    with pytest.raises(UserError, match=r"--action-weights.*round 0 depends on it"):  # another SFT: not taken from this run
+    with pytest.raises(UserError, match=r"has action_weights.*round 0 depends on it"):  # another SFT: not taken from this run
         run_loop(config(out=str(out.parent / "b"), sft_from=str(out)), echo=lambda line: None)
     run_loop(config(out=str(out.parent / "c"), sft_from=str(out), action_weights="accept=4", round_method="offline-grpo"),
              echo=lambda line: None)
@@ -376,7 +376,7 @@ def test_a_run_takes_round_0_from_an_earlier_one_and_only_trains_its_rounds(worl
     results = (other / "results.md").read_text()
     assert "| SFT (round 0) |" in results and "| round 1 − SFT (round 0) (paired) |" in results and "| greedy |" in results
     # A flag round 0 depends on must match; the round's own flags may differ (markets, method, above).
-    with pytest.raises(UserError, match=r"--sft-lr.*round 0 depends on it"):
+    with pytest.raises(UserError, match=r"has sft_lr.*round 0 depends on it"):
         run_loop(config(out=str(out.parent / "c"), sft_from=str(out), sft_lr=1e-3), echo=lambda line: None)
     with pytest.raises(UserError, match=r"--sft-from.*not a loop run folder"):
         run_loop(config(out=str(out.parent / "d"), sft_from=str(out.parent / "nothing")), echo=lambda line: None)
@@ -653,14 +653,14 @@ def test_fresh_reaches_the_teacher_the_rollouts_and_every_evaluation_and_round_0
                    "round-01/eval/threshold"):
         assert fresh(out / folder) == {True}, folder
     # The teacher's episodes were played under it: another run cannot take this SFT without it.
-    with pytest.raises(UserError, match=r"--fresh True; round 0 depends on it"):
+    with pytest.raises(UserError, match=r"has fresh True; round 0 depends on it"):
         run_loop(config(out=str(out.parent / "stale"), sft_from=str(out), round_method="dagger", teacher="planner", group=1),
                  echo=lambda line: None)
     # A run from before the flag asked its sellers at once.
     state = json.loads((out / "loop.json").read_text())
     del state["config"]["fresh"]
     (out / "loop.json").write_text(json.dumps(state))
-    with pytest.raises(UserError, match=r"--fresh"):
+    with pytest.raises(UserError, match=r"has fresh False; rerun with the same value"):
         run_loop(config(fresh=True, round_method="dagger", teacher="planner", group=1), echo=lambda line: None)
 
 
@@ -709,9 +709,9 @@ def test_sft_on_given_teacher_traces_copies_them_into_the_run_and_plays_no_teach
     run_loop(config(teacher_traces=str(given), teacher="planner", rounds=1), echo=lambda line: None)
     assert calls == []
     # Round 0 learned from those traces: a rerun, or a run taking its SFT, with other traces (or none) is refused.
-    with pytest.raises(UserError, match="--teacher-traces"):
+    with pytest.raises(UserError, match="has teacher_traces '.*given'; rerun with the same value"):
         run_loop(config(teacher="planner", rounds=1), echo=lambda line: None)
-    with pytest.raises(UserError, match=r"has --teacher-traces '.*given'; round 0 depends on it"):
+    with pytest.raises(UserError, match=r"has teacher_traces '.*given'; round 0 depends on it"):
         run_loop(config(out=str(out.parent / "other"), sft_from=str(out), teacher="planner"), echo=lambda line: None)
 
 

@@ -216,7 +216,10 @@ def loop_fields():
 
 
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """How a person gives the setting ``name``: its flag (``--rounds``) where it is one, else its key (``sft_lr``: a line
+    of ``--config``'s file, or ``--set sft_lr=...``)."""
+    flags = {s.name for s in settings_of(LoopConfig) if s.flag}
+    return "--" + name.replace("_", "-") if name in flags else name
 
 
 def _copied_teacher(out: Path) -> bool:

@@ -142,8 +142,9 @@ def test_each_eval_buyer_type_is_a_column_of_its_own_paired_on_its_own_markets(w
     assert [c for c in calls if "eval" in c] == ["round 0 eval (threshold)", "round 0 eval (concession)", "round 1 eval (threshold)",
                                                   "round 1 eval (concession)"]
     results = (out / "results.md").read_text()
-    threshold, concession = results.split("### buyers: concession")
-    assert threshold.startswith("### buyers: threshold")
+    head, threshold = results.split("### buyers: threshold")
+    threshold, concession = threshold.split("### buyers: concession")
+    assert head.startswith("## negotiate loop: ") and "### " not in head  # what made the tables, then one section per column
     for section in (threshold, concession):
         for row in ("| SFT (round 0) |", "| round 1 |", "| greedy |", "| round 1 − SFT (round 0) (paired) |"):
             assert row in section, section
@@ -500,6 +501,25 @@ def test_a_lookup_table_is_played_beside_the_fixed_rules_and_counts_for_the_head
     table.write_text('{"none/offer/offer/apart/4": "posted"}')
     with pytest.raises(UserError, match=r"names 'posted', not one of the tools"):
         config(out=str(tmp_path / "other"), prompt="tools", rule_tables=str(table)).check()
+
+
+def test_results_say_the_command_the_commit_the_seeds_the_wall_time_and_the_load(world, monkeypatch):
+    """Issue 41: each results table gives what made it and under what load; a resumed run lists each command."""
+    import subprocess
+
+    from negotiate.training.loop import run as loop_run
+
+    config, calls, crash, out = world
+    monkeypatch.setattr(loop_run.os, "getloadavg", lambda: (3.0, 1.5, 1.0))
+    run_loop(config(rounds=0), echo=lambda line: None, command="negotiate loop --out x")
+    run_loop(config(rounds=1), echo=lambda line: None, command="negotiate loop --out x --rounds 1")
+    head = (out / "results.md").read_text().split("### buyers")[0]
+    here = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert f"- `negotiate loop --out x` at commit `{here}" in head and "- `negotiate loop --out x --rounds 1` at commit" in head
+    assert f"training run seed 0 (round K collects on 0 + K); held out: run seed 1000003, 6 markets of each of {config().split}" in head
+    assert "wall time in stages: " in head and "- load (5-minute average as each stage ended): 1.5 to 1.5" in head
+    data = json.loads((out / "loop.json").read_text())
+    assert set(data["load"]) == set(data["seconds"]) == set(data["done"])
 
 
 def test_a_failing_stage_is_one_line_that_says_how_to_resume(world, monkeypatch):

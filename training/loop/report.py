@@ -87,11 +87,30 @@ def _best_rule(rows: list[tuple[str, dict]], rules: list[str]) -> str | None:
     return max(means, key=means.get) if means else None
 
 
+def provenance(config: LoopConfig, state: State) -> str:
+    """What ``results.md`` was made from and under: each command that ran the loop with the code's commit and the
+    cores, the seeds, the wall time in stages, and the load they ran under (the 5-minute load average as each ended)."""
+    runs = state.data.get("invocations") or []
+    lines = [f"- `{run['command']}` at commit `{run['commit']}`, {run['started']}, {run.get('cores')} cores" for run in runs]
+    seconds = state.data.get("seconds") or {}
+    loads = [load for load in (state.data.get("load") or {}).values() if load is not None]
+    long = ", ".join(f"{name} {seconds[name] / 60:.0f} min" for name in sorted(seconds, key=seconds.get, reverse=True)[:4]
+                     if seconds[name] >= 60)
+    splits = ", ".join(_list(config.eval_splits))
+    lines.append(f"- seeds: training run seed {config.seed} (round K collects on {config.seed} + K); held out: run seed "
+                 f"{config.eval_seed}, {config.eval_episodes} markets of each of {splits}")
+    if seconds:
+        lines.append(f"- wall time in stages: {sum(seconds.values()) / 60:.0f} min" + (f" ({long})" if long else ""))
+    if loads:
+        lines.append(f"- load (5-minute average as each stage ended): {min(loads):.1f} to {max(loads):.1f}")
+    return "\n".join(lines) + "\n"
+
+
 def write_report(out: Path, config: LoopConfig, state: State) -> None:
     """``results.md`` (every row paired on the same held-out markets) and ``curve.png``. Where the prompt shows the
     policy scripted moves, the first paired row is the headline: the last policy against the best fixed rule over
     those moves."""
-    sections = []
+    sections = [f"## negotiate loop: {out}\n\n{provenance(config, state)}"]
     rules = rule_baselines(config)
     for buyers in _list(config.eval_buyers):
         rows: list[tuple[str, dict]] = []

@@ -4,6 +4,8 @@ command around it (:func:`run_loop_command`)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -18,14 +20,33 @@ from negotiate.training.server import ServerError
 __all__ = ["LOOP_NEEDS", "run_loop", "run_loop_command"]
 
 
-def run_loop(config: LoopConfig, *, echo=print) -> dict:
-    """Run (or resume) the loop described by ``config``; returns ``loop.json``'s content."""
+def commit() -> str:
+    """The commit of the code that runs (``git rev-parse``), marked ``+ changes`` where the checkout has uncommitted
+    changes to tracked files; ``unknown`` outside a git checkout."""
+    where = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + (" + changes" if dirty.stdout.strip() else "")
+
+
+def run_loop(config: LoopConfig, *, echo=print, command: str = "run_loop()") -> dict:
+    """Run (or resume) the loop described by ``config``; returns ``loop.json``'s content. Each invocation is recorded
+    with its ``command`` and the code's commit, each stage with its seconds and the load it ran under: what
+    ``results.md``'s header reports."""
     config.check()
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     state = State(out / "loop.json", config)
     if config.sft_from and not state.data["done"]:
         take_round0(Path(config.sft_from), out, config, state)
+    state.data.setdefault("invocations", []).append({"command": command, "commit": commit(), "cores": os.cpu_count(),
+                                                      "started": time.strftime("%Y-%m-%d %H:%M:%S %z")})
     state.save()
     serving = Serving(config, out, out / "base", state)
     stages = Stages(config, out, state, serving, echo)
@@ -38,6 +59,7 @@ def run_loop(config: LoopConfig, *, echo=print) -> dict:
         work()
         seconds = state.data.setdefault("seconds", {})
         seconds[name] = round(seconds.get(name, 0.0) + time.perf_counter() - began, 1)  # a column added later adds its time
+        state.data.setdefault("load", {})[name] = round(os.getloadavg()[1], 2)  # the 5-minute load average as it ends
         state.finish(name)
         echo(f"loop: {name} done in {time.perf_counter() - began:.0f}s")
 
@@ -65,6 +87,8 @@ LOOP_NEEDS = ("torch", "transformers", "peft", "vllm")
 
 def run_loop_command(args, console) -> int:
     import importlib.util
+    import shlex
+    import sys
 
     from negotiate.logs import configure
 
@@ -77,7 +101,7 @@ def run_loop_command(args, console) -> int:
     out.mkdir(parents=True, exist_ok=True)
     configure(out / "loop.log.jsonl", console_level=args.console_level)
     try:
-        data = run_loop(config, echo=(lambda line: None) if args.quiet else console.print)
+        data = run_loop(config, echo=(lambda line: None) if args.quiet else console.print, command=shlex.join(["negotiate", *sys.argv[1:]]))
     except LoopError as error:
         console.print(f"[red]negotiate loop:[/] {error}", soft_wrap=True)
         return 1

@@ -940,6 +940,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' loading bars: the screen is ours
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # its logger prints through a handler of its own
+    os.environ.setdefault("TQDM_DISABLE", "1")  # tqdm bars of the libraries (transformers' GGUF conversion, say): progress is ours
     args.console_level = _console_level(args)
     configure(None, console_level=args.console_level)
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None

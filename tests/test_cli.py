@@ -1139,9 +1139,13 @@ def test_other_libraries_warnings_go_to_the_run_log_and_only_their_errors_to_the
 
 def test_the_command_line_turns_hugging_face_bars_and_warnings_down_unless_told_otherwise(monkeypatch):
     monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
     monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")  # a person's own choice stays
     assert main(["splits"]) == 0
     assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and os.environ["TRANSFORMERS_VERBOSITY"] == "info"
+    from tqdm.auto import tqdm  # the bar transformers draws while it converts a GGUF file: off
+
+    assert tqdm(range(3)).disable
     monkeypatch.delenv("TRANSFORMERS_VERBOSITY")
     assert main(["splits"]) == 0
     assert os.environ["TRANSFORMERS_VERBOSITY"] == "error"

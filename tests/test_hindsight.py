@@ -60,7 +60,7 @@ async def test_a_replay_is_exact_so_a_label_is_a_fact_of_the_market():
     first, seller = await market(3).play(switch={})
     second, _ = await market(3).play(switch={})
     assert played(first) == played(second) and first.metrics["profit"] == second.metrics["profit"]
-    assert seller.states and all(len(kind) == 5 for _, kind in seller.states)
+    assert seller.states and all(len(kind.split("/")) == 5 for _, kind in seller.states)  # state_of's five parts
 
 
 def test_the_trace_teaches_the_tools_prompt_and_the_summary_says_what_it_holds(tmp_path, capsys):

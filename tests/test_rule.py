@@ -134,7 +134,7 @@ def test_every_message_a_rule_sends_is_one_its_tools_would_send_there(split, buy
     ("rule?tools=bogus", "--seller: 'rule?tools=bogus': parameter tools='bogus': tool: 'bogus': unknown seller agent 'bogus'; "
                          "choose from " + ", ".join(SELLERS)),
     ("rule?offr=greedy", "--seller: 'rule?offr=greedy': unknown parameter 'offr' for rule; it takes accept, else, end, offer, "
-                         "reject, tools, wait (negotiate agents lists every agent's)"),
+                         "reject, table, tools, wait (negotiate agents lists every agent's)"),
     ("rule?else=greedy&else=planner", "--seller: 'rule?else=greedy&else=planner': parameter 'else' is given twice"),
 ])
 def test_a_bad_rule_spec_is_one_line_naming_the_key_the_value_and_what_is_allowed(spec, says):

@@ -32,7 +32,7 @@ import numpy as np
 
 from negotiate.agents.llm import TOOLS
 from negotiate.agents.registry import adviser
-from negotiate.agents.rule import state_of
+from negotiate.agents.rule import state_of, table_rule
 from negotiate.agents.registry import parse_agent
 from negotiate.episode import run_episode
 from negotiate.errors import UserError
@@ -189,10 +189,9 @@ async def main(args) -> None:
         by_mean[kind], by_label[kind] = bool(gains.mean() > 0), bool(labels.mean() > 0.5)
         print(f"  {str(kind):58s} n={len(gains):5d} greedy better {np.mean(gains > 0):.2f}, worse {np.mean(gains < 0):.2f}, "
               f"mean {gains.mean():+.4f}, labelled greedy {labels.mean():.2f}")
-    tools = f"tools={TOOLS[0].replace('&', '%26')}|{TOOLS[1]}"
     for file, table in (("table-mean.json", by_mean), ("table-label.json", by_label)):  # the tables as rule sellers (agents/rule.py)
         (out / file).write_text(json.dumps({kind: "greedy" if pick else "planner" for kind, pick in table.items()}, indent=1) + "\n")
-        print(f"{file}: play it as rule?{tools}&table={out / file}")
+        print(f"{file}: play it as {table_rule(TOOLS, str(out / file))}")
     if args.check:
         for name, table in (("greedy where its mean advantage is above 0", by_mean), ("the label most states of a kind have", by_label)):
             await check_table(name, table, splits, args.buyers, args.check)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass
 import json
 import logging
 import os
@@ -113,13 +112,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, for_screen(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
 
 
-def _run_arguments(parser: argparse.ArgumentParser, command: str) -> None:
-    """The settings of serve, collect and eval (:data:`RUN_SETTINGS`): a flag each, and --config, --set and --keys. Run
-    settings default to None so that --resume can tell a setting given from one left out (the command's default is
-    filled in from the config: :func:`_setting`)."""
-    add_command_settings(parser, RUN_SETTINGS, command)
-
-
 def _flag_of(command: str):
     """A setting of ``command`` alone: its default, help and :class:`~negotiate.settings.Flag` options."""
     def make(initial, help: str, **options):
@@ -131,7 +123,7 @@ def _flag_of(command: str):
 _play_flag, _report_flag, _replay_flag = _flag_of("play"), _flag_of("report"), _flag_of("replay")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class PlaySettings:
     """The settings of ``negotiate play``: flags, and keys of ``--config FILE`` and ``--set`` (a ``play --web`` server's
     settings in a file, say), by the one mechanism (:mod:`negotiate.settings`)."""
@@ -151,7 +143,7 @@ class PlaySettings:
                                                "(default: 8)", kind="int", shown="")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ReportSettings:
     """The settings of ``negotiate report`` (the trace paths are its arguments)."""
 
@@ -170,7 +162,7 @@ class ReportSettings:
                                              "(with --format csv, only this table)", shown="")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ReplaySettings:
     """The settings of ``negotiate replay`` (the trace file is its argument)."""
 
@@ -215,7 +207,7 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar, and only errors logged to the console")
 
 
-_RUN_SETTINGS = "--resume DIR finishes the run in DIR with its own settings (run.json); "
+_RESUME_HELP = "--resume DIR finishes the run in DIR with its own settings (run.json); "
 
 
 def _retry_argument(parser: argparse.ArgumentParser) -> None:
@@ -226,10 +218,10 @@ def _retry_argument(parser: argparse.ArgumentParser) -> None:
 
 def _batch_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """The flags of serve and collect: the run's (generated), where it writes, and what it prints."""
-    _run_arguments(parser, command)
+    add_command_settings(parser, RUN_SETTINGS, command)  # what the run is and how it plays: flags, --config, --set, --keys
     parser.add_argument("--out", type=Path, help=f"trace folder, new or empty (default: traces/{command}-DATE-TIME)")
     parser.add_argument("--resume", type=Path, metavar="DIR",
-                        help=_RUN_SETTINGS + "a larger --episodes (collect: --markets) extends it; any other run setting that "
+                        help=_RESUME_HELP + "a larger --episodes (collect: --markets) extends it; any other run setting that "
                              "differs from the run's is refused")
     _retry_argument(parser)
     parser.add_argument("--by", default="seller,split", help=f"table breakdown, from {', '.join(GROUP_KEYS)} (default: seller,split)")
@@ -318,7 +310,7 @@ def _parser() -> argparse.ArgumentParser:
                               epilog=EXIT_CODES,
                               description="Every seller plays the same markets with the same seeds on each split (a paired comparison); "
                                           "writes traces, results.md, results.csv, paired.csv and PNG plots.")
-    _run_arguments(evaluate, "eval")
+    add_command_settings(evaluate, RUN_SETTINGS, "eval")
     evaluate.add_argument("--baseline", help="seller the others are compared with, pair by pair (default: the first of --seller)")
     evaluate.add_argument("--out", type=Path, help="output folder, new or empty (default: traces/eval-DATE-TIME)")
     evaluate.add_argument("--resume", type=Path, metavar="DIR",
@@ -934,6 +926,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one ``negotiate`` command; returns its exit code (see the module docstring)."""
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as given (the loop records it in results.md)
     if extra:  # named by the command they were given to (argparse says "negotiate: error", pointing at the wrong --help)
         commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")

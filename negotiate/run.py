@@ -140,7 +140,7 @@ class RunConfig:
     help, spelling and each command's default are written once, here."""
 
     sellers: tuple[str, ...] = _flag(
-        (), _SELLERS_HELP, name="--seller", aliases=("--sellers",), metavar="SPECS", default=",".join(LADDER),
+        (), _SELLERS_HELP, name="--seller", aliases=("--sellers",), metavar="SPECS", default=",".join(LADDER), listed=True,
         shown=f"all of {','.join(LADDER)}", per=(("collect", {"default": "", "shown": ""}),))
     """Seller specs; each plays every episode index of the run."""
     buyers: str = _flag("threshold", f"buyer spec for every buyer: {', '.join(BUYERS)}, or a model")
@@ -148,7 +148,7 @@ class RunConfig:
     split: str = _flag(
         "train", f"split ({', '.join(SPLITS)}) or a TOML market spec file", shown="train; negotiate splits lists them",
         per=(("eval", {"help": "comma-separated splits or TOML spec files", "aliases": ("--splits",), "metavar": "SPLITS",
-                       "default": ",".join(SPLITS), "shown": None}),))
+                       "default": ",".join(SPLITS), "shown": None, "listed": True}),))
     """A split name or a TOML spec path."""
     episodes: int = _flag(200, "episodes per seller", kind="count",
                           per=(("collect", {"name": "--markets", "help": "market instances", "default": 32}),

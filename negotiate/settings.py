@@ -62,6 +62,11 @@ def _whole(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
+def read_int(text: str) -> int:
+    """A whole number."""
+    return _whole(text)
+
+
 def read_count(text: str) -> int:
     """A whole number >= 1."""
     value = _whole(text)
@@ -89,7 +94,7 @@ def read_seconds(text: str) -> float:
     return value
 
 
-READERS = {"int": int, "seed": read_seed, "count": read_count, "seconds": read_seconds, "shard": read_shard, "path": Path}
+READERS = {"int": read_int, "seed": read_seed, "count": read_count, "seconds": read_seconds, "shard": read_shard, "path": Path}
 """How each kind of :class:`Flag` reads its value (``text``: as typed; ``switch``: present or not)."""
 
 COMMANDS = ("serve", "collect", "eval")
@@ -113,6 +118,8 @@ class Flag:
     number >= 1), ``seconds`` (positive and finite), ``shard`` (K/N), ``path`` or ``switch`` (present or not)."""
     choices: tuple[str, ...] = ()
     """The values a text setting may take (none: any)."""
+    listed: bool = False
+    """A comma-separated list (``--seller``, eval's ``--split``): a file may give it as a TOML list of strings."""
     default: object = None
     """The command's default, where it is not the field's."""
     shown: str | None = None
@@ -238,7 +245,8 @@ def _known(data: dict, known, command: str, source: str):
     for key, value in data.items():
         name = key.replace("-", "_")
         if name not in known:
-            raise UserError(f"not a {command} setting; choose from {', '.join(known)}", source=source, field=key)
+            raise UserError(f"not {'an' if command[:1] in 'aeiou' else 'a'} {command} setting; choose from {', '.join(known)}",
+                            source=source, field=key)
         if name in seen:
             raise UserError("is given twice (with - and with _)", source=source, field=key)
         seen.add(name)
@@ -377,8 +385,10 @@ class _CommandKeys(argparse.Action):
                  "(--key-name)"]
         for cls in self.classes:
             for name, flag, default in command_flags(cls, self.command):
-                kind = "true or false" if flag.kind == "switch" else flag.metavar or flag.kind
-                lines.append(f"  {flag.key(name)} ({kind}; default {flag.shown if flag.shown else repr(default)})")
+                kind = ("true or false" if flag.kind == "switch" else " or ".join(flag.choices) if flag.choices
+                        else "a list" if flag.listed else flag.metavar or flag.kind)
+                shown = flag.shown or ("none" if default is None else _toml_value(default))
+                lines.append(f"  {flag.key(name)} ({kind}; default {shown})")
                 lines.append(f"    {flag.help.format(default=default) if '{default}' in flag.help else flag.help}")
         sys.stdout.write("\n".join(lines) + "\n")
         parser.exit(0)
@@ -405,28 +415,36 @@ def add_command_settings(parser: argparse.ArgumentParser, classes: tuple, comman
 
 
 def _command_value(flag: Flag, value, source: str, key: str):
-    """A value from a TOML file or ``--set`` as the flag would read it typed: one line naming ``source`` and ``key``
-    otherwise. A text setting takes a string, or a list of strings joined by commas (``seller = ["greedy", "planner"]``)."""
+    """A value from a TOML file or ``--set`` as the flag would read it typed, of the TOML type the setting is (a whole
+    number for a count, no string or fraction): one line naming ``source`` and ``key`` otherwise. A list setting takes a
+    string, or a list of strings (``seller = ["greedy", "planner"]``)."""
+    def fail(message: str) -> UserError:
+        return UserError(message, source=source, field=key, value=value)
+
     if flag.kind == "switch":
         if isinstance(value, bool):
             return value
-        raise UserError("must be true or false", source=source, field=key, value=value)
+        raise fail("must be true or false")
     if flag.kind in ("text", "path"):
-        if isinstance(value, list) and value and all(isinstance(v, str) for v in value) and flag.kind == "text":
+        if flag.listed and isinstance(value, list) and value and all(isinstance(v, str) for v in value):
             value = ",".join(value)
         if not isinstance(value, str):
-            raise UserError(f"must be a string{' (or a list of strings)' if flag.kind == 'text' else ''}", source=source, field=key,
-                            value=value)
+            raise fail("must be a string" + (" or a list of strings" if flag.listed else ""))
         if flag.choices and value not in flag.choices:
-            raise UserError(f"must be one of {', '.join(flag.choices)}", source=source, field=key, value=value)
+            raise fail(f"must be one of {', '.join(flag.choices)}")
         return Path(value) if flag.kind == "path" else value
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise UserError(f"must be {'K/N, like 2/8' if flag.kind == 'shard' else 'a number'}", source=source, field=key, value=value)
+    if flag.kind == "shard":
+        good = isinstance(value, str)
+    elif flag.kind == "seconds":
+        good = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        good = isinstance(value, int) and not isinstance(value, bool)
+    if not good:
+        raise fail({"shard": "must be K/N, like 2/8", "seconds": "must be a number of seconds"}.get(flag.kind, "must be a whole number"))
     try:
         return READERS[flag.kind](value)
     except argparse.ArgumentTypeError as error:
-        raise UserError(str(error).replace(f"{value!r}", "").strip(" :") or "is out of range", source=source, field=key,
-                        value=value) from None
+        raise fail(str(error).removeprefix(repr(str(value) if flag.kind == "shard" else value)).strip(" :") or "is out of range") from None
 
 
 def _command_checked(classes: tuple, command: str, data: dict, source: str) -> dict:

@@ -157,6 +157,12 @@ def test_collect_and_eval_take_the_keys_their_flags_name(tmp_path, capsys):
     ('shard = "3/2"\n', [], "collect.toml: shard: '3/2': need 1 <= K <= N"),
     ("fresh = 1\n", [], "collect.toml: fresh: 1: must be true or false"),
     ("", ["--set", "seller_timeout=-1"], "--set: seller_timeout: -1: must be a positive, finite number of seconds"),
+    ("markets = 2.5\n", [], "collect.toml: markets: 2.5: must be a whole number"),  # not rounded down to 2
+    ('seed = "7"\n', [], "collect.toml: seed: '7': must be a whole number"),
+    ("", ["--set", "shard=2"], "--set: shard: 2: must be K/N, like 2/8"),
+    ("", ["--set", "shard=x/2"], "--set: shard: 'x/2': expected K/N, like 2/8"),
+    ("", ["--set", "concurrency=abc"], "--set: concurrency: 'abc': must be a whole number"),
+    ('split = ["train", "shapes"]\n', [], "collect.toml: split: ['train', 'shapes']: must be a string"),  # one split here
 ])
 def test_a_bad_run_setting_is_one_line_naming_the_file_or_set_and_the_key(tmp_path, capsys, text, argv, message):
     file = tmp_path / "collect.toml"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import subprocess
 
 import pytest
@@ -71,6 +72,7 @@ def test_the_closed_loop_runs_unattended_on_vllm_and_a_rerun_redoes_nothing(tmp_
     results = (out / "results.md").read_text()
     for row in ("| untrained |", "| SFT (round 0) |", "| round 1 |", "| greedy |", "| round 1 − SFT (round 0) (paired) |"):
         assert row in results, results
+    assert f"- `{shlex.join(['negotiate', *args])}` at commit `" in results  # the command as main() was given it
     assert (out / "curve.png").stat().st_size > 5000
     assert not (out / "server" / "server.pid").exists()  # the server was stopped
 

@@ -88,7 +88,6 @@ LOOP_NEEDS = ("torch", "transformers", "peft", "vllm")
 def run_loop_command(args, console) -> int:
     import importlib.util
     import shlex
-    import sys
 
     from negotiate.logs import configure
 
@@ -101,7 +100,7 @@ def run_loop_command(args, console) -> int:
     out.mkdir(parents=True, exist_ok=True)
     configure(out / "loop.log.jsonl", console_level=args.console_level)
     try:
-        data = run_loop(config, echo=(lambda line: None) if args.quiet else console.print, command=shlex.join(["negotiate", *sys.argv[1:]]))
+        data = run_loop(config, echo=(lambda line: None) if args.quiet else console.print, command=shlex.join(["negotiate", *args.argv]))
     except LoopError as error:
         console.print(f"[red]negotiate loop:[/] {error}", soft_wrap=True)
         return 1

@@ -19,9 +19,11 @@ __all__ = ["BEFORE_FLAGS", "EVAL_FIELDS", "RESUMABLE_CHANGES", "ROUND0_STAGES", 
 log = structlog.get_logger("negotiate.loop")
 
 BEFORE_FLAGS = {"teacher_traces": None, "round_method": "offline-grpo", "round_epochs": 1.0, "sft_from": None, "legal": False, "grounded": False, "prompt": "full",
-                "aggregate": False, "fresh": False, "action_weights": "", "round_action_weights": None, "eval_buyers": "threshold"}
+                "aggregate": False, "fresh": False, "action_weights": "", "round_action_weights": None, "eval_buyers": "threshold",
+                "rule_tables": ""}
 """What a run made before a flag existed did: rounds were offline GRPO, one pass, unconstrained, the full prompt, each round
-on its own rollouts only, every imitated decision weighing 1, the rounds weighing as the SFT, evaluated against threshold buyers."""
+on its own rollouts only, every imitated decision weighing 1, the rounds weighing as the SFT, evaluated against threshold buyers,
+no lookup table beside the fixed rules."""
 RESUMABLE_CHANGES = ("rounds", "concurrency", "threads")
 """Flags a rerun may change; any other change to a run's config is refused, but for ``--eval-buyers``, to which a rerun
 may add buyer specs (columns: the baselines and every finished round are then evaluated against them too), and ``--out``

@@ -147,3 +147,21 @@ def test_a_bad_table_is_one_line_naming_the_file(tmp_path):
     for text, message in [(tmp_path / "nope.json", "cannot read it"), (tmp_path / "t.json", "names 'oracle', not one of the tools")]:
         with pytest.raises(UserError, match=re.escape(str(text)) + ".*" + message):
             parse_agent(f"rule?tools=planner?reasons=1|greedy&table={text}", "seller")
+
+
+def test_an_evaluation_over_several_splits_is_training_data_and_a_folder_twice_is_refused(tmp_path):
+    """An eval's splits number their episodes alike (``greedy-000000`` on each): they are different episodes, and an SFT
+    may learn from all of them; the same folder given twice is still refused."""
+    from negotiate.cli import main
+    from negotiate.errors import UserError
+
+    assert main(["eval", "--seller", "greedy", "--split", "train,shapes", "--episodes", "3", "--out", str(tmp_path / "e"),
+                 "--quiet"]) == 0
+    loaded = load_episodes([tmp_path / "e"])
+    assert len(loaded) == 6 and len({(ep.record.start.split, ep.record.id) for ep in loaded}) == 6
+    assert main(["serve", "--seller", "greedy", "--episodes", "2", "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "greedy.jsonl").write_bytes((tmp_path / "s" / "greedy.jsonl").read_bytes())
+    with pytest.raises(UserError, match="the same episode appears twice"):
+        load_episodes([tmp_path / "s", copy])

@@ -425,7 +425,7 @@ def load_episodes(paths: Iterable[str | Path], *, reward: str = DEFAULT_REWARD, 
     (with a ``teacher``, the teacher's answers in the episode's states: :func:`teacher_decisions`)."""
     score = reward_fn(reward)
     episodes: list[ScoredEpisode] = []
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple] = set()
     for path in trace_files(paths):
         for record in read_records(path, allow_partial=True):
             start = record.start
@@ -434,7 +434,10 @@ def load_episodes(paths: Iterable[str | Path], *, reward: str = DEFAULT_REWARD, 
             value = score(record.events)
             if value is None:
                 continue
-            key = (start.seller or "", record.id)
+            # an episode is its run's, seller's, run seed's and split's index (as report reads runs): an eval's splits
+            # number their episodes alike, and are different episodes
+            key = (start.run or "", start.seller or "", start.run_seed, start.split,
+                   record.id if start.index is None else start.index)
             if key in seen:
                 raise UserError("the same episode appears twice (a trace folder merged with itself?)", source=str(path),
                                 field="episode", value=record.id)

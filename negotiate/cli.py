@@ -47,7 +47,7 @@ from negotiate.report import (
 )
 from negotiate.agents.pools import Pools
 from negotiate.run import RUN_SETTINGS, RunConfig, RunOptions, default_timeout
-from negotiate.settings import Flag, add_command_settings, apply_command_settings, command_default, setting
+from negotiate.settings import Flag, add_command_settings, apply_command_settings, command_default, items_of, setting
 from negotiate.runner import (
     Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug, take_failed,
 )
@@ -342,7 +342,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _list(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
+    return tuple(items_of(text))
 
 
 def _by(text: str) -> list[str]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from negotiate.errors import UserError
 
 __all__ = [
-    "setting", "Setting", "settings_of", "add_settings", "read_settings", "settings_from_args", "flag_of", "to_toml",
+    "setting", "Setting", "settings_of", "items_of", "add_settings", "read_settings", "settings_from_args", "flag_of", "to_toml",
     "Flag", "READERS", "command_flags", "command_default", "flag_help", "add_command_settings", "apply_command_settings",
     "read_count", "read_seed", "read_seconds", "read_shard",
 ]
@@ -183,6 +183,15 @@ class Setting:
 def settings_of(cls) -> list[Setting]:
     """The settings of ``cls``, in its fields' order."""
     return [Setting(f.name, str(f.type), f.default, f.metadata.get("help", ""), f.metadata.get("flag") is True) for f in fields(cls)]
+
+
+def items_of(text: str) -> list[str]:
+    """The items of a comma-separated setting (``--seller``, eval's ``--split``, ``eval_splits``), blanks dropped.
+
+    >>> items_of(" train, shapes,,")
+    ['train', 'shapes']
+    """
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def flag_of(name: str) -> str:

@@ -54,7 +54,7 @@ from pathlib import Path
 import structlog
 
 from negotiate.errors import UserError
-from negotiate.settings import flag_of, setting
+from negotiate.settings import flag_of, items_of, setting
 
 from negotiate.training.ranks import (ONE, Ranks, broadcast_parameters, from_env, gather, join, leave, share, sum_floats,
                                      sum_gradients)
@@ -587,7 +587,7 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
 
 def eval_splits_of(config: TrainConfig) -> list[str]:
     """The evaluation splits of ``config.eval_splits`` (comma-separated, in order)."""
-    return [split.strip() for split in config.eval_splits.split(",") if split.strip()]
+    return items_of(config.eval_splits)
 
 
 def evaluate_splits(model, tokenizer, config: TrainConfig, folder: Path, step: int, ranks: Ranks = ONE) -> list:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from negotiate.errors import UserError
-from negotiate.settings import add_settings, read_settings, setting, settings_from_args, settings_of
+from negotiate.settings import add_settings, items_of, read_settings, setting, settings_from_args, settings_of
 from negotiate.trace import trace_files
 from negotiate.training.loop.rounds import ROUNDS
 
@@ -230,10 +230,6 @@ def _copied_teacher(out: Path) -> bool:
         return False
 
 
-def _list(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
 def _those(has) -> str:
     """The round methods that ``has`` (a test of a :class:`~negotiate.training.loop.rounds.RoundMethod`), for a message."""
     return " or ".join(method.name for method in ROUNDS.values() if has(method))
@@ -259,3 +255,7 @@ def loop_config_from_args(args) -> LoopConfig:
     """The run's settings, checked: each field's default, replaced by ``--config``'s value, by ``--set``'s, by the flag
     typed on the command line."""
     return settings_from_args(LoopConfig, args, command="loop")
+
+
+_list = items_of
+"""The items of a comma-separated loop setting (the name the loop's modules import)."""

@@ -174,16 +174,12 @@ class ReplaySettings:
                                               "failing", kind="switch", shown="")
 
 
-COMMAND_SETTINGS = {"play": (PlaySettings,), "report": (ReportSettings,), "replay": (ReplaySettings,)}
-"""The commands other than serve, collect and eval (:data:`RUN_SETTINGS`) and train and loop (their own configs) whose
-flags are settings, each command's default filled in where neither a flag, the file nor ``--set`` gave one."""
-
-
-def _run_settings(args: argparse.Namespace) -> None:
-    """The settings of serve, collect and eval as typed, else from --config and --set; how the run is played
-    (:class:`RunOptions`) filled in with the command's defaults where none gave it (what a run is stays None where not
-    given: --resume takes the run's own)."""
-    apply_command_settings(args, RUN_SETTINGS, args.command, defaults=(RunOptions,))
+COMMAND_SETTINGS = {**dict.fromkeys(("serve", "collect", "eval"), (RUN_SETTINGS, (RunOptions,))),
+                    **{command: ((cls,), (cls,)) for command, cls in
+                       (("play", PlaySettings), ("report", ReportSettings), ("replay", ReplaySettings))}}
+"""Each command whose flags are settings (train and loop read their own configs): its settings' classes, and those whose
+defaults fill in what neither a flag, the file nor ``--set`` gave. What a run is (``RunConfig``) stays None where not
+given: ``--resume`` takes the run's own."""
 
 
 def _setting(args: argparse.Namespace, name: str, dest: str | None = None):
@@ -938,11 +934,9 @@ def main(argv: list[str] | None = None) -> int:
     configure(None, console_level=args.console_level)
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
-        if args.command in ("serve", "collect", "eval"):
-            _run_settings(args)
-        elif args.command in COMMAND_SETTINGS:
-            classes = COMMAND_SETTINGS[args.command]
-            apply_command_settings(args, classes, args.command, defaults=classes)
+        if args.command in COMMAND_SETTINGS:
+            classes, defaults = COMMAND_SETTINGS[args.command]
+            apply_command_settings(args, classes, args.command, defaults=defaults)
         return args.run(args, console)
     except UserError as error:
         print(for_screen(f"negotiate {args.command}: error: {error}"), file=sys.stderr)

@@ -204,32 +204,38 @@ def _with_default(help_text: str, default) -> str:
 
 
 class _Keys(argparse.Action):
-    """``--keys``: print every setting of the command (flag or key only), then exit."""
+    """``--keys``: print every setting of the command (its lines, made when asked), then exit."""
 
-    def __init__(self, option_strings, dest, cls=None, command="", **kwargs):
+    def __init__(self, option_strings, dest, lines=lambda: [], **kwargs):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-        self.cls, self.command = cls, command
+        self.lines = lines
 
     def __call__(self, parser, namespace, values, option_string=None):
-        lines = [f"negotiate {self.command}: every setting, a key of --config FILE and of --set KEY=VALUE "
-                 "(* also a flag: --key-name)"]
-        for s in settings_of(self.cls):
-            lines.append(f"{'*' if s.flag else ' '} {s.name} ({s.kind}; default {s.default!r})")
-            lines.append(f"    {s.help}")
-        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.write("\n".join(self.lines()) + "\n")
         parser.exit(0)
+
+
+def _file_arguments(parser: argparse.ArgumentParser, command: str, lines, set_help: str) -> None:
+    """``--config FILE``, ``--set KEY=VALUE`` and ``--keys`` (printing ``lines()``): every command with settings has them."""
+    parser.add_argument("--config", metavar="FILE", help=f"a TOML file of {command} settings (every key: --keys); flags typed "
+                                                         "override it")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    parser.add_argument("--keys", action=_Keys, lines=lines, help="print every setting with its default and help, and exit")
 
 
 def add_settings(parser: argparse.ArgumentParser, cls, *, command: str) -> None:
     """``--config``, ``--set``, ``--keys`` and one flag per setting marked ``flag=True`` of ``cls``. A flag not typed stays
     out of the parsed arguments, so that the file's value, not the default, stands for it."""
     keys_only = [s.name for s in settings_of(cls) if not s.flag]
-    parser.add_argument("--config", metavar="FILE", help=f"a TOML file of {command} settings (every key: --keys); flags typed "
-                                                         "override it")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help=f"one setting, as a line of --config's file would give it (repeatable); the keys that are no flag: "
-                             f"{', '.join(keys_only)}")
-    parser.add_argument("--keys", action=_Keys, cls=cls, command=command, help="print every setting with its default and help, and exit")
+
+    def lines() -> list[str]:
+        out = [f"negotiate {command}: every setting, a key of --config FILE and of --set KEY=VALUE (* also a flag: --key-name)"]
+        for s in settings_of(cls):
+            out += [f"{'*' if s.flag else ' '} {s.name} ({s.kind}; default {s.default!r})", f"    {s.help}"]
+        return out
+
+    _file_arguments(parser, command, lines, f"one setting, as a line of --config's file would give it (repeatable); the keys "
+                                            f"that are no flag: {', '.join(keys_only)}")
     for s in settings_of(cls):
         if not s.flag:
             continue
@@ -382,27 +388,6 @@ def to_toml(config) -> str:
 # -- the commands that play: flags and keys shared by serve, collect and eval -------------------------------------------
 
 
-class _CommandKeys(argparse.Action):
-    """``--keys`` of a command that plays: every key with its default and help, then exit."""
-
-    def __init__(self, option_strings, dest, classes=(), command="", **kwargs):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-        self.classes, self.command = classes, command
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        lines = [f"negotiate {self.command}: every setting, a key of --config FILE and of --set KEY=VALUE, and a flag "
-                 "(--key-name)"]
-        for cls in self.classes:
-            for name, flag, default in command_flags(cls, self.command):
-                kind = ("true or false" if flag.kind == "switch" else " or ".join(flag.choices) if flag.choices
-                        else "a list" if flag.listed else flag.metavar or flag.kind)
-                shown = flag.shown or ("none" if default is None else _toml_value(default))
-                lines.append(f"  {flag.key(name)} ({kind}; default {shown})")
-                lines.append(f"    {flag.help.format(default=default) if '{default}' in flag.help else flag.help}")
-        sys.stdout.write("\n".join(lines) + "\n")
-        parser.exit(0)
-
-
 def add_command_settings(parser: argparse.ArgumentParser, classes: tuple, command: str) -> None:
     """The flags ``command`` takes from the fields of ``classes`` (their :class:`Flag`), and ``--config``, ``--set`` and
     ``--keys`` over the same settings. Every such flag defaults to None, so that a value left out can be told from one
@@ -415,12 +400,19 @@ def add_command_settings(parser: argparse.ArgumentParser, classes: tuple, comman
             else:
                 options |= {"type": READERS.get(flag.kind, str), "metavar": flag.metavar, **({"choices": flag.choices} if flag.choices else {})}
             parser.add_argument(flag.spelled(name), *flag.aliases, **options)
-    parser.add_argument("--config", metavar="FILE", help=f"a TOML file of {command} settings (every key: --keys); flags typed "
-                                                         "override it")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="one setting, as a line of --config's file would give it (repeatable)")
-    parser.add_argument("--keys", action=_CommandKeys, classes=classes, command=command,
-                        help="print every setting with its default and help, and exit")
+
+    def lines() -> list[str]:
+        out = [f"negotiate {command}: every setting, a key of --config FILE and of --set KEY=VALUE, and a flag (--key-name)"]
+        for cls in classes:
+            for name, flag, default in command_flags(cls, command):
+                kind = ("true or false" if flag.kind == "switch" else " or ".join(flag.choices) if flag.choices
+                        else "a list" if flag.listed else flag.metavar or flag.kind)
+                shown = flag.shown or ("none" if default is None else _toml_value(default))
+                out += [f"  {flag.key(name)} ({kind}; default {shown})",
+                        f"    {flag.help.format(default=default) if '{default}' in flag.help else flag.help}"]
+        return out
+
+    _file_arguments(parser, command, lines, "one setting, as a line of --config's file would give it (repeatable)")
 
 
 def _command_value(flag: Flag, value, source: str, key: str):

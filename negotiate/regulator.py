@@ -252,6 +252,29 @@ class EpisodeState:
         self.on_finish: list = []
         """Callbacks run once when the outcome is set (the bus stops a seller still thinking)."""
 
+    def fork(self) -> EpisodeState:
+        """A copy to play on from here, this state untouched: a replay of the market from this point
+        (``negotiate.rollout``). Market, catalog views and clock are shared (immutable); everything a message
+        changes is copied: stock, buyers and their threads, deals, violations, counts, the seller's history and
+        what it has not yet read. The copy's ``events`` start empty (its own, from the fork on) and it has no
+        ``on_finish`` callbacks (no bus drives it yet). Cost: linear in the history so far."""
+        new = object.__new__(EpisodeState)
+        new.__dict__.update(self.__dict__)
+        new.stock = list(self.stock)
+        new.buyers = [_BuyerState(b.id, b.index, b.status, b.awaiting, b.offer, b.bid, list(b.thread), b.messages_received)
+                      for b in self.buyers]
+        new._buyer_by_id = {b.id: b for b in new.buyers}
+        new.deals = list(self.deals)
+        new.violations = list(self.violations)
+        new.violation_counts = dict(self.violation_counts)
+        new.invalid_by = dict(self.invalid_by)
+        new.messages_by = dict(self.messages_by)
+        new.events = []
+        new._seller_new = list(self._seller_new)
+        new._seller_history = list(self._seller_history)
+        new.on_finish = []
+        return new
+
     # -- bookkeeping -------------------------------------------------------------
 
     @property

@@ -51,6 +51,17 @@ def units_left(obs: SellerObservation) -> list[int]:
     return units
 
 
+def _copied(value):
+    """A copy of a follower's state: arrays and containers copied down to their (immutable) items."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, list):
+        return [_copied(item) if isinstance(item, (list, dict, np.ndarray)) else item for item in value]
+    if isinstance(value, dict):
+        return {key: _copied(item) if isinstance(item, (list, dict, np.ndarray)) else item for key, item in value.items()}
+    return value
+
+
 def _accept_bid(to: str, product: str, price: int) -> Message:
     return _make(Message, (SELLER, to, f"Deal: {product} at ${price}.", _make(Action, ("accept", product, price)), ""))
 
@@ -61,7 +72,26 @@ def _end() -> Message:
 
 class _Follower(ScriptedAgent):
     """A seller that learns from what it observes (``_learn``) and from what it sent (``_record``), and so
-    can follow another seller's episode."""
+    can follow another seller's episode.
+
+    Followers are copied before every decision they advise on and at every replay of a market (the tools prompt's
+    advisers, the menu's, the teacher's forks): ``copy.deepcopy`` copies only the attributes named in ``_STATE`` (what
+    learning and recording change: arrays, lists of lists, dicts) and shares the rest, which never changes after the
+    first decision (the prior spec, costs, parameters). A generic deepcopy spent half the teacher's time walking the
+    frozen market spec and numpy's generator state."""
+
+    _STATE: tuple[str, ...] = ()
+    """The attributes a decision may change, copied by ``deepcopy``; every other attribute is set once and shared."""
+
+    def __deepcopy__(self, memo):
+        new = object.__new__(type(self))
+        state = self.__dict__
+        new.__dict__.update(state)
+        for name in self._STATE:
+            value = state.get(name)
+            if value is not None:
+                new.__dict__[name] = _copied(value)
+        return new
 
     def follow(self, obs: SellerObservation, message: Message | None) -> None:
         """Learn from ``obs`` as :meth:`decide` would, then take ``message`` (None: nothing) as the message

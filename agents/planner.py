@@ -141,6 +141,11 @@ class PlannerSeller(_Follower):
 
     name = "planner"
     defaults = {"patience": 1, "reasons": 0}
+    _STATE = ("lo", "hi", "last", "bids", "sent", "rejected", "stubborn", "_seen_lo", "_seen_hi", "_depth", "_worth", "_first",
+              "_prices")
+    """What a decision changes (``_Follower.__deepcopy__``); the prior, costs and correlation factors are set once, the
+    ladder programme's scratch (``_firsts``, ``_rest``) is replaced, never changed, and the generator is never drawn
+    from (it is kept for the spec's sake)."""
 
     def __init__(self, spec: str, params: dict | None, market_spec: MarketSpec, rng: np.random.Generator):
         super().__init__(spec, params)

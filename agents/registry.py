@@ -77,6 +77,7 @@ _PARAMS = {
     ("buyer", "stubborn"): {"share": (0.0, False, 1.0)},
     ("seller", "rule"): {"tools": "SPECS", **dict.fromkeys(("offer", "accept", "reject", "end", "wait", "else"), "TOOL"),
                          "table": "FILE"},
+    ("seller", "menu"): {"pick": "RULE"},
 }
 """Parameters each scripted agent accepts: name -> (low, low allowed, high) for a number, or a metavar for text, which
 the agent's class reads and checks (its ``parse_params``: a rule's tools and choices)."""

@@ -21,6 +21,7 @@ from negotiate.regulator import ACTIVE, BuyerObservation, SellerObservation
 
 from negotiate.agents.base import ScriptedAgent
 from negotiate.agents.moves import _Follower, _accept_bid, _end, _make, _offer, best_assigned, units_left
+from negotiate.agents.menu import MenuRule
 from negotiate.agents.planner import PlannerSeller
 from negotiate.agents.rule import RuleSeller
 
@@ -77,6 +78,8 @@ turn (18.6 million at 100 x 100). Both give the same message (``tests/test_scale
 
 class _Learner(_Follower):
     """A seller that keeps, for every buyer-product pair, bounds on the buyer's value."""
+
+    _STATE = ("low", "high", "last", "offers", "offered")
 
     def _setup(self, obs: SellerObservation) -> None:
         n, m = len(obs.buyers), len(obs.products)
@@ -507,6 +510,7 @@ SELLERS = {
     "dutch": DutchSeller,
     "random": RandomSeller,
     "rule": RuleSeller,
+    "menu": MenuRule,
 }
 """Scripted sellers, best first (the oracle is the full-information reference)."""
 BUYERS = {"threshold": ThresholdBuyer, "concession": ConcessionBuyer, "mixed": MixedBuyer, "stubborn": StubbornBuyer,

@@ -128,7 +128,7 @@ def _timeout_flag(help: str):
                  per=(("collect", {"default": COLLECT_TIMEOUT, "shown": f"{COLLECT_TIMEOUT:g}, {_LOCAL_NOTE}"}),))
 
 
-LADDER = tuple(name for name in SELLERS if name != "rule")
+LADDER = tuple(name for name in SELLERS if name not in ("rule", "menu"))
 """The scripted sellers a run plays by default: every one but ``rule``, which with no keys plays as the planner."""
 _SELLERS_HELP = "comma-separated seller specs, [scripted:]NAME[?k=v], openai:..., hf:..., vllm:... (negotiate agents lists them)"
 

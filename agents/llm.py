@@ -25,18 +25,17 @@ buyers said, never a valuation (tests/test_llm_prompts.py checks this).
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import ClassVar
 
 import numpy as np
 
-from negotiate.protocol import BUYER, SELLER, Generated, Message, Notice, ParseFailure, parse_lenient
+from negotiate.protocol import BUYER, SELLER, Generated, Message, ParseFailure, parse_lenient
 from negotiate.regulator import ACTIVE, SellerObservation
 
 from negotiate.agents.backends import Completion, openai_options
 from negotiate.agents.replicas import openai_backend  # one server's backend, or its replicas' (URL|URL)
-from negotiate.agents.moves import units_left
+from negotiate.agents.moves import Adviser, units_left
 from negotiate.agents.planner import bid_in_play, turn_facts
 from negotiate.agents.policy import Policy
 from negotiate.agents.pools import current_pools
@@ -60,47 +59,6 @@ __all__ = [
     "PromptTemplate",
     "PERSONAS",
 ]
-
-class Adviser:
-    """:data:`ADVISER` walking an LLM seller's episode beside it, as a teacher walks a trace
-    (``negotiate.training.dataset``): before each decision a copy of it decides (:meth:`advise`, its
-    choice leaves no trace), then it takes the seller's message as if it had sent it (:meth:`follow`).
-    It sees what the seller sees: the market's public spec, never its drawn values. Like the teacher walk,
-    it takes only the messages the regulator accepted: whether it did shows in the next observation (a
-    violation notice), so each message is taken then."""
-
-    def __init__(self, agents):
-        self.agents = list(agents)
-        """The tools: scripted sellers built for this episode (``negotiate.agents.registry.adviser`` builds them from specs)."""
-        self._pending: tuple[SellerObservation, Message | None] | None = None
-
-    @property
-    def agent(self):
-        """The first tool: the planner."""
-        return self.agents[0]
-
-    def advise(self, obs: SellerObservation) -> Message | None | tuple[Message | None, ...]:
-        """The message the tool would send on ``obs`` (with more tools, a tuple of them, in their order)."""
-        self._settle(obs)
-        said = tuple(copy.deepcopy(agent).decide(obs) for agent in self.agents)
-        return said[0] if len(said) == 1 else said
-
-    def follow(self, obs: SellerObservation, message: Message | None) -> None:
-        """``message``: what the seller sent on ``obs`` (None: nothing, or nothing that parsed)."""
-        self._settle(obs)
-        self._pending = (obs, message)
-
-    def _settle(self, obs: SellerObservation) -> None:
-        """Follow the last observation and message, the message only if ``obs`` (a later observation) shows
-        no violation notice since."""
-        if self._pending is None or self._pending[0] is obs:
-            return
-        before, message = self._pending
-        refused = any(isinstance(item, Notice) and item.kind == "violation" for item in obs.new)
-        for agent in self.agents:
-            agent.follow(before, None if refused else message)
-        self._pending = None
-
 
 # -- legal replies ---------------------------------------------------------------------------
 

@@ -323,6 +323,19 @@ class _Job:
     future: asyncio.Future
     began: float = 0.0
     prompt_ids: list[int] | None = None
+    allowed: tuple[int, ...] | None = None
+    """A choice among these token ids (a menu's letters), read from one forward pass, instead of a generation."""
+
+
+@dataclass
+class _Chosen:
+    """A choice among a job's ``allowed`` tokens: which, and the model's log-prob of each (softmax over them alone)."""
+
+    index: int
+    logprobs: list[float]
+    prompt_ids: list[int]
+    batch: int
+    seconds: float
 
 
 @dataclass
@@ -432,6 +445,38 @@ class _LocalModel:
     def encode(self, messages: list[dict]) -> list[int]:
         return encode_chat(self.load()[2], messages)
 
+    def choose(self, jobs: list[_Job]) -> list[_Chosen | LLMError]:
+        """Each job's choice among its ``allowed`` tokens, from one left-padded forward pass over the batch (runs in a
+        worker thread): the model's log-probs over those tokens alone (temperature 1), and the one sampled at the job's
+        temperature (its argmax at 0) with the job's seed."""
+        with self._lock:
+            torch, model, tokenizer, stops, pad = self.load()
+            out: list[_Chosen | LLMError | None] = [None] * len(jobs)
+            live = []
+            for k, job in enumerate(jobs):
+                try:
+                    job.prompt_ids = self.encode(job.messages)
+                    live.append(k)
+                except Exception as error:  # a template that rejects these messages
+                    out[k] = LLMError(f"chat template failed: {type(error).__name__}: {error}")
+            if not live:
+                return out
+            began = time.perf_counter()
+            with torch.inference_mode():
+                logits = _prefill(torch, model, [jobs[k].prompt_ids for k in live], pad)[0].logits[:, -1, :]
+            seconds = time.perf_counter() - began
+            for row, k in enumerate(live):
+                job = jobs[k]
+                logprobs = torch.log_softmax(logits[row, list(job.allowed)].float(), dim=-1)
+                if job.temperature == 0:
+                    index = int(torch.argmax(logprobs))
+                else:
+                    g = torch.Generator()
+                    g.manual_seed(job.seed if job.seed is not None else int.from_bytes(os.urandom(7), "little"))
+                    index = int(torch.multinomial(torch.softmax(logprobs / job.temperature, dim=-1).cpu(), 1, generator=g))
+                out[k] = _Chosen(index, [round(float(x), 6) for x in logprobs], job.prompt_ids, len(live), seconds)
+            return out
+
     def generate(self, jobs: list[_Job]) -> list[_Generated | LLMError]:
         """Generate every job's reply in one left-padded batch (runs in a worker thread)."""
         with self._lock:
@@ -464,24 +509,7 @@ class _LocalModel:
     def _decode(torch, model, jobs: list[_Job], stops: frozenset, pad: int) -> list[tuple[list[int], list[float], str]]:
         n = len(jobs)
         device = model.device
-        # The prompts of a batch share a long prefix (the system prompt): its keys and values are
-        # computed once and repeated per row; each row's own part follows, left-padded after it.
-        shared = _common_prefix([job.prompt_ids for job in jobs]) if n > 1 else 0
-        shared = shared if shared >= SHARED_PREFIX_MIN else 0
-        cache = None
-        if shared:
-            cache = _forward(model, torch.tensor([jobs[0].prompt_ids[:shared]], device=device)).past_key_values
-            cache.batch_repeat_interleave(n)
-        width = max(len(job.prompt_ids) for job in jobs) - shared
-        input_ids = torch.full((n, width), pad, dtype=torch.long)
-        mask = torch.zeros((n, shared + width), dtype=torch.long)
-        mask[:, :shared] = 1
-        for i, job in enumerate(jobs):
-            ids = job.prompt_ids[shared:]
-            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            mask[i, shared + width - len(ids):] = 1
-        input_ids, mask = input_ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        output, mask, positions = _prefill(torch, model, [job.prompt_ids for job in jobs], pad)
         steps = max(job.max_tokens for job in jobs)
         # Each request's uniforms come from its own generator, drawn once per batch: a request's seed fixes its
         # sample whatever else is in the batch (up to float rounding), and a step samples every row at once
@@ -500,7 +528,6 @@ class _LocalModel:
         logprobs: list[list[float]] = [[] for _ in jobs]
         reasons: list[str | None] = [None] * n
         done = torch.zeros(n, dtype=torch.bool, device=device)
-        output = _forward(model, input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
         for step in range(steps):
             logits = output.logits[:, -1, :].float()
             chosen = _sample(torch, logits, temperature, top_p if nucleus else None, greedy, uniforms[:, step])
@@ -563,6 +590,30 @@ def _common_prefix(prompts: list[list[int]]) -> int:
     return k
 
 
+def _prefill(torch, model, prompts: list[list[int]], pad: int):
+    """One forward pass over a batch of prompts, left-padded: (its output, the attention mask, the last positions).
+    The prompts of a batch share a long prefix (the system prompt): its keys and values are computed once and repeated
+    per row; each row's own part follows, left-padded after it."""
+    n, device = len(prompts), model.device
+    shared = _common_prefix(prompts) if n > 1 else 0
+    shared = shared if shared >= SHARED_PREFIX_MIN else 0
+    cache = None
+    if shared:
+        cache = _forward(model, torch.tensor([prompts[0][:shared]], device=device)).past_key_values
+        cache.batch_repeat_interleave(n)
+    width = max(len(ids) for ids in prompts) - shared
+    input_ids = torch.full((n, width), pad, dtype=torch.long)
+    mask = torch.zeros((n, shared + width), dtype=torch.long)
+    mask[:, :shared] = 1
+    for i, ids in enumerate(prompts):
+        own = ids[shared:]
+        input_ids[i, width - len(own):] = torch.tensor(own, dtype=torch.long)
+        mask[i, shared + width - len(own):] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+    return _forward(model, input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache), mask, positions
+
+
 def _forward(model, input_ids, **kwargs):
     """A forward pass keeping only the last position's logits (the full (batch, prompt, vocab)
     tensor costs more than the rest of prefill), for model classes that allow it."""
@@ -599,7 +650,7 @@ class _Batcher:
             for job in jobs:
                 job.began = time.perf_counter()
             try:
-                results = await anyio.to_thread.run_sync(self.model.generate, jobs)
+                results = await anyio.to_thread.run_sync(self._run, jobs)
             except LLMError as error:
                 results = [error] * len(jobs)
             except Exception as error:  # a bug or a torch failure: every caller hears of it, the loop goes on
@@ -611,6 +662,20 @@ class _Batcher:
                     job.future.set_exception(result)
                 else:
                     job.future.set_result(result)
+
+
+    def _run(self, jobs: list[_Job]) -> list:
+        """The batch's results in its order: choices (jobs with ``allowed`` tokens) and generations each in one pass."""
+        chosen = [k for k, job in enumerate(jobs) if job.allowed]
+        if not chosen:
+            return self.model.generate(jobs)
+        rest = [k for k, job in enumerate(jobs) if not job.allowed]
+        results: list = [None] * len(jobs)
+        for ks, done in ((chosen, self.model.choose([jobs[k] for k in chosen])),
+                         (rest, self.model.generate([jobs[k] for k in rest]) if rest else [])):
+            for k, result in zip(ks, done):
+                results[k] = result
+        return results
 
 
 class HFBackend:
@@ -659,6 +724,27 @@ class HFBackend:
                                     completion_tokens=len(result.token_ids))
         return Completion(text=result.text, finish_reason=result.finish_reason, model=o.model, latency_s=result.seconds,
                           usage=usage, token_ids=result.token_ids, prompt_token_ids=result.prompt_ids, logprobs=result.logprobs)
+
+    async def choose(self, messages: list[dict], options: str, *, seed: int | None = None) -> _Chosen:
+        """A choice among ``options`` (a menu's letters, each one token), read from one forward pass: which one (sampled
+        at the spec's temperature, the argmax at 0) and the model's log-prob of each. Batched with the run's other
+        requests; raises :class:`LLMError` when the model cannot load, or a letter is not one token of its vocabulary."""
+        o = self.settings
+        tokenizer = (await anyio.to_thread.run_sync(self.model.load))[2]
+        allowed = []
+        for letter in options:
+            ids = tokenizer.encode(letter, add_special_tokens=False)
+            if len(ids) != 1:
+                raise LLMError(f"the model at {o.path} has no single token for the menu letter {letter!r}")
+            allowed.append(ids[0])
+        loop = asyncio.get_running_loop()
+        job = _Job(messages, o.temperature, o.top_p, 1, seed, loop.create_future(), allowed=tuple(allowed))
+        self.model.batcher().submit(job)
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            job.future.cancel()
+            raise
 
 
 # -- the vllm backend: AsyncLLM in this process ----------------------------------------------------

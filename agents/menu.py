@@ -33,7 +33,7 @@ from negotiate.protocol import SELLER, Action, Message
 from negotiate.regulator import ACTIVE, SERVED, GONE, SellerObservation
 
 from negotiate.agents.base import ScriptedAgent
-from negotiate.agents.moves import _make
+from negotiate.agents.moves import Adviser, _make
 from negotiate.agents.planner import read_reason
 from negotiate.agents.views.text import _seller_threads
 
@@ -272,8 +272,6 @@ class MenuRule(ScriptedAgent):
 
     def __init__(self, spec: str, params: dict, tools: list):
         super().__init__(spec, params)
-        from negotiate.agents.llm import Adviser  # when built: importing the LLM agents' module costs 140 modules
-
         self.adviser = Adviser(tools)
         self.pick = PICKS[params.get("pick", "planner")]
 

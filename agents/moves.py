@@ -10,12 +10,14 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from negotiate.protocol import SELLER, Action, Message
+import copy
+
+from negotiate.protocol import SELLER, Action, Message, Notice
 from negotiate.regulator import SellerObservation
 
 from negotiate.agents.base import ScriptedAgent
 
-__all__ = ["best_assigned", "units_left", "_offer", "_accept_bid", "_end", "_Follower", "_make"]
+__all__ = ["best_assigned", "units_left", "_offer", "_accept_bid", "_end", "_Follower", "_make", "Adviser"]
 
 
 def best_assigned(value: np.ndarray, cols: list[int], units, free: int) -> tuple[int, int] | None:
@@ -99,3 +101,45 @@ class _Follower(ScriptedAgent):
         self._learn(obs)
         if message is not None:
             self._record(message)
+
+
+class Adviser:
+    """Scripted sellers (tools: the ``advice`` prompt's planner, the menu's planner and greedy) walking a seller's
+    episode beside it, as a teacher walks a trace (``negotiate.training.dataset``): before each decision a copy of
+    each decides (:meth:`advise`, its choice leaves no trace), then each takes the seller's message as if it had sent
+    it (:meth:`follow`).
+    It sees what the seller sees: the market's public spec, never its drawn values. Like the teacher walk,
+    it takes only the messages the regulator accepted: whether it did shows in the next observation (a
+    violation notice), so each message is taken then."""
+
+    def __init__(self, agents):
+        self.agents = list(agents)
+        """The tools: scripted sellers built for this episode (``negotiate.agents.registry.adviser`` builds them from specs)."""
+        self._pending: tuple[SellerObservation, Message | None] | None = None
+
+    @property
+    def agent(self):
+        """The first tool: the planner."""
+        return self.agents[0]
+
+    def advise(self, obs: SellerObservation) -> Message | None | tuple[Message | None, ...]:
+        """The message the tool would send on ``obs`` (with more tools, a tuple of them, in their order)."""
+        self._settle(obs)
+        said = tuple(copy.deepcopy(agent).decide(obs) for agent in self.agents)
+        return said[0] if len(said) == 1 else said
+
+    def follow(self, obs: SellerObservation, message: Message | None) -> None:
+        """``message``: what the seller sent on ``obs`` (None: nothing, or nothing that parsed)."""
+        self._settle(obs)
+        self._pending = (obs, message)
+
+    def _settle(self, obs: SellerObservation) -> None:
+        """Follow the last observation and message, the message only if ``obs`` (a later observation) shows
+        no violation notice since."""
+        if self._pending is None or self._pending[0] is obs:
+            return
+        before, message = self._pending
+        refused = any(isinstance(item, Notice) and item.kind == "violation" for item in obs.new)
+        for agent in self.agents:
+            agent.follow(before, None if refused else message)
+        self._pending = None

@@ -91,6 +91,9 @@ class Policy:
         view = self.view
         if self.prompt != "full" and role != "seller":
             raise fail("prompt", f"prompt={self.prompt} is a seller's prompt; a buyer's prompt is always the full one", self.prompt)
+        if view.chooses and server not in (None, "vllm", "auto"):
+            raise fail("prompt", f"prompt={self.prompt} reads a letter decoded under a regex of the menu's letters: it needs a local "
+                                 f"model (hf:) or vLLM (a vLLM server, or vllm:); server={server}", self.prompt)
         if view.tagged and self.format != "tagged":
             raise fail("format", f"prompt={self.prompt} asks for tagged replies; add format=tagged", self.format)
         if self.grounded and not (self.legal and view.grounds):

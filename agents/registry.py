@@ -148,7 +148,10 @@ def policy_seller(policy: Policy, backend, market: Market, seed):
     the seller's, as the run gives a scripted seller)."""
     from negotiate.agents.llm import LLMSeller, request_seed
 
-    return LLMSeller(backend, policy, seed=request_seed(seed), adviser=adviser(market, seed, policy.tools) if policy.tools else None)
+    kind = LLMSeller
+    if policy.view.chooses:  # a model that picks among the moves the runtime lays out
+        from negotiate.agents.menu_seller import MenuSeller as kind
+    return kind(backend, policy, seed=request_seed(seed), adviser=adviser(market, seed, policy.tools) if policy.tools else None)
 
 
 def adviser(market: Market, seed, tools: Sequence[str] | None = None):

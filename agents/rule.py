@@ -25,6 +25,7 @@ from negotiate.protocol import Message
 from negotiate.regulator import SellerObservation
 
 from negotiate.agents.base import ScriptedAgent
+from negotiate.agents.moves import Adviser
 from negotiate.agents.planner import read_reason
 from negotiate.agents.views.tools import TOOLS
 
@@ -143,8 +144,6 @@ class RuleSeller(ScriptedAgent):
 
     def __init__(self, spec: str, params: dict, tools: list):
         super().__init__(spec, params)
-        from negotiate.agents.llm import Adviser  # when built: importing the LLM agents' module costs 140 modules
-
         self.adviser = Adviser(tools)
         """The tools walking the episode, in the spec's order."""
         names = [tool.name for tool in params["tools"]]

@@ -15,12 +15,13 @@ from negotiate.agents.views.buyer import render_buyer
 from negotiate.agents.views.compact import CompactView, render_seller_compact
 from negotiate.agents.views.facts import FactsView
 from negotiate.agents.views.full import FullView
+from negotiate.agents.views.menu import MenuView
 from negotiate.agents.views.tools import TOOLS, ToolsView, tool_lines
 
 __all__ = ["View", "VIEWS", "PROMPTS", "view", "render_seller", "render_buyer", "render_seller_compact", "ADVISER", "TOOLS",
            "advice_line", "tool_lines"]
 
-VIEWS: dict[str, View] = {v.name: v for v in (FullView(), CompactView(), FactsView(), AdviceView(), ToolsView())}
+VIEWS: dict[str, View] = {v.name: v for v in (FullView(), CompactView(), FactsView(), AdviceView(), ToolsView(), MenuView())}
 """Every prompt view by its mode's name, ``full`` first (the default)."""
 PROMPTS = tuple(VIEWS)
 """The prompt modes' names."""

@@ -30,6 +30,9 @@ class View:
     """The view asks for tagged replies (``format=tagged``); only the full prompt describes the JSON form too."""
     grounds: ClassVar[bool] = False
     """``grounded=1`` (under ``legal=1``) can bind the reply's thought to the facts this prompt states."""
+    chooses: ClassVar[bool] = False
+    """The model picks an option of a menu the runtime lays out (a letter, read from its log-probs), rather than writing
+    a message (``negotiate.agents.menu_seller``)."""
 
     def render(self, obs: SellerObservation, fmt: str = "tagged", advice=None) -> list[dict]:
         """The seller's chat messages (system, user) for ``obs``; ``advice``: the tools' next messages (one per tool,

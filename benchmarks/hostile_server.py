@@ -1,4 +1,4 @@
-"""Peak memory and time of a request to a hostile model server, with each of our HTTP clients (issue 44).
+"""Peak memory and time of a request to a hostile model server, with each of our HTTP clients (issues 44 and 51).
 
 A raw-TCP server on 127.0.0.1 (this process) answers every request with one misbehaviour:
 
@@ -6,16 +6,21 @@ A raw-TCP server on 127.0.0.1 (this process) answers every request with one misb
 * ``big``: a valid completion of 50 MB;
 * ``stream``: ``Content-Length: 100000000000`` and zeros streamed until the client hangs up;
 * ``negative``: a chunked answer whose first chunk size is ``-6``;
+* ``chunks``: 20 MB of body in chunks of 1 byte each (``1\r\nx\r\n``, 120 MB on the wire);
+* ``continue``: ``HTTP/1.1 100 Continue`` heads for ``--seconds`` (60) seconds, then the connection closed;
+* ``late``: a right answer, and the same answer again 50 ms later on the same connection; the 4 requests
+  ask in turn (16 each, each its own word, 0.1 s apart) and the row counts the replies that carry
+  another request's word;
 * ``trickle``: a valid answer, one byte a second (not in the default cases: each request takes its
   whole timeout; after 3 in a row the backend takes the server for down).
 
 The server runs in a process of its own, and for each case and client (``client=http``,
-``client=aiohttp``) a child process (so that its peak RSS is the client's alone; Linux carries
+``client=aiohttp``, ``client=openai``) a child process (so that its peak RSS is the client's alone; Linux carries
 ``ru_maxrss`` across ``exec``, so the parent that starts both stays small) makes 4 requests at once, as 4 episodes would, through ``OpenAIBackend.complete``
-with ``timeout=30&retries=1`` and the default cap (8 MiB), and prints how each ended, the seconds until
+with ``timeout=10&retries=1`` (``--timeout``) and the default cap (8 MiB), and prints how each ended, the seconds until
 the last one did, and its peak RSS (``resource.getrusage``), and the RSS after its imports for
 comparison. With ``--via serve`` the child runs ``negotiate serve --seller
-'openai:m@URL?client=C&retries=1&timeout=10' --episodes 4`` instead (the server answers ``GET /models``
+'openai:m@URL?client=C&retries=1&timeout=10' --episodes 4`` (``--timeout``) instead (the server answers ``GET /models``
 honestly, so the run starts), and the row gives that command's peak RSS (``RUSAGE_CHILDREN``), its
 seconds and exit status, and the failure reasons its trace records.
 
@@ -38,8 +43,8 @@ import time
 import zlib
 from pathlib import Path
 
-CASES = ("gzip", "big", "stream", "negative")
-CLIENTS = ("http", "aiohttp")
+CASES = ("gzip", "big", "stream", "negative", "chunks", "continue", "late")
+CLIENTS = ("http", "aiohttp", "openai")
 BOMB = Path(os.environ.get("TMPDIR", "/tmp")) / "negotiate-gzip-bomb-4g.gz"
 
 
@@ -59,7 +64,7 @@ def completion(content: str) -> bytes:
                                                              "finish_reason": "stop"}]}).encode()
 
 
-async def serve(case: str) -> None:
+async def serve(case: str, seconds: float) -> None:
     """The server side: answers with ``case`` until killed; prints its port."""
     packed = bomb() if case == "gzip" else b""
     big = completion("x" * 50_000_000) if case == "big" else b""
@@ -69,7 +74,7 @@ async def serve(case: str) -> None:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = re.search(rb"(?i)content-length: *(\d+)", head)
-                await reader.readexactly(int(length[1]) if length else 0)
+                body = await reader.readexactly(int(length[1]) if length else 0)
                 if head.startswith(b"GET"):  # the check before a run: a model list, the one honest answer
                     models = json.dumps({"data": [{"id": "m", "owned_by": "vllm"}]}).encode()
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(models) + models)
@@ -84,6 +89,28 @@ async def serve(case: str) -> None:
                     for _ in range(100_000):  # 100 GB, or until the client hangs up
                         writer.write(block)
                         await writer.drain()
+                elif case == "chunks":
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    block = b"1\r\nx\r\n" * 10_000
+                    for _ in range(2_000):  # 20 MB of body, or until the client hangs up
+                        writer.write(block)
+                        await writer.drain()
+                    writer.write(b"0\r\n\r\n")
+                elif case == "continue":
+                    block = b"HTTP/1.1 100 Continue\r\n\r\n" * 1_000
+                    end = time.monotonic() + seconds
+                    while time.monotonic() < end:
+                        writer.write(block)
+                        await writer.drain()
+                    break
+                elif case == "late":
+                    word = json.loads(body)["messages"][-1]["content"]
+                    answer = completion(word)
+                    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(answer) + answer
+                    writer.write(answer)
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+                    writer.write(answer)
                 elif case == "trickle":
                     answer = completion("slow")
                     answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(answer) + answer
@@ -104,26 +131,40 @@ async def serve(case: str) -> None:
     await asyncio.Event().wait()
 
 
-def child(url: str, client: str) -> None:
-    """The client side: 4 requests at once; prints one JSON line."""
+def child(url: str, client: str, timeout: float) -> None:
+    """The client side: 4 requests at once (16 in turn each for ``late``); prints one JSON line."""
     from negotiate.agents.backends import LLMError, LLMTimeout, OpenAIBackend, OpenAIOptions
     from negotiate.agents.pools import Pools
 
     imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    late = url.endswith("#late")
+    url = url.removesuffix("#late")
 
     async def main() -> list[str]:
         pools = Pools()  # the run's: the 4 requests share its clients, closed at the end
-        backend = OpenAIBackend(OpenAIOptions(model="m", base_url=url, client=client, timeout=30.0, retries=1), pools=pools)
+        backend = OpenAIBackend(OpenAIOptions(model="m", base_url=url, client=client, timeout=timeout, retries=1), pools=pools)
 
-        async def one() -> str:
+        async def one(k: int) -> str:
             try:
                 reply = await backend.complete([{"role": "user", "content": "hi"}], role="seller")
                 return f"answered ({len(reply.text)} characters kept)"
             except (LLMError, LLMTimeout) as error:
                 return f"{type(error).__name__}: {str(error).split(': ', 1)[1]}"
 
+        async def words(k: int) -> str:
+            wrong = 0
+            for n in range(16):
+                word = f"request-{k}-{n}"
+                try:
+                    reply = await backend.complete([{"role": "user", "content": word}], role="seller")
+                except (LLMError, LLMTimeout) as error:
+                    return f"{type(error).__name__}: {str(error).split(': ', 1)[1]}"
+                wrong += reply.text != word
+                await asyncio.sleep(0.1)
+            return f"{wrong} of 16 replies carried another request's answer"
+
         try:
-            return list(await asyncio.gather(*(one() for _ in range(4))))
+            return list(await asyncio.gather(*((words if late else one)(k) for k in range(4))))
         finally:
             await pools.aclose()
 
@@ -133,15 +174,15 @@ def child(url: str, client: str) -> None:
                       "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "outcomes": sorted(set(outcomes))}))
 
 
-def child_serve(url: str, client: str) -> None:
+def child_serve(url: str, client: str, timeout: float) -> None:
     """``negotiate serve`` against the server, 4 episodes; prints one JSON line."""
     import tempfile
 
-    spec = f"openai:m@{url}?client={client}&retries=1&timeout=10"
+    spec = f"openai:m@{url}?client={client}&retries=1&timeout={timeout:g}"
     with tempfile.TemporaryDirectory() as out:
         began = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "negotiate", "serve", "--seller", spec, "--episodes", "4", "--out", out,
-                               "--quiet"], capture_output=True, text=True, timeout=300)
+                               "--quiet"], capture_output=True, text=True, timeout=900)
         seconds = time.perf_counter() - began
         reasons = set()
         for trace in Path(out).glob("openai-*.jsonl"):
@@ -154,15 +195,17 @@ def child_serve(url: str, client: str) -> None:
                       "outcomes": sorted(reasons)}))
 
 
-def measure(cases, clients, via: str) -> list[dict]:
+def measure(cases, clients, via: str, timeout: float, seconds: float) -> list[dict]:
     rows = []
     for case in cases:
-        server = subprocess.Popen([sys.executable, __file__, "--serve", case], stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen([sys.executable, __file__, "--serve", case, "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
         try:
             url = f"http://127.0.0.1:{int(server.stdout.readline())}/v1"
+            if case == "late" and via == "requests":
+                url += "#late"  # the child asks in turn, a word each (the fragment never reaches the server)
             for client in clients:
-                out = subprocess.run([sys.executable, __file__, "--child", url, client, via], capture_output=True, text=True,
-                                     cwd=Path(__file__).parent.parent, timeout=300, check=True).stdout
+                out = subprocess.run([sys.executable, __file__, "--child", url, client, via, str(timeout)], capture_output=True,
+                                     text=True, cwd=Path(__file__).parent.parent, timeout=600, check=True).stdout
                 rows.append({"case": case, "client": client, **json.loads(out.strip().splitlines()[-1])})
                 print(rows[-1], file=sys.stderr)
         finally:
@@ -177,17 +220,19 @@ def main() -> None:
     parser.add_argument("--clients", default=",".join(CLIENTS))
     parser.add_argument("--via", choices=("requests", "serve"), default="requests",
                         help="4 requests at once through the backend, or negotiate serve with 4 episodes")
-    parser.add_argument("--child", nargs=3, metavar=("URL", "CLIENT", "VIA"), help=argparse.SUPPRESS)
+    parser.add_argument("--timeout", type=float, default=10.0, help="the spec's timeout= (seconds; retries=1)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long the continue case sends 100 Continue heads")
+    parser.add_argument("--child", nargs=4, metavar=("URL", "CLIENT", "VIA", "TIMEOUT"), help=argparse.SUPPRESS)
     parser.add_argument("--serve", choices=(*CASES, "trickle"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        url, client, via = args.child
-        (child_serve if via == "serve" else child)(url, client)
+        url, client, via, timeout = args.child
+        (child_serve if via == "serve" else child)(url, client, float(timeout))
         return
     if args.serve:
-        asyncio.run(serve(args.serve))
+        asyncio.run(serve(args.serve, args.seconds))
         return
-    rows = measure(args.cases.split(","), args.clients.split(","), args.via)
+    rows = measure(args.cases.split(","), args.clients.split(","), args.via, args.timeout, args.seconds)
     if args.via == "serve":
         print("| case | client | seconds | peak RSS (MB) | exit | how the 4 episodes ended |")
     else:

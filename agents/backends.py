@@ -17,8 +17,10 @@ Spec grammar (``--seller`` / ``--buyers``; see ``negotiate.agents.registry``)::
                  (``me``, ``llamacpp``) and OpenAI are told apart; anything else gets vLLM's form
 ``temperature``  0..2 (default 0.7); ``top_p`` (0, 1] (default: the server's)
 ``max_tokens``   per reply (default 512)
-``timeout``      seconds per HTTP request (default 60); ``retries`` on 408/409/429/5xx and
-                 connection errors, with backoff and jitter, honoring Retry-After (default 2)
+``timeout``      seconds a request may take (default 60), from when it goes out (its ``max_inflight`` slot
+                 taken) to its answer: connecting, every retry and every wait between them included
+``retries``      on 408/409/429/5xx, connection errors and broken answers, with backoff and jitter, honoring
+                 Retry-After (default 2), while the request's ``timeout`` leaves time for them
 ``reask``        re-asks after an unparseable reply, with the error (default 0)
 ``max_inflight`` requests in flight per server and key, across all episodes (default 256)
 ``logprobs``     1/0: ask for token log-probs (and vLLM's token ids) for training (default 1)
@@ -35,14 +37,22 @@ traces. One HTTP client is shared per (base URL, key) and event loop in a run's 
 in-flight bound (a FIFO limiter) on the requests so a vLLM server can batch them without
 being flooded. The default client (``client=http``, :mod:`negotiate.agents.http1`) keeps
 its own keep-alive connections and writes each request as one prebuilt buffer; with
-``client=aiohttp`` the same requests go through one shared ``aiohttp.ClientSession``. Both
-do our own retries (exponential backoff with jitter, Retry-After honored), timeouts and
-error classification, in one loop (:meth:`OpenAIBackend._post`). Their HTTP work costs
-about 45 us and 180 us of CPU per request, against about 1.5 ms for the ``openai`` client
-(``client=openai``: ``AsyncOpenAI`` over its aiohttp transport; httpx's own pool spends
+``client=aiohttp`` the same requests go through one shared ``aiohttp.ClientSession``; with
+``client=openai``, through ``AsyncOpenAI`` over its aiohttp transport, on that same session (its
+own retries off). All three do our retries (exponential backoff with jitter, Retry-After honored),
+deadline and error classification, in one loop (:meth:`OpenAIBackend._post`), so they return the
+same :class:`Completion` and raise the same errors. Their HTTP work costs about 45 us and 180 us of
+CPU per request, against about 1.5 ms for the ``openai`` client (httpx's own pool spends
 10-30 ms of CPU per request at hundreds of connections; see NOTES.md and
-benchmarks/bench_llm.py). All three return the same :class:`Completion` and raise the same
-errors. The check before a run (``GET /models``) always goes through the aiohttp session.
+benchmarks/bench_llm.py). The check before a run (``GET /models``) always goes through the aiohttp session.
+
+**What ``timeout=`` bounds.** One deadline per request, ``timeout`` seconds after it takes its
+``max_inflight`` slot (the wait for a slot is not counted): each attempt gets what is left of it (a
+server that trickles a byte a second does not hold an attempt past it), a retry's backoff or
+Retry-After that would end past it is not waited (the request fails at once with the last failure),
+and a request ends by it, answered or not. ``timeout=10&retries=1`` ends every request within 10 s.
+A replica set (``URL|URL``) sends a request that failed on one replica to another, with a deadline
+of its own there (:mod:`negotiate.agents.replicas`).
 
 Errors that are not the model's fault (server down, 401, 404, a context overflow) raise
 :class:`LLMError` with the reason, and the episode is recorded as failed. A request that
@@ -55,18 +65,21 @@ An error of a server that is not there (refused, reset, down) has ``unreachable`
 several replicas (``URL|URL``) drains that one and sends the request to another
 (:mod:`negotiate.agents.replicas`, one :class:`OpenAIBackend` per replica).
 
-Whatever a server sends, our two clients stay bounded and strict alike (issue 44; ``client=openai`` reads its
-answer under the same cap, through the openai client's streamed body): an answer's body
-is capped as it arrives (``max_answer_mb``; :class:`~negotiate.agents.http1.AnswerTooLarge`, not
-retried), neither client asks for compression and both inflate gzip or deflate under the same cap
-(:func:`~negotiate.agents.http1.inflate`; aiohttp's own inflating is off), a connection is reused
-only after it has been idle a moment and one that receives bytes while idle is closed, and the
-reply text a trace keeps is cut at :data:`REPLY_MAX` characters, the cut noted in ``extra.clamped``.
+Whatever a server sends, the three clients stay bounded and strict alike (issues 44 and 51; ``client=openai``
+reads its answer, an error answer included, under the same cap, through the openai client's streamed body): an
+answer's body is capped as it arrives (``max_answer_mb``; :class:`~negotiate.agents.http1.AnswerTooLarge`, not
+retried), none asks for compression and all inflate gzip or deflate under the same cap
+(:func:`~negotiate.agents.http1.inflate`; aiohttp's own inflating is off), at most
+:data:`~negotiate.agents.http1.INFORMATIONAL_MAX` 1xx heads may come before an answer, a connection is reused
+only after it has been idle a moment and one that receives a byte while idle is closed (a late second answer never
+reaches another request), no redirect is followed, and the reply text a trace keeps is cut at :data:`REPLY_MAX`
+characters, the cut noted in ``extra.clamped``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import importlib.util
 import math
@@ -78,7 +91,6 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-import anyio
 import orjson
 import structlog
 
@@ -120,7 +132,7 @@ SERVER_BY_OWNER = {"vllm": "vllm", "me": "llamacpp", "llamacpp": "llamacpp", "ll
 
 
 DOWN_AFTER = 3
-"""Requests in a row that timed out (each after its retries) before a backend takes its server for down."""
+"""Requests in a row that timed out (each at its deadline, retries included) before a backend takes its server for down."""
 REPLY_MAX = 100_000
 """Characters of a reply (and of its reasoning) a completion keeps; a longer one is cut, the cut noted."""
 
@@ -168,9 +180,11 @@ class OpenAIOptions:
     """Nucleus sampling; None leaves it to the server."""
     max_tokens: int = 512
     timeout: float = 60.0
-    """Seconds per HTTP request."""
+    """Seconds a request may take once it goes out (its ``max_inflight`` slot taken), every retry and every wait between
+    them included: one deadline, not one per attempt or per read."""
     retries: int = 2
-    """Retries on 408/409/429/5xx and connection errors (exponential backoff with jitter; Retry-After honored)."""
+    """Retries on 408/409/429/5xx, connection errors and broken answers (exponential backoff with jitter; Retry-After
+    honored), each only where it can start before the request's deadline."""
     reask: int = 0
     """Re-asks after an unparseable reply."""
     max_inflight: int = 256
@@ -185,7 +199,7 @@ class OpenAIOptions:
     """``http`` (our own HTTP/1.1 client), ``aiohttp`` (our requests over an aiohttp session) or ``openai``
     (the openai package's client)."""
     max_answer_mb: float = 8.0
-    """MiB an answer's body may have, as sent and inflated (``client=http`` and ``aiohttp``); past it the request fails."""
+    """MiB an answer's body may have, as sent and inflated (every client); past it the request fails."""
     legal: bool = False
     """Decode the seller's tagged reply under a regex of the replies the rules allow (vLLM only)."""
     grounded: bool = False
@@ -428,13 +442,13 @@ class _Shared:
     http: object = None
     """:class:`~negotiate.agents.http1.HTTP1Pool` (``client=http``), made on first use."""
     openai: object = None
-    """``openai.AsyncOpenAI`` over the aiohttp transport (``client=openai``), made on first use."""
+    """``openai.AsyncOpenAI`` over the aiohttp transport on :attr:`session` (``client=openai``), made on first use."""
 
     @property
     def client(self):
-        """The openai client (made on first use)."""
+        """The openai client (made on first use), its transport on the aiohttp session's settling connections."""
         if self.openai is None:
-            self.openai = _openai_client(self.base_url, self.key)
+            self.openai = _openai_client(self.base_url, self.key, self.aiohttp())
         return self.openai
 
     def http1(self):
@@ -448,7 +462,7 @@ class _Shared:
     async def aclose(self) -> None:
         """Close every client made (the run's pools call this at its end)."""
         if self.openai is not None:
-            await self.openai.close()
+            await self.openai.close()  # and its transport's session, which is ours: closing it twice is harmless
         if self.session is not None:
             await self.session.close()
         if self.http is not None:
@@ -496,20 +510,68 @@ async def _capped(length: int | None, chunks, encoding: str, limit: int) -> byte
     return inflate(b"".join(parts), encoding, limit)
 
 
+@functools.cache
 def _settling_connector():
     """An ``aiohttp.TCPConnector`` that, like :class:`~negotiate.agents.http1.HTTP1Pool`, reuses a connection only
-    once it has been idle :data:`~negotiate.agents.http1.SETTLE_S` and closes one that received bytes while
-    idle (a late second answer, which aiohttp would otherwise hand to the next request on it)."""
+    once it has been idle :data:`~negotiate.agents.http1.SETTLE_S` and never one that received a byte while idle:
+    stock aiohttp parses a late second answer on an idle connection (whole, or the start of one) and hands it to
+    the next request sent on it (``client=aiohttp``, and ``client=openai``, whose transport is this session's).
+    Its connections also fail an answer with more than :data:`~negotiate.agents.http1.INFORMATIONAL_MAX` 1xx heads
+    (aiohttp reads any number)."""
     import aiohttp
+    from aiohttp.client_proto import ResponseHandler
+    from aiohttp.http_exceptions import HttpProcessingError
 
-    from negotiate.agents.http1 import SETTLE_S
+    from negotiate.agents.http1 import INFORMATIONAL_MAX, SETTLE_S, informational_flood
+
+    class Handler(ResponseHandler):
+        """aiohttp's connection protocol, counting the bytes it receives and the 1xx heads before an answer."""
+
+        heard = 0
+        """Bytes received on the connection."""
+        heard_when_idle = -1
+        """:attr:`heard` when the connection went back to the pool."""
+        informational = 0
+
+        def data_received(self, data: bytes) -> None:
+            self.heard += len(data)
+            super().data_received(data)
+
+        def feed_data(self, data, size: int = 0) -> None:  # one parsed answer head and its body's reader
+            if self.informational > INFORMATIONAL_MAX:  # a flood failed the connection: nothing after it is read
+                return
+            code = data[0].code
+            if 100 <= code < 200 and code != 101:
+                self.informational += 1
+                if self.informational > INFORMATIONAL_MAX:  # the reader raises it (as a ClientResponseError)
+                    if self.transport is not None:
+                        self.transport.close()
+                    self.set_exception(HttpProcessingError(message=informational_flood()))
+                    return
+            else:
+                self.informational = 0
+            super().feed_data(data, size)
+
+        @property
+        def heard_while_idle(self) -> bool:
+            """Bytes came while the connection sat in the pool (a late answer, whole or in part): it answers nothing."""
+            return self.heard != self.heard_when_idle
 
     class SettlingConnector(aiohttp.TCPConnector):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._factory = functools.partial(Handler, loop=self._loop)  # the protocol of each new connection
+
+        def _release(self, key, protocol, *, should_close: bool = False) -> None:
+            protocol.heard_when_idle = getattr(protocol, "heard", -1)
+            super()._release(key, protocol, should_close=should_close)
+
         async def _get(self, key, traces):
             conns = self._conns.get(key)  # (protocol, released at), oldest first; the base class takes the first
             if conns:
-                # Bytes arrived while it was idle (should_close): they answer nothing, and it goes.
-                while conns and (conns[0][0].should_close or not conns[0][0].is_connected()):
+                # Bytes arrived while it was idle: they answer nothing, and it goes.
+                while conns and (conns[0][0].should_close or not conns[0][0].is_connected()
+                                 or getattr(conns[0][0], "heard_while_idle", True)):
                     conns.popleft()[0].close()
                 if conns and time.monotonic() - conns[0][1] < SETTLE_S:
                     return None  # none has settled: a new connection
@@ -536,17 +598,72 @@ def _openai_httpx():
     return getattr(base, "httpx2", None) or base.httpx
 
 
-def _openai_client(base_url: str, key: str):
+_ANSWER_CAP: contextvars.ContextVar[int] = contextvars.ContextVar("negotiate_answer_cap")
+"""The cap on the answer of the request this task is making (``client=openai``'s response hook reads it)."""
+
+
+class _StatusAnswer(Exception):
+    """An answer with a status of 300 or more, read under the cap by ``client=openai``'s response hook: ours to retry
+    or to word (the openai client would read its body whole)."""
+
+    def __init__(self, status: int, headers, body: bytes):
+        super().__init__(status)
+        self.status, self.headers, self.body = status, headers, body
+
+
+async def _read_status_answer(response) -> None:
+    """The openai client's response hook: an answer whose status is 300 or more is read here, under the request's
+    cap (:data:`_ANSWER_CAP`), and raised as :class:`_StatusAnswer`, which the openai client lets through."""
+    if response.status_code >= 300:
+        from negotiate.agents.http1 import MAX_ANSWER
+
+        body = await _read_capped(response, _ANSWER_CAP.get(MAX_ANSWER))
+        raise _StatusAnswer(response.status_code, response.headers, body)
+
+
+def _openai_client(base_url: str, key: str, session):
+    """``AsyncOpenAI`` over the aiohttp transport on ``session`` (its settling connector), its own retries and redirects
+    off, its error answers read under the cap by :func:`_read_status_answer`."""
     try:
         import openai
 
         httpx2 = _openai_httpx()
+        try:
+            from openai._vendor.httpx_aiohttp import AiohttpTransport  # openai 3, on httpx2
+        except ImportError:
+            from httpx_aiohttp import AiohttpTransport  # openai 2, on httpx: the httpx-aiohttp package
     except ImportError:
         raise LLMError(f"client=openai needs the openai client: {LLM_INSTALL}") from None
-    limits = httpx2.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS, keepalive_expiry=30.0)
-    # Timeouts and retries are per request (each backend's options); these are placeholders.
-    http = openai.DefaultAioHttpClient(limits=limits, timeout=httpx2.Timeout(60.0, connect=10.0))
-    return openai.AsyncOpenAI(api_key=key, base_url=base_url, http_client=http, max_retries=2, timeout=60.0)
+    # Timeouts are per request (each backend's deadline); these are placeholders.
+    http = openai.DefaultAioHttpClient(transport=AiohttpTransport(client=session), follow_redirects=False,
+                                       event_hooks={"response": [_read_status_answer]}, timeout=httpx2.Timeout(60.0, connect=10.0))
+    return openai.AsyncOpenAI(api_key=key, base_url=base_url, http_client=http, max_retries=0, timeout=60.0)
+
+
+def _under(error: BaseException):
+    """The aiohttp or OS error under one of the openai client's (the outermost such cause): its transport maps aiohttp's
+    errors to httpx's (a refused connection to ``ConnectTimeout``), and the openai client wraps those in turn."""
+    import aiohttp
+
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (aiohttp.ClientError, OSError)):
+            return error
+        error = error.__cause__
+    return None
+
+
+def _broken(error) -> BaseException:
+    """What an aiohttp error stands for, in our words: its parser's verdict on a broken answer (it says ``400``, as if
+    the server had) is a :class:`~negotiate.agents.http1.BrokenAnswer`; any other error is itself."""
+    import aiohttp
+
+    from negotiate.agents.http1 import BrokenAnswer
+
+    if isinstance(error, (aiohttp.ClientResponseError, aiohttp.ClientPayloadError)):
+        return BrokenAnswer(" ".join(str(getattr(error, "message", None) or error).split())[:200])
+    return error
 
 
 # The clients live in a run's pools (negotiate.agents.pools); these act on the current context's.
@@ -610,23 +727,6 @@ def _error_message(error) -> str:
     return found or str(getattr(error, "message", "") or error)
 
 
-def _refused(error: BaseException) -> BaseException | None:
-    """The OS error under a client exception that is a failure to connect, not a timeout.
-
-    The vendored aiohttp transport maps every ``aiohttp.ClientConnectionError`` (a refused
-    connection included) to httpx's ``ConnectTimeout``, so the openai client reports a server
-    that is down as ``APITimeoutError``; the cause chain still holds the truth.
-    """
-    seen: set[int] = set()
-    found = None
-    while error is not None and id(error) not in seen:  # the innermost: aiohttp's ClientConnectorError wraps the OS's
-        seen.add(id(error))
-        if isinstance(error, OSError) and not isinstance(error, TimeoutError):
-            found = error
-        error = error.__cause__ or getattr(error, "os_error", None)
-    return found
-
-
 class OpenAIBackend:
     """Chat completions from an OpenAI-compatible server."""
 
@@ -650,7 +750,7 @@ class OpenAIBackend:
         self._limit = int(options.max_answer_mb * 2**20)
         """The cap on an answer's body in bytes (``max_answer_mb``)."""
         self.timeouts_in_a_row = 0
-        """Requests that timed out (after their retries) since the last answer; at :data:`DOWN_AFTER` the server is down."""
+        """Requests that timed out (at their deadline) since the last answer; at :data:`DOWN_AFTER` the server is down."""
         self.down: str | None = None
         """Why the server is taken for down (every later request fails with it at once); None while it is not."""
 
@@ -709,10 +809,7 @@ class OpenAIBackend:
             try:
                 waiting = pools.requests.begin()  # the run's progress line counts the requests that keep it waiting
                 try:
-                    if o.client == "openai":
-                        data, retries, latency = await self._post_openai(shared, payload, where)
-                    else:
-                        data, retries, latency = await self._post(shared, payload, where)
+                    data, retries, latency = await self._post(shared, payload, where)
                 finally:
                     pools.requests.end(waiting)
             except LLMTimeout:
@@ -822,46 +919,44 @@ class OpenAIBackend:
         if o.legal and self.server != "vllm":
             raise LLMError(f"{where}: legal=1 needs a vLLM server (its structured_outputs regex); this one is {self.server}")
 
-    # -- client=http and client=aiohttp: our own requests, retries and errors ----------------------
+    # -- the request: our own retries, deadline and errors, over any of the three clients --------------
 
     async def _post(self, shared: _Shared, payload: bytes, where: str) -> tuple[dict, int, float]:
-        """POST the body; (the answer's JSON, retries, latency). Retries 408/409/429/5xx and connection
-        errors, with backoff (Retry-After honored); each attempt is bounded by the spec's timeout."""
+        """POST the body; (the answer's JSON, retries, latency). One deadline, ``timeout`` seconds once the request has
+        its slot: each attempt gets what is left of it, and a retry (408/409/429/5xx, connection errors, broken
+        answers; after its backoff, Retry-After honored) is made only where its wait ends before it."""
         from negotiate.agents.http1 import AnswerTooLarge, BrokenAnswer
 
         o = self.options
-        limit = self._limit
-        if o.client == "http":
-            pool, target, timeout = shared.http1(), self._target, o.timeout
-
-            async def send() -> tuple[int, object, bytes]:
-                return await pool.request(b"POST", target, payload, timeout, limit)
-
-            errors: tuple = (OSError,)  # TimeoutError is one
-        else:
-            send, errors = self._aiohttp_sender(shared, payload)
+        sender = {"http": self._http_sender, "aiohttp": self._aiohttp_sender, "openai": self._openai_sender}[o.client]
+        send, errors = sender(shared, payload)
+        loop = asyncio.get_running_loop()
         attempt = 0
         async with shared.limiter:
             began = time.perf_counter()
+            deadline = loop.time() + o.timeout
             while True:
                 failure: BaseException | None = None
                 headers = None
                 try:
-                    status, headers, body = await send()
+                    status, headers, body = await send(deadline)
                 except AnswerTooLarge as error:  # the same answer again would be as large: not retried
                     raise LLMError(f"{where}: {error} (the spec's max_answer_mb={o.max_answer_mb:g} raises it)") from None
-                except errors as error:  # refused, reset, disconnected, a broken answer, this attempt's timeout
+                except errors as error:  # refused, reset, disconnected, a broken answer, the deadline
                     failure, status = error, 0
                 if failure is None and status < 300:
                     break
                 if attempt < o.retries and _retriable(status, headers):
-                    await asyncio.sleep(_backoff(attempt, headers))
-                    attempt += 1
-                    continue
+                    wait = _backoff(attempt, headers)
+                    if loop.time() + wait < deadline:  # else: no time for it; the last failure is the answer
+                        await asyncio.sleep(wait)
+                        attempt += 1
+                        continue
                 if failure is None:
                     raise _status_error(status, _message(body), where, o) from None
                 if isinstance(failure, TimeoutError):
-                    raise LLMTimeout(f"{where}: no reply within {o.timeout}s ({o.retries} retries)") from None
+                    made = f"{attempt} retr{'y' if attempt == 1 else 'ies'}"
+                    raise LLMTimeout(f"{where}: no reply within {o.timeout:g}s (the spec's timeout, {made} included)") from None
                 if isinstance(failure, BrokenAnswer) and "closed the connection" not in str(failure):
                     raise LLMError(f"{where}: the server's answer is broken: {failure}") from None
                 cause = getattr(failure, "os_error", None) or failure
@@ -872,8 +967,18 @@ class OpenAIBackend:
         except orjson.JSONDecodeError as error:
             raise LLMError(f"{where}: the server's answer is not JSON ({error})") from None
 
+    def _http_sender(self, shared: _Shared, payload: bytes):
+        """``client=http``: one attempt on our own pool, given what is left of the deadline, and the errors it raises."""
+        pool, target, limit = shared.http1(), self._target, self._limit
+        loop = asyncio.get_running_loop()
+
+        async def send(deadline: float) -> tuple[int, object, bytes]:
+            return await pool.request(b"POST", target, payload, deadline - loop.time(), limit)
+
+        return send, (OSError,)  # TimeoutError is one
+
     def _aiohttp_sender(self, shared: _Shared, payload: bytes):
-        """``client=aiohttp``: one attempt over the shared aiohttp session, and the errors it raises."""
+        """``client=aiohttp``: one attempt over the shared aiohttp session, by the deadline, and the errors it raises."""
         import aiohttp
 
         o = self.options
@@ -881,53 +986,47 @@ class OpenAIBackend:
         if self._timeout is None:
             import yarl
 
-            # No aiohttp timers: asyncio.timeout below bounds each attempt, at a third of their CPU.
+            # No aiohttp timers: asyncio.timeout_at below bounds each attempt, at a third of their CPU.
             self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_read=None, sock_connect=None)
             self._url = yarl.URL(o.base_url + "/chat/completions")
         url, timeout = self._url, self._timeout
-
         limit = self._limit
-        from negotiate.agents.http1 import BrokenAnswer
 
-        async def send() -> tuple[int, object, bytes]:
+        async def send(deadline: float) -> tuple[int, object, bytes]:
             try:
-                async with asyncio.timeout(o.timeout):  # one deadline for the attempt, not one per read
+                async with asyncio.timeout_at(deadline):  # the request's deadline, not one per read
                     async with session.post(url, data=payload, timeout=timeout, allow_redirects=False) as response:
                         status = response.status
                         return status, response.headers if status >= 300 else None, await read_bounded(response, limit)
-            except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as error:  # its parser's verdict: said as ours is
-                raise BrokenAnswer(" ".join(str(getattr(error, "message", None) or error).split())[:200]) from None
+            except aiohttp.ClientError as error:  # its parser's verdict on a broken answer: said as ours is
+                raise _broken(error) from None
 
-        return send, (TimeoutError, aiohttp.ClientError, OSError)
+        return send, (OSError, aiohttp.ClientError)  # TimeoutError is an OSError
 
-    # -- client=openai: the openai package's client ---------------------------------------------
-
-    async def _post_openai(self, shared: _Shared, payload: bytes, where: str) -> tuple[dict, int, float]:
+    def _openai_sender(self, shared: _Shared, payload: bytes):
+        """``client=openai``: one attempt through the openai client (its own retries off: ours count, by the deadline),
+        its answer read under the cap, an error answer included (:func:`_read_status_answer`); the errors it raises,
+        unwrapped from the openai client's to what happened."""
+        import aiohttp
         import openai
 
         httpx2 = _openai_httpx()
-
-        from negotiate.agents.http1 import AnswerTooLarge, BrokenAnswer
-
-        o = self.options
-        client = shared.client
+        client, limit = shared.client, self._limit
         # identity: as our other clients, ask for no compression (a gzip answer is still inflated, under the cap)
-        request_options = {"timeout": httpx2.Timeout(o.timeout, connect=min(o.timeout, 10.0)), "max_retries": o.retries,
-                           "headers": {"Accept-Encoding": "identity"}}
-        # The client's timeout bounds each read; this bounds the whole call, retries and backoff included.
-        deadline = o.timeout * (o.retries + 1) + 8.0 * o.retries + 1.0
-        async with shared.limiter:
-            began = time.perf_counter()
+        options = {"timeout": httpx2.Timeout(self.options.timeout, connect=min(self.options.timeout, 10.0)), "max_retries": 0,
+                   "headers": {"Accept-Encoding": "identity"}}
+
+        async def send(deadline: float) -> tuple[int, object, bytes]:
+            _ANSWER_CAP.set(limit)
             try:
-                with anyio.fail_after(deadline):
-                    # The client's low-level post: its retries, backoff and errors, without the typed
-                    # parameter transform of chat.completions.create (a millisecond of CPU per request here).
-                    # stream=True: the body is ours to read, under the cap (the client would read it whole).
+                async with asyncio.timeout_at(deadline):
+                    # The client's low-level post, without the typed parameter transform of chat.completions.create
+                    # (a millisecond of CPU per request here). stream=True: the body is ours to read, under the cap.
                     streamed = await client.post("/chat/completions", content=payload, cast_to=httpx2.Response,
-                                                 options=request_options, stream=True, stream_cls=openai.AsyncStream[dict])
+                                                 options=options, stream=True, stream_cls=openai.AsyncStream[dict])
                     response = getattr(streamed, "response", streamed)  # openai 3 wraps it in the stream class
                     try:
-                        body = await _read_capped(response, self._limit)
+                        return response.status_code, None, await _read_capped(response, limit)
                     except BaseException:
                         # Not back to the pool: the unread rest of this answer would meet the next request.
                         stream = getattr(response, "stream", None)
@@ -938,29 +1037,15 @@ class OpenAIBackend:
                         raise
                     finally:
                         await response.aclose()
-                data = orjson.loads(body)
-            except AnswerTooLarge as error:  # the same answer again would be as large: not retried
-                raise LLMError(f"{where}: {error} (the spec's max_answer_mb={o.max_answer_mb:g} raises it)") from None
-            except BrokenAnswer as error:
-                raise LLMError(f"{where}: the server's answer is broken ({error})") from None
-            except httpx2.HTTPError as error:  # the body broke off: the server went away mid-answer
-                raise LLMError(f"{where}: cannot reach the server ({type(error).__name__}: {error})", unreachable=True) from None
-            except openai.APITimeoutError as error:
-                refused = _refused(error)
-                if refused is not None:
-                    raise LLMError(f"{where}: cannot reach the server ({type(refused).__name__}: {refused})", unreachable=True) from None
-                raise LLMTimeout(f"{where}: no reply within {o.timeout}s ({o.retries} retries)") from None
-            except TimeoutError:
-                raise LLMTimeout(f"{where}: no reply within {deadline:.0f}s, retries included") from None
-            except openai.APIStatusError as error:
-                raise _status_error(error.status_code, _error_message(error), where, o) from None
-            except openai.APIConnectionError as error:
-                cause = _refused(error) or error.__cause__ or error
-                raise LLMError(f"{where}: cannot reach the server ({type(cause).__name__}: {cause})", unreachable=True) from None
-            except orjson.JSONDecodeError as error:
-                raise LLMError(f"{where}: the server's answer is not JSON ({error})") from None
-            latency = time.perf_counter() - began
-        return data, int(response.request.headers.get("x-stainless-retry-count", 0)), latency
+            except _StatusAnswer as answer:  # read under the cap by the response hook
+                return answer.status, answer.headers, answer.body
+            except (openai.APIConnectionError, httpx2.HTTPError, aiohttp.ClientError) as error:
+                under = _under(error)
+                if under is None:
+                    raise ConnectionError(f"{type(error).__name__}: {error}") from None
+                raise _broken(under) from None
+
+        return send, (OSError, aiohttp.ClientError)
 
 
 async def _read_capped(response, limit: int) -> bytes:

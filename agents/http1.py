@@ -28,8 +28,10 @@ anything else, ``-6``, ``+5``, ``0x10``, ``1_0``, fails the request at once), th
 (tests/test_hostile_server.py fuzzes the two against each other); an answer's body is capped
 (``limit`` bytes, :class:`AnswerTooLarge`) as it arrives, before it is buffered (a
 ``Content-Length`` past the cap fails at the head), and again once inflated, in one
-``decompressobj`` call bounded by the cap (a gzip bomb costs at most the cap). An exception in
-a protocol callback never escapes it: it fails the request waiting there.
+``decompressobj`` call bounded by the cap (a gzip bomb costs at most the cap). A chunked body is
+kept as one buffer of its data, its framing dropped as it is read (a body in 1-byte chunks costs
+its bytes, not an object per chunk), and at most :data:`INFORMATIONAL_MAX` 1xx heads may come before
+an answer. An exception in a protocol callback never escapes it: it fails the request waiting there.
 
 A connection is reused only once it has been idle for :data:`SETTLE_S` (its oldest idle one
 first; otherwise a new one is opened), and bytes that arrive on an idle connection close it and
@@ -49,7 +51,7 @@ import zlib
 from collections import deque
 from urllib.parse import urlsplit
 
-__all__ = ["HTTP1Pool", "BrokenAnswer", "AnswerTooLarge", "inflate", "MAX_ANSWER", "SETTLE_S"]
+__all__ = ["HTTP1Pool", "BrokenAnswer", "AnswerTooLarge", "inflate", "MAX_ANSWER", "SETTLE_S", "INFORMATIONAL_MAX"]
 
 MAX_ANSWER = 8 * 2**20
 """Bytes an answer's body may have by default, on the wire and inflated (the spec's ``max_answer_mb`` changes it)."""
@@ -57,6 +59,9 @@ HEAD_MAX = 65536
 """Bytes of an answer's head (1xx heads, and a chunked body's framing, count against it too)."""
 SETTLE_S = 0.25
 """Seconds a connection stays idle before it is reused: a late second answer arrives on an idle connection."""
+INFORMATIONAL_MAX = 16
+"""1xx heads (``100 Continue``, ``103 Early Hints``) an answer may have before its own head; a server that sends more
+fails the request at once (every client: a flood of them is read at no cost to the server)."""
 
 
 class BrokenAnswer(ConnectionError):
@@ -109,7 +114,7 @@ class _Connection(asyncio.Protocol):
     """One keep-alive connection; at most one request on it at a time."""
 
     __slots__ = ("pool", "transport", "buffer", "waiter", "closed", "idle_since", "used", "limit", "_scan", "_head",
-                 "_length", "_chunks", "_at", "_body", "_received", "keep_alive")
+                 "_length", "_data", "_informational", "_received", "keep_alive")
 
     def __init__(self, pool: HTTP1Pool):
         self.pool = pool
@@ -131,11 +136,10 @@ class _Connection(asyncio.Protocol):
         """(status, headers) once the head is read."""
         self._length = -1
         """Body bytes expected; -1: not known yet; -2: chunked; -3: until the connection closes."""
-        self._chunks: list[bytes] = []
-        self._at = 0
-        """Chunked: where the next chunk-size line starts in the buffer."""
-        self._body = 0
-        """Chunked: the body's bytes so far (the chunks' sizes)."""
+        self._data = bytearray()
+        """Chunked: the body's data so far (the buffer keeps only what is not read yet: the framing is dropped)."""
+        self._informational = 0
+        """1xx heads read before this answer's head."""
         self._received = 0
         """Bytes received for this answer, heads and framing included."""
         self.keep_alive = True
@@ -211,6 +215,9 @@ class _Connection(asyncio.Protocol):
             del buffer[:end + 4]
             self._scan = 0
             if 100 <= status < 200:  # 100 Continue, 103 Early Hints: the answer follows
+                self._informational += 1
+                if self._informational > INFORMATIONAL_MAX:
+                    raise BrokenAnswer(informational_flood())
                 continue
             self._head = (status, headers)
             self._length = self._framing(status, headers, version)
@@ -253,50 +260,56 @@ class _Connection(asyncio.Protocol):
         return -3
 
     def _chunked(self):
-        buffer, at = self.buffer, self._at
-        while True:
-            line_end = buffer.find(b"\r\n", at)
-            if line_end < 0:
-                if len(buffer) - at > HEAD_MAX:
-                    raise BrokenAnswer(f"a chunk-size line over {HEAD_MAX // 1024} KiB")
-                break
-            line = bytes(buffer[at:line_end])
-            found = _CHUNK_SIZE.fullmatch(line)
-            if found is None:
-                raise BrokenAnswer(f"bad chunk size {line[:40]!r}")
-            size = int(found[1], 16)
-            if size == 0:  # the last chunk, then trailer lines up to an empty one
-                start = line_end + 2
-                while True:
-                    end = buffer.find(b"\r\n", start)
-                    if end < 0:
-                        if len(buffer) - start > HEAD_MAX:
-                            raise BrokenAnswer(f"a trailer over {HEAD_MAX // 1024} KiB")
-                        self._at = at
-                        return None
-                    if end == start:
-                        if len(buffer) > end + 2:
-                            self.keep_alive = False
-                        return self._answer(b"".join(self._chunks))
-                    if not _FIELD.fullmatch(buffer[start:end]):
-                        raise BrokenAnswer(f"bad trailer line {bytes(buffer[start:end])[:40]!r}")
-                    start = end + 2
-            if size > self.limit - self._body:  # refused at its size line, before it is buffered
-                raise AnswerTooLarge(self.limit)
-            if len(buffer) < line_end + 2 + size + 2:
-                break
-            data_end = line_end + 2 + size
-            if buffer[data_end:data_end + 2] != b"\r\n":
-                raise BrokenAnswer(f"a chunk of {size} bytes not followed by CRLF: {bytes(buffer[data_end:data_end + 2])!r}")
-            self._chunks.append(bytes(buffer[line_end + 2:data_end]))
-            self._body += size
-            at = data_end + 2
-        self._at = at
-        return None
+        """The body once its last chunk and trailer are in; each chunk's data is moved to ``_data`` and its framing
+        dropped from the buffer as it is read, so the buffer holds only what is not read yet."""
+        buffer, data = self.buffer, self._data
+        at = 0
+        try:
+            while True:
+                line_end = _line_end(buffer, at, "a chunk-size line")
+                if line_end < 0:
+                    return None
+                line = bytes(buffer[at:line_end])
+                found = _CHUNK_SIZE.fullmatch(line)
+                if found is None:
+                    raise BrokenAnswer(f"bad chunk size {line[:40]!r}")
+                size = int(found[1], 16)
+                if size == 0:  # the last chunk, then trailer lines up to an empty one
+                    start = line_end + 2
+                    while True:
+                        end = _line_end(buffer, start, "a trailer")
+                        if end < 0:
+                            return None
+                        if end == start:
+                            if len(buffer) > end + 2:
+                                self.keep_alive = False
+                            return self._answer(bytes(data))
+                        if not _FIELD.fullmatch(buffer[start:end]):
+                            raise BrokenAnswer(f"bad trailer line {bytes(buffer[start:end])[:40]!r}")
+                        start = end + 2
+                if size > self.limit - len(data):  # refused at its size line, before it is buffered
+                    raise AnswerTooLarge(self.limit)
+                if len(buffer) < line_end + 2 + size + 2:
+                    return None
+                data_end = line_end + 2 + size
+                if buffer[data_end:data_end + 2] != b"\r\n":
+                    raise BrokenAnswer(f"a chunk of {size} bytes not followed by CRLF: {bytes(buffer[data_end:data_end + 2])!r}")
+                data += buffer[line_end + 2:data_end]
+                at = data_end + 2
+        finally:
+            del buffer[:at]  # what was read (the chunks' framing and data): the buffer keeps the rest
 
     def _answer(self, body: bytes) -> tuple[int, dict, bytes]:
         status, headers = self._head
         return status, headers, inflate(body, headers.get("content-encoding", "identity"), self.limit)
+
+
+def _line_end(buffer: bytearray, start: int, what: str) -> int:
+    """Where the CRLF that ends the line at ``start`` is; -1 while it has not come (``what``, over :data:`HEAD_MAX`, fails)."""
+    end = buffer.find(b"\r\n", start)
+    if end < 0 and len(buffer) - start > HEAD_MAX:
+        raise BrokenAnswer(f"{what} over {HEAD_MAX // 1024} KiB")
+    return end
 
 
 def _head(raw: bytes) -> tuple[int, dict, str]:
@@ -317,6 +330,11 @@ def _head(raw: bytes) -> tuple[int, dict, str]:
         value = value.strip()
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     return status, headers, version
+
+
+def informational_flood() -> str:
+    """The reason a request fails when its server sends more than :data:`INFORMATIONAL_MAX` 1xx heads (every client)."""
+    return f"more than {INFORMATIONAL_MAX} informational (1xx) heads before the answer"
 
 
 def _expire(waiter: asyncio.Future) -> None:

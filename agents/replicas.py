@@ -13,13 +13,14 @@ bound, retries and timeouts, exactly as a single server has them, whichever ``cl
   and gets fewer new ones.
 * **Failover.** A replica that is not there (refused, reset or closed mid-answer, after the request's own retries:
   an :class:`~negotiate.agents.backends.LLMError` with ``unreachable`` set) is drained: no request goes to it for
-  :data:`REVIVE_S` seconds, and the request is sent again to another replica. A request that times out (after its retries) or
-  fails with a 5xx is sent again to a replica it has not tried yet; a replica whose requests time out
+  :data:`REVIVE_S` seconds, and the request is sent again to another replica. A request that times out (its spec's
+  ``timeout`` is one deadline on each replica, retries included) or fails with a 5xx is sent again to a replica it has
+  not tried yet, with a deadline of its own there; a replica whose requests time out
   :data:`~negotiate.agents.backends.DOWN_AFTER` times in a row is drained too. Only a request that every live
   replica failed fails (with the last error), so an episode is lost only when every replica is.
 * **Stall.** A replica with requests in flight that has neither answered nor been given its first of them for the
-  spec's ``timeout`` (a hung server: with the default timeouts the bus's deadline cancels its requests before
-  their retries end, so they never count as timeouts) gets new requests only when every live replica is stalled.
+  spec's ``timeout`` (a hung server, whose requests count as timeouts only at their deadline, and never where the
+  bus's deadline, ``--seller-timeout``, is the shorter) gets new requests only when every live replica is stalled.
 * **Revival.** A drained replica is tried again by one request once :data:`REVIVE_S` seconds have passed: if it
   answers, it is live again (a restarted server rejoins the run); if not, it is drained again.
 * **All down.** When every replica is drained, a request fails at once with one ``LLMError`` naming each replica
@@ -110,7 +111,7 @@ class ReplicaBackend:
         """The replica the next request goes to: a drained one whose :attr:`revive_s` has passed and that nobody is
         trying (it is tried again); else, of the live ones not in ``tried``, the one with fewest requests in flight
         (ties taken in turn), one that is stalled (requests in flight, and neither an answer nor a first request for
-        the spec's ``timeout``: a hung server, whose requests the bus's deadline cancels before they can time out)
+        the spec's ``timeout``: a hung server, whose requests may be cancelled by the bus's deadline before theirs)
         only where all are; else None."""
         count = len(self.replicas)
         start = self._turn

@@ -1,12 +1,13 @@
-"""Our two HTTP clients (``client=http``, ``client=aiohttp``) against a hostile or broken model server (issue 44).
+"""Every HTTP client (``client=http``, ``client=aiohttp``, ``client=openai``) against a hostile or broken model server
+(issues 44 and 51).
 
 A raw-TCP stand-in server on 127.0.0.1 answers each request with one misbehaviour: a chunk size or a
 Content-Length that is not a plain number, an answer past the cap (as sent, or a gzip bomb once
-inflated, or a Content-Length of 100 GB with zeros streamed), a late second answer, a trickle of
-one byte at a time, no answer at all. Each must fail its request with a clear reason (or, for the
-late answer, give every request its own answer), and the same with both clients. The framing parser
-is fuzzed against h11, the reference for what is well-formed. Every request is bounded in count and
-time, and goes to 127.0.0.1 only.
+inflated, or a Content-Length of 100 GB with zeros streamed), a flood of 1xx heads, a late second
+answer, a trickle of one byte at a time, no answer at all. Each must fail its request with a clear
+reason, within the spec's timeout (or, for the late answer, give every request its own answer), and
+the same with every client. The framing parser is fuzzed against h11, the reference for what is
+well-formed. Every request is bounded in count and time, and goes to 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import re
+import time
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -25,7 +27,7 @@ pytest.importorskip("aiohttp", reason="the aiohttp client needs aiohttp")
 from negotiate.agents.backends import (  # noqa: E402
     DOWN_AFTER, REPLY_MAX, Completion, LLMError, LLMTimeout, OpenAIBackend, OpenAIOptions, aclose_clients,
 )
-from negotiate.agents.http1 import MAX_ANSWER, BrokenAnswer, HTTP1Pool, _Connection  # noqa: E402
+from negotiate.agents.http1 import INFORMATIONAL_MAX, MAX_ANSWER, BrokenAnswer, HTTP1Pool, _Connection  # noqa: E402
 from negotiate.agents.registry import parse_agent  # noqa: E402
 from negotiate.errors import UserError  # noqa: E402
 
@@ -97,9 +99,11 @@ def ask(word: str = "hello") -> list[dict]:
     return [{"role": "user", "content": word}]
 
 
-@pytest.fixture(params=["http", "aiohttp"])
+@pytest.fixture(params=["http", "aiohttp", "openai"])
 def client(request) -> str:
-    """Both of our clients: the same bounds, the same reasons."""
+    """Every client: the same bounds, the same reasons."""
+    if request.param == "openai":
+        _needs_openai_client()
     return request.param
 
 
@@ -147,6 +151,17 @@ async def test_a_content_length_that_is_not_decimal_digits_fails_the_request_at_
         error = await fails(server, client, "answer is broken|cannot reach the server")
     if client == "http":
         assert f"Content-Length {length!r} is not a number of bytes" in str(error)
+
+
+async def test_a_broken_answer_is_worded_as_one_by_every_client_not_as_a_status_the_server_never_sent(client):
+    # aiohttp's parser reports a broken answer as ClientResponseError(400); the openai client passed that on as
+    # "cannot reach the server (ClientResponseError: 400, ...)", as if the server had answered 400.
+    chunked = head("Transfer-Encoding: chunked") + b"-6\r\nhello!\r\n0\r\n\r\n"
+    async with Hostile(script(chunked, keep=True)) as server:
+        error = await fails(server, client, "the server's answer is broken: ", retries=1)
+        assert len(server.bodies) == 2  # retried once, as a broken answer is
+    assert "400" not in str(error) and "ClientResponseError" not in str(error) and error.status is None
+    assert not error.unreachable  # the server is there; what it sent is wrong
 
 
 async def test_a_transfer_encoding_other_than_chunked_fails_the_request():
@@ -226,11 +241,13 @@ async def test_a_gzip_answer_under_the_cap_is_read_the_same_by_both_clients(clie
     assert reply.text == "zipped"
 
 
-async def test_neither_client_asks_for_compression(client):
+async def test_no_client_asks_for_compression(client):
     async with Hostile(script(ok(completion("plain")))) as server:
         with anyio.fail_after(10):
             await backend(server, client).complete(ask(), role="seller")
-    assert len(server.heads) == 1 and b"accept-encoding" not in server.heads[0].lower()
+    assert len(server.heads) == 1
+    encodings = re.findall(rb"(?im)^accept-encoding:(.*)$", server.heads[0])
+    assert encodings in ([], [b" identity\r"])  # the openai client sends its own unless told identity
 
 
 async def test_the_check_before_a_run_reads_its_answer_under_the_cap_too():
@@ -253,24 +270,42 @@ async def test_the_cap_is_a_spec_key_with_a_checked_value():
 # -- a late second answer, a trickle, a server that never answers -----------------------------------
 
 
-async def test_a_late_second_answer_never_reaches_another_request(client):
-    # Each answer says the request's own word; 50 ms later the server sends it again, on the same connection.
-    async def twice(index: int, body: bytes, writer: asyncio.StreamWriter) -> bool:
-        answer = ok(completion(nonce(body)))
-        writer.write(answer)
-        await writer.drain()
-        await asyncio.sleep(0.05)
-        writer.write(answer)
-        await writer.drain()
-        return True
+async def twice(index: int, body: bytes, writer: asyncio.StreamWriter) -> bool:
+    """Each answer says the request's own word; 50 ms later the server sends it again, on the same connection."""
+    answer = ok(completion(nonce(body)))
+    writer.write(answer)
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.write(answer)
+    await writer.drain()
+    return True
 
+
+async def test_a_late_second_answer_never_reaches_another_request(client):
+    # client=openai gave 8 of 16 such requests another request's answer (issue 51): the openai client's aiohttp
+    # transport pooled connections with a stock aiohttp connector, which reuses an idle connection that has read a
+    # late answer and hands that answer to the next request sent on it.
     async with Hostile(twice) as server:
         model = backend(server, client)
         words = [f"word{n}" for n in range(8)]
+        replies = []
         with anyio.fail_after(20):
-            replies = [(await model.complete(ask(word), role="seller")).text for word in words]
+            for n, word in enumerate(words):  # asked back to back, and 0.1 s apart: the late answer lands on an idle connection
+                replies.append((await model.complete(ask(word), role="seller")).text)
+                await asyncio.sleep(0.1 * (n % 2))
+
+            async def asker(k: int) -> list[tuple[str, str]]:  # four at once, each in turn
+                pairs = []
+                for n in range(3):
+                    word = f"together{k}-{n}"
+                    pairs.append(((await model.complete(ask(word), role="seller")).text, word))
+                    await asyncio.sleep(0.1)
+                return pairs
+
+            together = await asyncio.gather(*(asker(k) for k in range(4)))
         assert replies == words
-        assert sorted(nonce(body) for body in server.bodies) == words  # each asked once
+        assert all(reply == word for pairs in together for reply, word in pairs)
+        assert len(server.bodies) == 8 + 12  # each asked once
 
 
 async def test_bytes_on_an_idle_connection_close_it_and_answer_nothing():
@@ -297,44 +332,65 @@ async def test_bytes_on_an_idle_connection_close_it_and_answer_nothing():
     assert (first[2], second[2], server.connections) == (b"one", b"two", 2)
 
 
-async def test_the_aiohttp_client_closes_an_idle_connection_that_heard_a_late_answer(monkeypatch):
+@pytest.mark.parametrize("late", ["answer", "part of a head"])
+@pytest.mark.parametrize("pooled", ["aiohttp", "openai"])
+async def test_an_aiohttp_connection_that_heard_a_byte_while_idle_is_not_reused(monkeypatch, pooled, late):
+    # Stock aiohttp closes an idle connection only once it has parsed a whole late answer; the start of one stays in
+    # its parser, to be read as the head of the next request's answer. Any byte heard while idle closes it here.
     from negotiate.agents import http1
 
-    monkeypatch.setattr(http1, "SETTLE_S", 0.0)  # reused at once, were it not for the late answer it heard
-    late = asyncio.Event()
+    if pooled == "openai":
+        _needs_openai_client()
+    monkeypatch.setattr(http1, "SETTLE_S", 0.0)  # reused at once, were it not for what it heard
+    heard = asyncio.Event()
 
-    async def twice(index: int, body: bytes, writer: asyncio.StreamWriter) -> bool:
+    async def once_and_late(index: int, body: bytes, writer: asyncio.StreamWriter) -> bool:
         writer.write(ok(completion(nonce(body))))
         await writer.drain()
-        await asyncio.sleep(0.05)
-        writer.write(ok(completion("late " + nonce(body))))
-        await writer.drain()
-        late.set()
+        if index == 0:
+            await asyncio.sleep(0.05)
+            writer.write(ok(completion("late")) if late == "answer" else b"HTTP/1.1 200 OK\r\nContent-Le")
+            await writer.drain()
+            heard.set()
         return True
 
-    async with Hostile(twice) as server:
-        model = backend(server, "aiohttp")
+    async with Hostile(once_and_late) as server:
+        model = backend(server, pooled)
         first = await model.complete(ask("one"), role="seller")
-        connector = model._shared[3].session.connector
+        connector = model._shared[3].session.connector  # client=openai's transport is on the same session
         with anyio.fail_after(10):
-            await late.wait()
-            while not any(protocol.should_close for conns in connector._conns.values() for protocol, _ in conns):
-                await asyncio.sleep(0.01)  # the idle connection has read the late answer
+            await heard.wait()
+            while not any(protocol.heard_while_idle for conns in connector._conns.values() for protocol, _ in conns):
+                await asyncio.sleep(0.01)  # the idle connection has read the late bytes
         second = await model.complete(ask("two"), role="seller")
     assert (first.text, second.text, server.connections) == ("one", "two", 2)
 
 
-async def test_a_flood_of_100_continue_heads_fails_at_the_cap(client):
+async def test_a_flood_of_100_continue_heads_fails_at_the_17th(client):
+    # Stock aiohttp reads any number of 1xx heads (a minute of them held the aiohttp and openai clients to their
+    # timeout); each client now fails the answer at the 17th, at once.
     async def flood(index: int, body: bytes, writer: asyncio.StreamWriter) -> bool:
-        for _ in range(20_000):  # 500 KB of heads at most
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        for _ in range(200):  # 200 blocks of 100 heads (500 KB) at most, should the client read on
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" * 100)
             await writer.drain()
+            await asyncio.sleep(0.01)
         return False
 
+    assert INFORMATIONAL_MAX == 16
     async with Hostile(flood) as server:
-        error = await fails(server, client, "over the cap|answer is broken|cannot reach the server", max_answer_mb=CAP_MB)
-    if client == "http":  # the heads count against the cap; aiohttp reads them all and fails at the close
-        assert "the server's answer is over the cap of 65536 bytes" in str(error)
+        error = await fails(server, client, r"the server's answer is broken: more than 16 informational \(1xx\) heads "
+                                            r"before the answer$")
+        assert len(server.bodies) == 1  # retries=0 here
+    assert not error.unreachable and error.status is None  # the server is there, and sent no status of its own
+
+
+async def test_a_few_1xx_heads_before_the_answer_are_skipped(client):
+    # 100 Continue and 103 Early Hints, 16 in all: within the bound, and the answer is read.
+    heads = b"HTTP/1.1 100 Continue\r\n\r\n" * 15 + b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+    async with Hostile(script(heads, ok(completion("after the hints")), keep=True)) as server:
+        with anyio.fail_after(10):
+            reply = await backend(server, client).complete(ask(), role="seller")
+    assert reply.text == "after the hints"
 
 
 async def test_a_server_that_trickles_a_byte_at_a_time_is_held_to_the_timeout(client):
@@ -348,9 +404,15 @@ async def test_a_server_that_trickles_a_byte_at_a_time_is_held_to_the_timeout(cl
         return False
 
     async with Hostile(trickle) as server:
+        began = time.perf_counter()
         with anyio.fail_after(8):  # each read comes well inside the timeout; the whole answer does not
-            with pytest.raises(LLMTimeout, match="no reply within 0.5s"):
-                await backend(server, client, timeout=0.5).complete(ask(), role="seller")
+            with pytest.raises(LLMTimeout, match=r"no reply within 0.5s \(the spec's timeout, 0 retries included\)"):
+                await backend(server, client, timeout=0.5, retries=2).complete(ask(), role="seller")
+        took = time.perf_counter() - began
+        # One deadline for the request, retries included: no retry starts after it (before, each attempt had its own
+        # 0.5 s and the openai client its own per read: 2 to 3 s here, 41-58 s at timeout=10&retries=1).
+        assert len(server.bodies) == 1
+    assert 0.5 <= took < 1.5
 
 
 async def test_a_server_that_keeps_timing_out_is_declared_down(client):
@@ -378,6 +440,30 @@ async def test_a_server_that_keeps_timing_out_is_declared_down(client):
     assert DOWN_AFTER == 3
     assert outcomes == ["timeout", "timeout", "here", "timeout", "timeout", "timeout", down]
     assert len(server.bodies) == 6  # the seventh never went out
+
+
+async def test_a_retry_whose_wait_would_end_past_the_deadline_is_not_made(client):
+    # A 503 asking for 5 s: with timeout=1 the retry could not start in time, so the request fails at once, with
+    # the server's own words, instead of waiting 5 s (or being cut in its wait and called a timeout).
+    unavailable = head("Retry-After: 5", "Content-Length: 10", status="503 Service Unavailable") + b"overloaded"
+    quick = head("Retry-After: 0.05", "Content-Length: 10", status="503 Service Unavailable") + b"overloaded"
+    async with Hostile(script(unavailable, keep=True)) as server:
+        began = time.perf_counter()
+        with anyio.fail_after(4):
+            with pytest.raises(LLMError, match=r"request failed \(503\): overloaded$"):
+                await backend(server, client, timeout=1.0, retries=2).complete(ask(), role="seller")
+        assert time.perf_counter() - began < 1.0 and len(server.bodies) == 1
+    answers = iter([quick, quick, ok(completion("third time"))])
+
+    async def then_answer(index: int, body: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(next(answers))
+        await writer.drain()
+        return True
+
+    async with Hostile(then_answer) as server:  # retries that fit in the deadline are made
+        with anyio.fail_after(4):
+            reply = await backend(server, client, timeout=1.0, retries=2).complete(ask(), role="seller")
+    assert (reply.text, reply.retries, len(server.bodies)) == ("third time", 2, 3)
 
 
 # -- the protocol callbacks, and what the trace keeps -----------------------------------------------

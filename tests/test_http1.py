@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from negotiate.agents.http1 import BrokenAnswer, HTTP1Pool
+from negotiate.agents.http1 import BrokenAnswer, HTTP1Pool, _Connection
 
 HEADERS = {"Authorization": "Bearer sk-x", "Content-Type": "application/json"}
 # Tests of reuse make their pools with settle=0.0: a connection is reused at once, not after SETTLE_S idle
@@ -134,6 +134,32 @@ async def test_a_gzip_answer_is_inflated_and_1xx_heads_are_skipped(raw):
     status, _, body = await pool.request(b"POST", TARGET, b"{}", 5.0)
     await pool.close()
     assert (status, body) == (200, b'{"zipped": true}')
+
+
+async def test_a_body_in_1_byte_chunks_is_held_as_its_bytes_its_framing_dropped_as_read():
+    # A chunked answer was kept as one bytes object per chunk, and its whole framing in the buffer till the end:
+    # 20 MB sent in 1-byte chunks (120 MB on the wire) took 4 requests' client to 422 MB of RSS before the cap.
+    class Pool:
+        def _lost(self, connection) -> None:
+            pass
+
+    class Transport:
+        def abort(self) -> None:
+            pass
+
+    connection = _Connection(Pool())
+    connection.connection_made(Transport())
+    connection.waiter = waiter = asyncio.get_running_loop().create_future()
+    connection.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for k in range(50):  # 4,096 chunks of 1 byte at a time: 24 KiB on the wire, 4 KiB of body
+        connection.data_received(b"1\r\nx\r\n" * 4096)
+        assert len(connection.buffer) == 0  # each chunk read, its framing gone
+        assert len(connection._data) == 4096 * (k + 1)  # and its byte kept in the one buffer of the body
+    connection.data_received(b"1\r")  # a chunk cut short waits in the buffer for its rest
+    assert bytes(connection.buffer) == b"1\r" and not waiter.done()
+    connection.data_received(b"\nz\r\n0\r\n\r\n")
+    status, _, body = waiter.result()
+    assert (status, len(body), body[-2:]) == (200, 50 * 4096 + 1, b"xz")
 
 
 async def test_a_kept_alive_connection_the_server_closed_is_replaced_once(raw):

@@ -1,9 +1,9 @@
 """The openai backend's HTTP clients against the fake server (tests/fake_openai.py).
 
-The default ``client=aiohttp`` path does its own retries (408/409/429/5xx and connection
-errors, exponential backoff with jitter, Retry-After honored), its own timeouts and its own
-error classification; these tests pin that down, and check that both clients return the same
-:class:`Completion` for the same answer. Every test ends in a few seconds.
+Every client (``client=http``, the default, ``aiohttp`` and ``openai``, whose own retries are off) goes through our
+one loop: its retries (408/409/429/5xx and connection errors, exponential backoff with jitter, Retry-After honored),
+its deadline (the spec's ``timeout``, retries included) and its error classification; these tests pin that down, and
+check that every client returns the same :class:`Completion` for the same answer. Every test ends in a few seconds.
 """
 
 from __future__ import annotations
@@ -30,9 +30,14 @@ MESSAGES = [{"role": "system", "content": "You are a test."}, {"role": "user", "
 ANSWER = '{"thought": "t", "to": "b1", "talk": "hello there", "action": {"kind": "end", "product": null, "price": null}}'
 
 
-@pytest.fixture(params=["http", "aiohttp"])
+@pytest.fixture(params=["http", "aiohttp", "openai"])
 def ours(request) -> str:
-    """Our two clients (``client=http``, ``client=aiohttp``): the same retries, timeouts and errors."""
+    """Every client, through our loop: the same retries, deadline and errors."""
+    if request.param == "openai":
+        from needs import openai_client_missing
+
+        if openai_client_missing():
+            pytest.skip(openai_client_missing())
     return request.param
 
 
@@ -216,17 +221,25 @@ async def test_403_and_404(server, ours):
 # -- timeouts and a server that is down ------------------------------------------------------------
 
 
-async def test_a_hang_is_retried_then_answers(server, ours):
-    server.faults.append(Fault(delay=30))
-    completion = await backend(server, client=ours, timeout=0.3).complete(MESSAGES, role="seller")
-    assert completion.retries == 1 and completion.text == ANSWER  # the first try cut at 0.3 s, not answered at 30 s
-
-
-async def test_hangs_past_the_retries_are_an_llm_timeout(server, ours):
+async def test_a_hang_is_an_llm_timeout_at_the_spec_timeout_not_one_per_retry(server, ours):
+    # timeout is the request's deadline, retries included: a hang takes all of it, and no retry follows (each
+    # attempt had a timeout of its own before: 0.2 s, a backoff, 0.2 s more).
     server.faults.extend([Fault(delay=30), Fault(delay=30)])
-    with pytest.raises(LLMTimeout, match=r"no reply within 0.2s \(1 retries\)") as caught:
+    began = time.perf_counter()
+    with pytest.raises(LLMTimeout, match=r"no reply within 0.2s \(the spec's timeout, 0 retries included\)") as caught:
         await backend(server, client=ours, timeout=0.2).complete(MESSAGES, role="seller")
-    assert isinstance(caught.value, TimeoutError) and len(server.requests) == 2
+    assert isinstance(caught.value, TimeoutError) and len(server.requests) == 1
+    assert time.perf_counter() - began < 0.8
+
+
+async def test_the_deadline_counts_every_attempt_and_every_wait(server, ours):
+    # A 503 (0.2 s to wait), then a hang: the retry gets what is left of the 0.6 s, not 0.6 s of its own.
+    server.faults.extend([Fault(status=503, headers={"retry-after-ms": "200"}), Fault(delay=30)])
+    began = time.perf_counter()
+    with pytest.raises(LLMTimeout, match=r"no reply within 0.6s \(the spec's timeout, 1 retry included\)"):
+        await backend(server, client=ours, timeout=0.6, retries=2).complete(MESSAGES, role="seller")
+    took = time.perf_counter() - began
+    assert len(server.requests) == 2 and 0.6 <= took < 1.1
 
 
 async def test_a_refused_connection_says_cannot_reach_the_server(ours):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Protocol, runtime_checkable
 
+import numpy as np
+
 from negotiate.protocol import Generated, Message, ParseFailure
 from negotiate.regulator import BuyerObservation, SellerObservation
 
@@ -63,3 +65,11 @@ class ScriptedAgent:
 
     def describe(self) -> dict:
         return {"kind": "scripted", "name": self.name, "spec": self.spec, "params": self.params}
+
+
+class _Seeded(ScriptedAgent):
+    """A scripted agent that draws random numbers from its own Generator."""
+
+    @classmethod
+    def create(cls, spec, params, *, market, seed):
+        return cls(spec, params, np.random.default_rng(seed))

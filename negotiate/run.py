@@ -128,8 +128,9 @@ def _timeout_flag(help: str):
                  per=(("collect", {"default": COLLECT_TIMEOUT, "shown": f"{COLLECT_TIMEOUT:g}, {_LOCAL_NOTE}"}),))
 
 
-LADDER = tuple(name for name in SELLERS if name not in ("rule", "menu"))
-"""The scripted sellers a run plays by default: every one but ``rule``, which with no keys plays as the planner."""
+LADDER = tuple(name for name in SELLERS if name not in ("rule", "menu", "rollout"))
+"""The scripted sellers a run plays by default: every one but ``rule`` and ``menu``, which with no keys play as the planner,
+and ``rollout``, which plays every move out in eight drawn worlds (seconds an episode)."""
 _SELLERS_HELP = "comma-separated seller specs, [scripted:]NAME[?k=v], openai:..., hf:..., vllm:... (negotiate agents lists them)"
 
 

@@ -126,7 +126,7 @@ def test_every_message_a_rule_sends_is_one_its_tools_would_send_there(split, buy
     ("rule?tools=greedy,planner&else=posted",
      "--seller: 'rule?tools=greedy,planner&else=posted': parameter else='posted' is not one of the tools; choose from greedy, planner"),
     ("rule?tools=oracle,greedy", "--seller: 'rule?tools=oracle,greedy': parameter tools='oracle,greedy': oracle cannot walk an "
-                                 "episode beside another seller; tools are planner, greedy, concession, posted, dutch, rule, menu"),
+                                 "episode beside another seller; tools are planner, greedy, concession, posted, dutch, rule, menu, rollout"),
     ("rule?tools=planner,planner?reasons=1", "--seller: 'rule?tools=planner,planner?reasons=1': parameter "
      "tools='planner,planner?reasons=1': names planner twice; a choice names a tool by its name, so each tool needs its own"),
     ("rule?tools=planner?reasons=2,greedy", "--seller: 'rule?tools=planner?reasons=2,greedy': parameter "

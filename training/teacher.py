@@ -199,9 +199,10 @@ def _chosen(point: Point) -> int | None:
     return point.menu.index(Move(action.kind, sent.to, action.product, action.price))
 
 
-def label_episode(record: EpisodeRecord, continuation: str | Mapping[str, str] | None = None) -> list[Labelled]:
+def label_episode(record: EpisodeRecord, continuation: str | Mapping[str, str] | None = None, *, value: bool = True) -> list[Labelled]:
     """Every seller decision of ``record`` with its menu valued (:func:`value_options`); ``continuation``: a seller spec,
-    or a table from buyer kind to one (default :data:`CONTINUATION`)."""
+    or a table from buyer kind to one (default :data:`CONTINUATION`). ``value=False``: the menus alone, no replay (every
+    value None): what imitating the planner needs."""
     start = record.start
     spec = continuation if isinstance(continuation, str) else continuation_for(start.buyers or "", continuation)
     market = Market.from_dict(MarketSpec.model_validate(start.spec), start.market)
@@ -214,7 +215,8 @@ def label_episode(record: EpisodeRecord, continuation: str | Mapping[str, str] |
                              "the one the trace records")
         out.append(Labelled(
             episode=record.id, group=f"{start.split}/{market.seed}", buyers=start.buyers or "", turn=point.state.turns_used,
-            prompt=render_menu(point.obs, point.menu), options=point.menu.lines(), values=value_options(point, best),
+            prompt=render_menu(point.obs, point.menu), options=point.menu.lines(),
+            values=value_options(point, best) if value else [None] * len(point.menu),
             chosen=_chosen(point), planner=point.menu.tagged("planner"), greedy=point.menu.tagged("greedy"),
             probs=extra.get("probs"),
         ))

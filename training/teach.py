@@ -1,0 +1,369 @@
+"""``negotiate teach``: a menu seller taught by replaying the market, round after round, measured on held-out markets.
+
+The recipe (issue 49), each stage written under ``--out``:
+
+1. **Imitate the planner on the menu.** The planner's menu rule (``menu``: the planner's moves on the menu's price
+   grid) plays the training markets; each of its decisions is a menu prompt and the planner's letter. The policy (a
+   ``tiny`` model trained from scratch, or a pretrained one with LoRA) learns to pick it (cross-entropy).
+2. **Replay rounds.** The policy plays fresh training markets, sampling its letters (``explore`` temperature); the
+   teacher (``negotiate.training.teacher``) replays every option of every state it visited, then a continuation seller
+   (by buyer kind: the best fixed rule over the tools), and the policy is trained on every round's states so far:
+   cross-entropy toward the best option weighted by regret, a policy-gradient step over the options with the replayed
+   values as advantages, kept near the playing policy by a KL term.
+3. **Held-out evaluation after each stage**, greedy (temperature 0), on markets of the run seed ``eval_seed`` that no
+   training stage plays, against conceding and threshold buyers; every baseline (``baselines``: scripted sellers that
+   need no learning) plays the same markets, and the table pairs each stage with each of them.
+
+The replays read the buyers' values and strategies (training-time privilege); the policy reads its prompt alone, and
+the evaluation plays markets no replay saw. ``results.md`` and ``results.json`` hold the table, ``curve.png`` the
+profit/OPT of each stage per buyer kind with the baselines, ``policy/`` the last stage's model (``hf:OUT/policy?prompt=menu``
+plays it; ``learned`` is one such folder shipped in the package).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from negotiate.errors import UserError
+from negotiate.settings import setting
+
+__all__ = ["TeachConfig", "teach", "COMPACT"]
+
+COMPACT = ("specs/compact.toml", "specs/compact-correlated.toml", "specs/compact-shapes.toml")
+"""The compact splits the studies train and evaluate on (2-4 buyers, 2-3 products)."""
+BASELINES = ("planner", "greedy", "menu", "rule?tools=greedy|planner?reasons=1&accept=planner", "menu?pick=up6")
+"""Scripted sellers every stage is paired with: the planner, greedy, the planner on the menu's grid, the best fixed rule
+over the tools against conceding buyers (docs/experiments/rule-baselines.md) and the best fixed rule over the menu's
+options on the training seed (the planner's offer six grid steps up)."""
+
+
+@dataclass
+class TeachConfig:
+    """One ``negotiate teach`` run. Each field is a setting (``--config`` file key, ``--set``); those marked are flags."""
+
+    out: str = setting("folder for the policy, its data, traces and results", default="runs/teach", flag=True)
+    model: str = setting("tiny (a small transformer trained from scratch, its tokenizer trained on the menu prompts) or a "
+                         "model hf: loads (smollm2, a folder), taught through a LoRA adapter", default="tiny", flag=True)
+    hidden: int = setting("tiny: hidden size", default=128)
+    layers: int = setting("tiny: transformer layers", default=4)
+    heads: int = setting("tiny: attention heads", default=4)
+    vocab: int = setting("tiny: tokenizer vocabulary", default=512)
+    lora_r: int = setting("pretrained model: LoRA rank", default=8)
+    buyers: tuple[str, ...] = setting("buyer kinds the policy is taught and evaluated against, each on its own markets",
+                                      default=("concession", "threshold"))
+    splits: tuple[str, ...] = setting("market specs of the training and evaluation markets", default=COMPACT)
+    seed: int = setting("run seed of the training markets", default=7, flag=True)
+    sft_markets: int = setting("markets per split and buyer kind the planner's menu rule plays for imitation", default=300)
+    sft_epochs: float = setting("passes over the imitation decisions", default=3.0)
+    rounds: int = setting("replay rounds after imitation", default=3, flag=True)
+    round_markets: int = setting("fresh training markets per split and buyer kind the policy plays each round", default=150)
+    round_epochs: float = setting("passes over every round's labelled decisions so far, each round", default=2.0)
+    explore: float = setting("sampling temperature of the policy in the rounds' plays", default=1.0)
+    lr: float = setting("AdamW learning rate", default=1e-3, flag=True)
+    batch_size: int = setting("decisions per optimizer step", default=32)
+    regret_floor: float = setting("replay loss: weight of a state whose chosen option was the best", default=0.005)
+    pg: float = setting("replay loss: weight of the policy-gradient term", default=10.0)
+    kl: float = setting("replay loss: weight of the KL to the playing policy", default=0.5)
+    eval_seed: int = setting("run seed of the held-out markets (no training stage plays them)", default=1_000_003, flag=True)
+    eval_markets: int = setting("held-out markets per split and buyer kind", default=200, flag=True)
+    baselines: tuple[str, ...] = setting("scripted sellers played on the held-out markets beside each stage", default=BASELINES)
+    threads: int | None = setting("torch threads (default: torch's choice)", default=None, flag=True)
+    play_batch: int = setting("policy decisions read in one forward pass when it plays", default=64)
+
+    def check(self) -> None:
+        for name in ("sft_markets", "eval_markets", "batch_size", "play_batch", "hidden", "layers", "heads"):
+            if getattr(self, name) < 1:
+                raise UserError("must be at least 1", field=name, value=getattr(self, name))
+        if self.rounds < 0 or self.round_markets < 1:
+            raise UserError("rounds must be 0 or more and round_markets at least 1", field="rounds", value=self.rounds)
+        if self.eval_seed == self.seed:
+            raise UserError("is the training markets' run seed; held-out markets need their own", field="eval_seed", value=self.eval_seed)
+        if not self.buyers or not self.splits:
+            raise UserError("give at least one buyer kind and one split", field="buyers", value=list(self.buyers))
+        from negotiate.agents.registry import parse_agent
+        from negotiate.market import resolve_spec
+
+        for split in self.splits:
+            resolve_spec(split, "splits")
+        for buyers in self.buyers:
+            parse_agent(buyers, "buyer", field_name="buyers")
+        for seller in self.baselines:
+            parse_agent(seller, "seller", field_name="baselines")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# -- playing ------------------------------------------------------------------------------------------------
+
+
+class _Weights:
+    """The model being taught as a seller spec a run builds episodes with: the menu seller on an in-memory backend."""
+
+    def __init__(self, model, tokenizer, temperature: float, batch: int, label: str):
+        from negotiate.agents.local import HFBackend, HFOptions, _LocalModel
+        from negotiate.agents.policy import Policy
+
+        local = _LocalModel.in_memory(model, tokenizer, label)
+        local.batch = batch
+        self.backend = HFBackend(HFOptions(model=label, path=label, temperature=temperature, batch=batch, prompt="menu"), model=local)
+        self.policy = Policy(prompt="menu", temperature=temperature)
+        self.text = label
+
+    def build(self, market, seed, pools=None):
+        from negotiate.agents.registry import policy_seller
+
+        return policy_seller(self.policy, self.backend, market, seed)
+
+
+def _play(seller, buyers: str, split: str, seed: int, indices: range) -> list:
+    """The episodes ``seller`` (a spec text, or :class:`_Weights`) plays on markets ``indices`` of a ``--fresh`` run."""
+    from negotiate.agents.registry import parse_agent
+    from negotiate.metrics import opt
+    from negotiate.run import LOCAL_TIMEOUT, Run, RunConfig
+
+    spec = parse_agent(seller, "seller") if isinstance(seller, str) else seller
+    run = Run(RunConfig(sellers=(spec.text,), buyers=buyers, split=split, seed=seed, fresh=True, seller_timeout=LOCAL_TIMEOUT,
+                        reply_timeout=LOCAL_TIMEOUT))
+
+    async def main() -> list:
+        async with run:
+            plans = [run.episode(spec, i) for i in indices]
+            return await asyncio.gather(*(plan.play(opt_value=opt(plan.market)) for plan in plans))
+
+    episodes = asyncio.run(main())
+    failed = [e for e in episodes if e.failed]
+    if failed:  # a result from incomplete data is not a result
+        raise RuntimeError(f"{len(failed)} of {len(episodes)} episodes of {spec.text} failed; the first: {failed[0].reason}")
+    return episodes
+
+
+def _ratio(episode) -> float:
+    value = episode.metrics.get("profit_ratio")
+    return 0.0 if value is None else float(value)
+
+
+# -- the recipe ---------------------------------------------------------------------------------------------
+
+
+class _Log:
+    """Lines to the console and to ``OUT/teach.log``, each with the seconds since the start."""
+
+    def __init__(self, path: Path, say):
+        self.path, self.say, self.began = path, say, time.perf_counter()
+
+    def __call__(self, text: str) -> None:
+        line = f"[{time.perf_counter() - self.began:7.0f} s] {text}"
+        self.say(line)
+        with open(self.path, "a") as file:
+            file.write(line + "\n")
+
+
+def teach(config: TeachConfig, *, say=print) -> dict:
+    """Run the recipe (module docstring); returns the results (also in ``OUT/results.json``)."""
+    import torch
+
+    from negotiate.training.menu_model import (MenuExample, build_tiny, encode, fit, letter_ids, load_model, replay_loss,
+                                               save_model, sft_loss)
+    from negotiate.training.teacher import label_episode
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' bars when a model is saved: the log is ours
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config.to_json(), indent=1) + "\n")
+    log = _Log(out / "teach.log", say)
+    began = time.perf_counter()
+    stages: dict[str, float] = {}
+
+    # 1. The planner's decisions on the menu, for imitation.
+    sft_labels = []
+    for buyers in config.buyers:
+        for split in config.splits:
+            for episode in _play("menu", buyers, split, config.seed, range(config.sft_markets)):
+                sft_labels += label_episode(episode, value=False)
+    log(f"imitation data: {len(sft_labels)} planner decisions on {config.sft_markets * len(config.splits) * len(config.buyers)} markets")
+    if config.model == "tiny":
+        corpus = [m["content"] for label in sft_labels[:4000] for m in label.prompt]
+        model, tokenizer = build_tiny(corpus, hidden=config.hidden, layers=config.layers, heads=config.heads, vocab=config.vocab,
+                                      seed=config.seed)
+    else:
+        model, tokenizer = load_model(config.model, lora=True, lora_r=config.lora_r, lora_alpha=2 * config.lora_r)
+    letters, pad = letter_ids(tokenizer), tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    parameters = sum(p.numel() for p in model.parameters())
+    log(f"model: {config.model}, {parameters:,} parameters ({sum(p.numel() for p in model.parameters() if p.requires_grad):,} trained)")
+    sft = [MenuExample(encode(tokenizer, label.prompt), len(label.options), target=label.planner) for label in sft_labels
+           if label.planner is not None]
+    stages["data"] = time.perf_counter() - began
+
+    def tick(name):
+        def progress(step, total, row):
+            if step == total or step % 200 == 0:
+                log(f"{name}: step {step}/{total}, loss {row['loss']:.4f}, " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()
+                                                                                      if k not in ("step", "loss")))
+        return progress
+
+    t = time.perf_counter()
+    fit(model, sft, sft_loss, letters=letters, pad=pad, epochs=config.sft_epochs, lr=config.lr, batch_size=config.batch_size,
+        seed=config.seed, progress=tick("imitation"))
+    stages["imitation"] = time.perf_counter() - t
+    results = {"config": config.to_json(), "parameters": parameters, "stages": {}, "baselines": {}}
+    evaluated = _evaluate(config, model, tokenizer, out / "stage-00-sft", log)
+    results["stages"]["sft"] = evaluated
+    save_model(model, tokenizer, out / "stage-00-sft" / "policy")
+
+    # 2. Replay rounds on the policy's own states.
+    replayed = []
+    for r in range(1, config.rounds + 1):
+        t = time.perf_counter()
+        weights = _Weights(model, tokenizer, config.explore, config.play_batch, f"round-{r}")
+        start = config.sft_markets + (r - 1) * config.round_markets
+        labels = []
+        for buyers in config.buyers:
+            for split in config.splits:
+                for episode in _play(weights, buyers, split, config.seed, range(start, start + config.round_markets)):
+                    labels += label_episode(episode)
+        replayed += labels
+        gap = [max(v for v in lab.values if v is not None) - lab.values[lab.chosen] for lab in labels if lab.chosen is not None]
+        log(f"round {r}: {len(labels)} decisions replayed; the chosen option's mean regret {sum(gap) / max(1, len(gap)):.4f}")
+        examples = [MenuExample(encode(tokenizer, lab.prompt), len(lab.options), values=lab.values, chosen=lab.chosen, old=lab.probs)
+                    for lab in replayed]
+        fit(model, examples, lambda logp, batch: replay_loss(logp, batch, regret_floor=config.regret_floor, pg=config.pg, kl=config.kl),
+            letters=letters, pad=pad, epochs=config.round_epochs, lr=config.lr, batch_size=config.batch_size, seed=config.seed + r,
+            progress=tick(f"round {r}"))
+        stages[f"round-{r}"] = time.perf_counter() - t
+        folder = out / f"stage-{r:02d}-round"
+        results["stages"][f"round-{r}"] = _evaluate(config, model, tokenizer, folder, log)
+        save_model(model, tokenizer, folder / "policy")
+    save_model(model, tokenizer, out / "policy")
+
+    # 3. The baselines on the same held-out markets.
+    t = time.perf_counter()
+    for seller in config.baselines:
+        results["baselines"][seller] = {buyers: {split: [_ratio(e) for e in _play(seller, buyers, split, config.eval_seed,
+                                                                                  range(config.eval_markets))]
+                                                 for split in config.splits} for buyers in config.buyers}
+    stages["baselines"] = time.perf_counter() - t
+    results["seconds"] = {name: round(value, 1) for name, value in stages.items()} | {"all": round(time.perf_counter() - began, 1)}
+    results["made_by"] = _provenance()
+    (out / "results.json").write_text(json.dumps(results) + "\n")
+    (out / "results.md").write_text(results_table(results))
+    _curve(results, out / "curve.png")
+    log(f"done: {out / 'results.md'}")
+    return results
+
+
+def _evaluate(config: TeachConfig, model, tokenizer, folder: Path, log) -> dict:
+    """The policy, greedy, on the held-out markets: profit/OPT per buyer kind and split, in market order; traces kept."""
+    from negotiate.trace import TraceWriter
+
+    t = time.perf_counter()
+    weights = _Weights(model, tokenizer, 0.0, config.play_batch, folder.name)
+    ratios: dict = {}
+    folder.mkdir(parents=True, exist_ok=True)
+    valid = sent = 0
+    for buyers in config.buyers:
+        ratios[buyers] = {}
+        with TraceWriter(folder / f"eval-{buyers}.jsonl") as writer:
+            for split in config.splits:
+                episodes = _play(weights, buyers, split, config.eval_seed, range(config.eval_markets))
+                for episode in episodes:
+                    writer.write(episode.events)
+                    sent += episode.metrics.get("seller_messages", 0)
+                    valid += episode.metrics.get("seller_messages", 0) - episode.metrics.get("seller_invalid", 0)
+                ratios[buyers][split] = [_ratio(e) for e in episodes]
+    means = {b: sum(sum(v) for v in s.values()) / sum(len(v) for v in s.values()) for b, s in ratios.items()}
+    log(f"{folder.name}: held-out profit/OPT " + ", ".join(f"{b} {m:.3f}" for b, m in means.items()) +
+        f"; valid {valid / max(1, sent):.4f} ({time.perf_counter() - t:.0f} s)")
+    return {"ratios": ratios, "valid": valid / max(1, sent), "messages": sent}
+
+
+# -- results ------------------------------------------------------------------------------------------------
+
+
+def _pooled(by_split: dict) -> list[float]:
+    return [x for split in sorted(by_split) for x in by_split[split]]
+
+
+def _ci(values: list[float]) -> tuple[float, float]:
+    from negotiate.metrics import mean_ci
+
+    return mean_ci(values)
+
+
+def results_table(results: dict) -> str:
+    """``results.md``: per buyer kind, each stage and baseline's held-out profit/OPT, and the paired differences the
+    recipe's targets are stated in."""
+    config = results["config"]
+    lines = ["# negotiate teach: results", "",
+             f"Held-out markets: run seed {config['eval_seed']}, {config['eval_markets']} per split "
+             f"({', '.join(config['splits'])}); training markets: run seed {config['seed']}. Profit/OPT, mean ± 95% CI; "
+             "differences are paired on the same markets.", ""]
+    made = results.get("made_by", {})
+    if made:
+        lines += [f"Made by commit {made.get('commit')} on {made.get('cores')} cores ({made.get('machine')}); "
+                  f"5-minute load at the end {made.get('load')}; wall time {results['seconds']['all']:.0f} s "
+                  f"({', '.join(f'{k} {v:.0f} s' for k, v in results['seconds'].items() if k != 'all')}).", ""]
+    stages = list(results["stages"])
+    for buyers in config["buyers"]:
+        lines += [f"## {buyers} buyers", "", "| seller | profit/OPT | − planner | − best baseline | − SFT |", "|---|---|---|---|---|"]
+        table = {f"policy after {name}": _pooled(results["stages"][name]["ratios"][buyers]) for name in stages}
+        base = {seller: _pooled(by[buyers]) for seller, by in results["baselines"].items()}
+        best_name = max(base, key=lambda s: sum(base[s]) / len(base[s])) if base else None
+        sft = table.get("policy after sft")
+        for name, values in {**table, **base}.items():
+            row = [name, "%.3f ± %.3f" % _ci(values)]
+            for other in (base.get("planner"), base.get(best_name), sft):
+                row.append("" if other is None or other is values else "%+.3f ± %.3f" % _ci([a - b for a, b in zip(values, other)]))
+            lines.append("| " + " | ".join(row) + " |")
+        lines += ["", f"Best baseline: `{best_name}`. n = {len(next(iter(table.values())))} markets.", ""]
+    valid = {name: stage["valid"] for name, stage in results["stages"].items()}
+    lines += ["Valid seller messages: " + ", ".join(f"{name} {v:.4f}" for name, v in valid.items()), ""]
+    return "\n".join(lines)
+
+
+def _curve(results: dict, path: Path) -> None:
+    from negotiate.plots import _pyplot
+
+    plt = _pyplot()
+    config = results["config"]
+    stages = list(results["stages"])
+    fig, axes = plt.subplots(1, len(config["buyers"]), figsize=(5 * len(config["buyers"]), 3.6), squeeze=False)
+    for ax, buyers in zip(axes[0], config["buyers"]):
+        means = [sum(_pooled(results["stages"][s]["ratios"][buyers])) / len(_pooled(results["stages"][s]["ratios"][buyers])) for s in stages]
+        ax.plot(range(len(stages)), means, marker="o", color="black", label="menu policy")
+        for seller, by in results["baselines"].items():
+            values = _pooled(by[buyers])
+            ax.axhline(sum(values) / len(values), linestyle="--", linewidth=1, label=seller[:40])
+        ax.set_xticks(range(len(stages)), stages)
+        ax.set_title(f"{buyers} buyers (held out)")
+        ax.set_ylabel("profit / OPT")
+    axes[0][-1].legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _provenance() -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "unknown", ""
+    load = os.getloadavg()[1] if hasattr(os, "getloadavg") else math.nan
+    return {"commit": commit + (" + changes" if dirty else ""), "cores": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+            "load": round(load, 2)}
+
+
+def config_fields() -> list[str]:
+    return [f.name for f in fields(TeachConfig)]

@@ -29,13 +29,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from negotiate.protocol import SELLER, Action, Message
+from negotiate.protocol import SELLER, Action, Message, Notice
 from negotiate.regulator import ACTIVE, SERVED, GONE, SellerObservation
 
 from negotiate.agents.base import ScriptedAgent
 from negotiate.agents.moves import Adviser, _make
 from negotiate.agents.planner import read_reason
-from negotiate.agents.views.text import _seller_threads
 
 __all__ = ["Move", "Option", "Menu", "build_menu", "render_menu", "snap", "grid_prices", "TOOLS", "TOOL_NAMES", "GRID",
            "STEPS", "LETTERS", "MenuRule", "PICKS"]
@@ -57,7 +56,7 @@ LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 """An option's letter; a menu has at most this many options (the tools' two moves, four neighbours, an accept per
 free bidder, wait and end: 26 covers 18 bidders)."""
 SHOWN = 6
-"""Latest lines of each buyer's exchange the menu prompt shows."""
+"""Latest lines of each buyer's exchange the menu prompt shows (three rounds of offer and answer)."""
 _KINDS = {"offer": 0, "accept": 1, "reject": 2, "wait": 3, "end": 4}
 
 
@@ -213,27 +212,62 @@ def build_menu(obs: SellerObservation, said: tuple[Message | None, ...]) -> Menu
     return Menu(tuple(Option(move, tuple(tags[move])) for move in moves), tuple(grid))
 
 
+def _item(item, buyer: str) -> str | None:
+    """One line of a buyer's exchange as the menu prompt shows it: ``offer p2 $757``, ``bid p2 $358``, ``no``."""
+    if isinstance(item, Notice):
+        return None
+    action = item.action
+    if item.sender == SELLER:
+        if item.to != buyer:
+            return None
+        return {"offer": f"offer {action.product} ${action.price}", "accept": f"accept {action.product} ${action.price}",
+                "reject": "reject"}.get(action.kind)
+    if item.sender != buyer:
+        return None
+    return {"bid": f"bid {action.product} ${action.price}", "accept": "yes", "reject": "no", "quit": "quit"}.get(action.kind)
+
+
+def _exchanges(obs: SellerObservation) -> dict[str, list[str]]:
+    """Each buyer's exchange with the seller, oldest first, in the menu prompt's words (a refused message marked)."""
+    out: dict[str, list[str]] = {b.id: [] for b in obs.buyers}
+    last: list[str] | None = None
+    for item in obs.history:
+        if isinstance(item, Notice):
+            if item.kind == "violation" and last:
+                last[-1] += " (refused)"
+            last = None
+            continue
+        who = item.to if item.sender == SELLER else item.sender
+        line = _item(item, who) if who in out else None
+        last = None
+        if line is not None:
+            out[who].append(line)
+            last = out[who] if item.sender == SELLER else None
+    return out
+
+
+SYSTEM = "You are the seller. Pick the move that makes the most profit; answer with its letter."
+"""The menu prompt's system message."""
+
+
 def render_menu(obs: SellerObservation, menu: Menu) -> list[dict]:
-    """The chat messages (system, user) a menu policy reads: the state in a few lines and the options."""
-    threads, _, _ = _seller_threads(obs, talk=False)
+    """The chat messages (system, user) a menu policy reads: the state in a few lines and the options. About 150
+    tokens on the compact splits: every token is read at every decision, by models trained on many of them."""
+    exchanges = _exchanges(obs)
     active = sum(1 for b in obs.buyers if b.status == ACTIVE)
-    lines = [f"Turns left: {obs.budget_left} of {obs.budget}, {active} buyer{'s' * (active != 1)} active. "
-             f"Values lie in ${obs.price_low}-${obs.price_high}."]
-    lines.append(" ".join(f"{p.id} cost ${p.cost}, {'sold out' if p.stock <= 0 else f'{p.stock} left'}." for p in obs.products))
+    lines = [f"{obs.budget_left} turns left of {obs.budget}; {active} buyer{'s' * (active != 1)} active; "
+             f"values ${obs.price_low}-${obs.price_high}"]
+    lines += [f"{p.id}: cost ${p.cost}, {'sold out' if p.stock <= 0 else f'{p.stock} left'}" for p in obs.products]
     for b in obs.buyers:
         if b.status == SERVED:
-            status = "bought"
+            lines.append(f"{b.id} bought")
         elif b.status == GONE:
-            status = "left"
+            lines.append(f"{b.id} left")
         else:
-            status = "owes you a reply" if b.awaiting else "free"
-        thread = threads[b.id][-SHOWN:]
-        lines.append(f"{b.id} ({status})" + (": " + "; ".join(thread) if thread else ": no messages yet") + ".")
-    lines.append("Moves:")
-    lines.extend(menu.lines())
-    system = ("You are the seller. Each buyer buys at most one product; its values are private. Profit = price - cost. "
-              "Pick the move that makes the most profit. Answer with its letter.")
-    return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
+            shown = exchanges[b.id][-SHOWN:]
+            lines.append(f"{b.id} {'waits' if b.awaiting else 'free'}" + (": " + ", ".join(shown) if shown else ""))
+    lines += [line.replace(": ", " ", 1) for line in menu.lines()]
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n".join(lines)}]
 
 
 # -- fixed rules over the menu -------------------------------------------------------------------

@@ -172,6 +172,27 @@ async def test_grounded_replies_state_the_prompts_facts_on_a_real_vllm_server(se
         assert reason[2] == "end" or f"{e['to']}: free. {reason[0]}\n" in e["extra"]["prompt"][1]["content"], e["raw"]
 
 
+def _check_menu_messages(ep, backend: str) -> None:
+    """Every seller message is one of its menu's letters, decoded under the letters' regex, with the letter's log-prob."""
+    sent = [e for e in ep.events if e["type"] == "message" and e["sender"] == SELLER]
+    assert sent, "the seller never spoke"
+    for event in sent:
+        extra = event["extra"]
+        letters = "".join(line[0] for line in extra["options"])
+        assert extra["backend"] == backend and extra["format"] == "menu", extra
+        assert event["raw"] == letters[extra["choice"]], (event["raw"], letters)
+        assert event["valid"] or event.get("error_kind") == "sold_out", event
+        if extra.get("asked", True):
+            assert math.isfinite(extra["logprob"]) and extra["logprob"] <= 0, extra
+            assert extra["usage"]["completion_tokens"] in (1, 2), extra  # the letter, and the end the regex forces
+
+
+async def test_a_menu_seller_picks_a_letter_on_a_real_vllm_server(server, closing):
+    """prompt=menu: vLLM decodes one token under the regex of the menu's letters; every move is on the menu, so valid."""
+    ep = await _play(f"openai:{MODEL}@{server.base_url}?prompt=menu&server=vllm&temperature=1&timeout=180&retries=1", budget=4)
+    _check_menu_messages(ep, "openai")
+
+
 async def test_the_in_process_vllm_engine_plays_with_token_ids_and_logprobs(smollm2_folder, server, closing):
     # One engine at a time: the server of this module is stopped for the engine (memory), restarted after.
     server.stop()
@@ -180,6 +201,9 @@ async def test_the_in_process_vllm_engine_plays_with_token_ids_and_logprobs(smol
         sent = _check_model_messages(ep, "vllm", str(smollm2_folder))
         raws = [e["raw"] for e in sent if e.get("raw")]
         assert all(raw.lstrip().startswith("{") for raw in raws), raws
+        # The same engine as a menu seller: one letter under the letters' regex.
+        menu = await _play(f"vllm:{smollm2_folder}?prompt=menu&temperature=1&max_model_len=2048&kv_cache_gib=1", budget=3)
+        _check_menu_messages(menu, "vllm")
     finally:
         from negotiate.agents import local, pools
 

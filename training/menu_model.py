@@ -28,12 +28,17 @@ from pathlib import Path
 
 from negotiate.agents.menu import LETTERS
 
-__all__ = ["MenuExample", "build_tiny", "load_model", "letter_ids", "option_logprobs", "sft_loss", "replay_loss", "fit", "save_model",
+__all__ = ["MenuExample", "build_tiny", "load_model", "letter_ids", "option_logprobs", "option_logits", "sft_loss", "replay_loss",
+           "value_loss", "fit", "save_model",
            "TINY_TEMPLATE"]
 
 TINY_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 """The tiny model's chat template: role markers and an end token, nothing else."""
+
+
+TIE = 1e-6
+"""Options whose replayed values are this close to the best are best alike (profit/OPT: a dollar is about 1e-3)."""
 
 
 @dataclass
@@ -112,6 +117,13 @@ def option_logprobs(model, batch: Sequence[MenuExample], letters: list[int], pad
     forward pass), as serving pads it."""
     import torch
 
+    return torch.log_softmax(option_logits(model, batch, letters, pad), dim=-1)
+
+
+def option_logits(model, batch: Sequence[MenuExample], letters: list[int], pad: int):
+    """The letters' raw logits at each prompt's last position, shape (batch, 26), -inf past a menu's length."""
+    import torch
+
     width = max(len(e.ids) for e in batch)
     ids = torch.full((len(batch), width), pad, dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -127,8 +139,7 @@ def option_logprobs(model, batch: Sequence[MenuExample], letters: list[int], pad
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions)
     logits = out.logits[:, -1, letters].float()
     sizes = torch.tensor([e.options for e in batch], device=device)
-    logits = logits.masked_fill(torch.arange(len(letters), device=device)[None, :] >= sizes[:, None], -math.inf)
-    return torch.log_softmax(logits, dim=-1)
+    return logits.masked_fill(torch.arange(len(letters), device=device)[None, :] >= sizes[:, None], -math.inf)
 
 
 def sft_loss(logp, batch: Sequence[MenuExample]) -> tuple:
@@ -144,9 +155,9 @@ def sft_loss(logp, batch: Sequence[MenuExample]) -> tuple:
 def replay_loss(logp, batch: Sequence[MenuExample], *, regret_floor: float = 0.005, pg: float = 10.0, kl: float = 0.5) -> tuple:
     """The replay round's loss: (loss, stats).
 
-    - cross-entropy toward each state's best replayed option, weighted by the regret of the option the policy chose
-      when it played (the best value less the chosen one's, plus ``regret_floor`` so a state already played well still
-      counts a little);
+    - cross-entropy toward each state's best replayed options (all those within :data:`TIE` of the best, as one set),
+      weighted by the regret of the option the policy chose when it played (the best value less the chosen one's, plus
+      ``regret_floor`` so a state already played well still counts a little);
     - ``pg`` x a policy-gradient step over every option at once: minus the policy's expected advantage, the advantage of
       an option its value less the value the playing policy expected (no sampling: every option was replayed);
     - ``kl`` x the KL divergence from the playing policy's distribution to the new one: kept near it.
@@ -175,21 +186,49 @@ def replay_loss(logp, batch: Sequence[MenuExample], *, regret_floor: float = 0.0
     baseline = (old * values).sum(-1)
     chosen_value = torch.where(chosen >= 0, values.gather(1, chosen.clamp(min=0)[:, None])[:, 0], baseline)
     weight = (best_value.values - chosen_value).clamp(min=0) + regret_floor
-    ce = -(weight * logp.gather(1, best_value.indices[:, None])[:, 0]).sum() / weight.sum()
+    # Toward the best options as a set: several often make the same profit (three prices a threshold buyer takes alike),
+    # and a single argmax would teach the menu's order (the first of them), not the market.
+    best = known & (values >= best_value.values[:, None] - TIE)
+    on_best = torch.logsumexp(torch.where(best, logp, torch.full_like(logp, -math.inf)), dim=-1)
+    ce = -(weight * on_best).sum() / weight.sum()
     advantage = torch.where(known, values - baseline[:, None], torch.zeros_like(values))
     expected = (probs * advantage).sum(-1).mean()
     safe = torch.where(old > 0, old, torch.ones_like(old))
     divergence = (old * (safe.log() - torch.where(old > 0, logp, torch.zeros_like(logp)))).sum(-1).mean()
     loss = ce - pg * expected + kl * divergence
     stats = {"ce": ce.item(), "advantage": expected.item(), "kl": divergence.item(),
-             "best": (logp.argmax(-1) == best_value.indices).float().mean().item()}
+             "best": best.gather(1, logp.argmax(-1)[:, None]).float().mean().item()}
     return loss, stats
 
 
+def value_loss(logits, batch: Sequence[MenuExample], *, scale: float = 0.02) -> tuple:
+    """Regression of each option's replayed value (AggreVaTe's cost-to-go, by squared loss): the letters' logits, centred
+    per state, times ``scale`` against the values, centred per state. The greedy policy is then the option of the highest
+    predicted value; its softmax at temperature 1 weighs a logit of 1 as ``scale`` of profit/OPT. ``logits`` are the
+    letters' raw logits (:func:`option_logits`). Returns (loss, stats)."""
+    import torch
+
+    values = torch.zeros_like(logits)
+    known = torch.zeros_like(logits, dtype=torch.bool)
+    for i, e in enumerate(batch):
+        for j, v in enumerate(e.values):
+            if v is not None:
+                values[i, j], known[i, j] = v, True
+    count = known.sum(-1).clamp(min=1)
+    centre = lambda x: x - (torch.where(known, x, torch.zeros_like(x)).sum(-1) / count)[:, None]
+    predicted = centre(torch.where(known, logits, torch.zeros_like(logits))) * scale
+    target = centre(values)
+    error = torch.where(known, predicted - target, torch.zeros_like(predicted))
+    loss = (error**2).sum() / known.sum().clamp(min=1)
+    best = known & (values >= torch.where(known, values, torch.full_like(values, -math.inf)).max(-1).values[:, None] - TIE)
+    greedy = torch.where(known, logits, torch.full_like(logits, -math.inf)).argmax(-1)
+    return loss / scale**2, {"rmse": float(loss.detach().sqrt()), "best": best.gather(1, greedy[:, None]).float().mean().item()}
+
+
 def fit(model, examples: list[MenuExample], loss: Callable, *, letters: list[int], pad: int, epochs: float, lr: float,
-        batch_size: int, seed: int, weight_decay: float = 0.0, max_grad_norm: float = 1.0, progress=None) -> list[dict]:
-    """AdamW over ``examples`` in shuffled batches for ``epochs`` passes; ``loss(logp, batch) -> (loss, stats)``. Returns
-    one stats row per step (``progress(step, total, row)`` sees each)."""
+        batch_size: int, seed: int, weight_decay: float = 0.0, max_grad_norm: float = 1.0, progress=None, raw: bool = False) -> list[dict]:
+    """AdamW over ``examples`` in shuffled batches for ``epochs`` passes; ``loss(logp, batch) -> (loss, stats)`` (the raw
+    logits instead of log-probs with ``raw``). Returns one stats row per step (``progress(step, total, row)`` sees each)."""
     import torch
 
     rng = random.Random(seed)
@@ -206,7 +245,7 @@ def fit(model, examples: list[MenuExample], loss: Callable, *, letters: list[int
             order += more
         batch = [examples[k] for k in order[:batch_size]]
         del order[:batch_size]
-        logp = option_logprobs(model, batch, letters, pad)
+        logp = (option_logits if raw else option_logprobs)(model, batch, letters, pad)
         value, stats = loss(logp, batch)
         optimizer.zero_grad()
         value.backward()

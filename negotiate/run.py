@@ -40,7 +40,7 @@ from negotiate.agents.scripted import BUYERS, SELLERS
 from negotiate.episode import Episode, run_episode
 from negotiate.errors import UserError
 from negotiate.market import SPLITS, Market, MarketSpec, generate, resolve_spec
-from negotiate.settings import Flag, setting
+from negotiate.settings import setting
 from negotiate.trace import TraceWriter
 
 __all__ = [
@@ -119,13 +119,13 @@ _LOCAL_NOTE = f"or {LOCAL_TIMEOUT:g} when an hf: or vllm: model plays"
 
 
 def _flag(initial, help: str, **options):
-    """A setting of the commands that play, whose default is ``initial``, and its :class:`~negotiate.settings.Flag`."""
-    return setting(help, default=initial, flag=Flag(help, **options))
+    """A setting of the commands that play, whose default is ``initial`` (:func:`~negotiate.settings.setting`)."""
+    return setting(help, default=initial, **options)
 
 
 def _timeout_flag(help: str):
     return _flag(DEFAULT_TIMEOUT, help, metavar="SECONDS", kind="seconds", shown=f"{DEFAULT_TIMEOUT:g}, {_LOCAL_NOTE}",
-                 per=(("collect", {"default": COLLECT_TIMEOUT, "shown": f"{COLLECT_TIMEOUT:g}, {_LOCAL_NOTE}"}),))
+                 per=(("collect", {"command_default": COLLECT_TIMEOUT, "shown": f"{COLLECT_TIMEOUT:g}, {_LOCAL_NOTE}"}),))
 
 
 LADDER = tuple(name for name in SELLERS if name not in ("rule", "menu", "rollout"))
@@ -136,28 +136,28 @@ _SELLERS_HELP = "comma-separated seller specs, [scripted:]NAME[?k=v], openai:...
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything that defines a run; saved as ``run.json`` so ``--resume`` can finish it. Each field with a
-    flag is a flag of ``serve``, ``collect`` and ``eval`` (``--seller-timeout`` for ``seller_timeout``): its
-    help, spelling and each command's default are written once, here."""
+    """Everything that defines a run; saved as ``run.json`` so ``--resume`` can finish it. Each field is a setting of
+    ``serve``, ``collect`` and ``eval`` (a flag, ``--seller-timeout`` for ``seller_timeout``, and a key of ``--config``
+    and ``--set``): its help, spelling and each command's default are written once, here."""
 
     sellers: tuple[str, ...] = _flag(
-        (), _SELLERS_HELP, name="--seller", aliases=("--sellers",), metavar="SPECS", default=",".join(LADDER), listed=True,
-        shown=f"all of {','.join(LADDER)}", per=(("collect", {"default": "", "shown": ""}),))
+        (), _SELLERS_HELP, name="--seller", aliases=("--sellers",), metavar="SPECS", kind="list", command_default=LADDER,
+        shown=f"all of {','.join(LADDER)}", per=(("collect", {"command_default": (), "shown": ""}),))
     """Seller specs; each plays every episode index of the run."""
     buyers: str = _flag("threshold", f"buyer spec for every buyer: {', '.join(BUYERS)}, or a model")
     """The buyer spec every buyer of every market plays."""
     split: str = _flag(
         "train", f"split ({', '.join(SPLITS)}) or a TOML market spec file", shown="train; negotiate splits lists them",
         per=(("eval", {"help": "comma-separated splits or TOML spec files", "aliases": ("--splits",), "metavar": "SPLITS",
-                       "default": ",".join(SPLITS), "shown": None, "listed": True}),))
-    """A split name or a TOML spec path."""
+                       "command_default": ",".join(SPLITS), "shown": None, "listed": True}),))
+    """A split name or a TOML spec path (for ``eval``, the template of its runs: the splits, comma-separated)."""
     episodes: int = _flag(200, "episodes per seller", kind="count",
-                          per=(("collect", {"name": "--markets", "help": "market instances", "default": 32}),
+                          per=(("collect", {"name": "--markets", "help": "market instances", "command_default": 32, "scaled_by": "group"}),
                                ("eval", {"help": "markets per split"})))
-    """Episodes per seller (before sharding)."""
+    """Episodes per seller (before sharding); ``collect`` gives markets, each played ``group`` times."""
     group: int = _flag(1, "episodes per market instance: the seller plays each market this many times, sampling afresh",
                        commands=("serve", "collect"), kind="count",
-                       per=(("collect", {"help": "episodes per market", "default": 8}),))
+                       per=(("collect", {"help": "episodes per market", "command_default": 8}),))
     """Episodes per market instance: episodes ``i`` with the same ``i // group`` play one market,
     the seller sampling with a different seed each time (``negotiate collect``; training groups)."""
     seed: int = _flag(0, "run seed: market i is seeded from (seed, i)", kind="seed")
@@ -173,7 +173,7 @@ class RunConfig:
                                "state its message lands in, and plays the game a scripted seller plays", kind="switch", shown="")
     """``--fresh``: the seller is asked for a message only once every scripted buyer has answered (see
     :mod:`negotiate.bus`); recorded as ``fresh`` in each ``episode_start``."""
-    run_id: str = ""
+    run_id: str = _flag("", "the run's id, made by the command that starts it (no command takes it)", commands=())
     """Names the run in every episode it writes (``run`` in ``episode_start``), so a report tells
     separate runs of the same seeds apart (``serve``, then ``eval``) while a run's shards merge.
     Runs written before run ids have none."""
@@ -202,8 +202,8 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a run is played, not what it is (not saved: a resumed run may change them). Each field is a flag
-    of ``serve``, ``collect`` and ``eval``, like :class:`RunConfig`'s."""
+    """How a run is played, not what it is (not saved: a resumed run may change them). Each field is a setting of
+    ``serve``, ``collect`` and ``eval``, like :class:`RunConfig`'s."""
 
     concurrency: int = _flag(256, "episodes in flight at once", kind="count")
     workers: int = _flag(1, "worker processes (default: {default}): each plays a share of the episodes on its own core, with its "

@@ -82,10 +82,8 @@ def test_malformed_spec_file(tmp_path, capsys, text, field):
 @pytest.mark.parametrize("seed", [str(2**64), "-1"])
 def test_a_seed_beyond_64_bits_is_refused_before_a_folder_is_made(tmp_path, capsys, seed):
     # 2**64 used to reach the run's JSON and end in a TypeError traceback, leaving an empty folder
-    with pytest.raises(SystemExit) as stopped:
-        main(["serve", "--seller", "greedy", "--seed", seed, "--out", str(tmp_path / "r"), "--quiet"])
-    assert stopped.value.code == 2
-    assert f"argument --seed: '{seed}' must be from 0 to 18446744073709551615" in capsys.readouterr().err
+    assert main(["serve", "--seller", "greedy", "--seed", seed, "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert f"--seed: '{seed}': must be from 0 to 18446744073709551615" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 
@@ -419,20 +417,23 @@ def test_ctrl_c_or_sigterm_in_any_command_is_one_line_not_a_traceback(finished_r
 
 
 def test_agent_deadlines_default_longer_when_a_local_model_plays(tmp_path):
-    import argparse
     import json
 
-    from negotiate.cli import _timeouts
+    from negotiate.cli import _new_config, _parser, command_settings
     from negotiate.run import LOCAL_TIMEOUT
+    from negotiate.settings import read_command
 
-    args = argparse.Namespace(seller_timeout=None, reply_timeout=None, command="serve")
-    assert _timeouts(args, ("greedy", "threshold")) == {"seller_timeout": 120.0, "reply_timeout": 120.0}
-    assert _timeouts(args, ("hf:smollm2?max_tokens=40", "threshold"))["seller_timeout"] == LOCAL_TIMEOUT == 3600.0
-    assert _timeouts(args, ("greedy", " vllm:Qwen/Qwen3-8B"))["reply_timeout"] == LOCAL_TIMEOUT
-    given = argparse.Namespace(seller_timeout=5.0, reply_timeout=None, command="serve")
-    assert _timeouts(given, ("hf:x",)) == {"seller_timeout": 5.0, "reply_timeout": LOCAL_TIMEOUT}
-    collect = argparse.Namespace(seller_timeout=None, reply_timeout=None, command="collect")
-    assert _timeouts(collect, ("greedy", "threshold")) == {"seller_timeout": 600.0, "reply_timeout": 600.0}
+    def deadlines(*argv):
+        command = argv[0]
+        config = _new_config(command, read_command(_parser().parse_args(argv), command, command_settings()[command]))
+        return {"seller_timeout": config.seller_timeout, "reply_timeout": config.reply_timeout}
+
+    assert deadlines("serve", "--seller", "greedy") == {"seller_timeout": 120.0, "reply_timeout": 120.0}
+    assert deadlines("serve", "--seller", "hf:smollm2?max_tokens=40")["seller_timeout"] == LOCAL_TIMEOUT == 3600.0
+    assert deadlines("serve", "--seller", "greedy", "--buyers", " vllm:Qwen/Qwen3-8B")["reply_timeout"] == LOCAL_TIMEOUT
+    assert deadlines("serve", "--seller", "hf:x", "--seller-timeout", "5") == {"seller_timeout": 5.0, "reply_timeout": LOCAL_TIMEOUT}
+    assert deadlines("collect", "--seller", "greedy") == {"seller_timeout": 600.0, "reply_timeout": 600.0}
+    assert deadlines("serve", "--seller", "hf:x", "--set", "reply_timeout=7") == {"seller_timeout": LOCAL_TIMEOUT, "reply_timeout": 7.0}
     assert main(["serve", "--seller", "greedy", "--episodes", "1", "--out", str(tmp_path / "s"), "--quiet"]) == 0
     saved = json.loads((tmp_path / "s" / "run.json").read_text())
     assert saved["seller_timeout"] == saved["reply_timeout"] == 120.0
@@ -551,18 +552,14 @@ def test_the_splits_table_fits_80_columns_whole(monkeypatch, capsys):
 
 
 def test_a_bad_flag_value_is_one_line_naming_the_flag_once(tmp_path, capsys):
-    with pytest.raises(SystemExit) as done:
-        main(["serve", "--shard", "3/2", "--out", str(tmp_path / "r")])
-    assert done.value.code == 2
+    assert main(["serve", "--shard", "3/2", "--out", str(tmp_path / "r")]) == 2
     line = error_line(capsys)
     assert line.count("--shard") == 1 and "'3/2': need 1 <= K <= N" in line
 
 
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
 def test_agent_deadlines_must_be_positive_and_finite(tmp_path, capsys, value):
-    with pytest.raises(SystemExit) as done:
-        main(["serve", "--seller-timeout", value, "--out", str(tmp_path / "r")])
-    assert done.value.code == 2
+    assert main(["serve", "--seller-timeout", value, "--out", str(tmp_path / "r")]) == 2
     assert "--seller-timeout" in error_line(capsys)
     assert not (tmp_path / "r").exists()
 
@@ -708,7 +705,7 @@ def test_a_seller_or_baseline_whose_every_episode_failed_is_named_as_such_not_as
 
 @pytest.mark.parametrize("by, problem", [
     ("", "--by: '': name at least one label to group by: seller, buyers, split, shape, tier, run"),
-    (" , ", "--by: ' , ': name at least one label to group by"),
+    (" , ", "--by: ' , ': has an empty item between commas"),  # the one list rule (settings.items_of)
     ("seller,seller", "--by: 'seller,seller': seller given twice"),
     ("run,split,run,split", "--by: 'run,split,run,split': run, split given twice"),
 ])

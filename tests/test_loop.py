@@ -18,7 +18,7 @@ from negotiate.cli import main
 from negotiate.errors import UserError
 from negotiate.trace import read_records, trace_files
 from negotiate.training import loop
-from negotiate.settings import read_settings, to_toml
+from negotiate.settings import read_command, read_file, to_toml
 from negotiate.training.loop import EVAL_FIELDS, SFT_FIELDS, LoopConfig, LoopError, results_table, run_loop
 from negotiate.training.trainer import TrainConfig
 
@@ -53,7 +53,7 @@ def world(monkeypatch, tmp_path):
         crash["args"][name] = _as_flags(args) if args[0] != "train" else args
         if args[0] == "train":  # the stage runs `train --config FILE`: the typed config, as the child reads it
             assert args[1] == "--config" and Path(args[2]).name == "train.toml"
-            train = TrainConfig(**read_settings(args[2], TrainConfig, command="train"))
+            train = TrainConfig(**read_file(args[2], TrainConfig, command="train"))
             crash["train_args"].append(train)
             out = Path(train.out)
             out.mkdir(parents=True)
@@ -594,27 +594,27 @@ def test_a_stage_that_exits_1_saying_episodes_failed_is_not_finished_and_a_crash
 
 
 @pytest.mark.parametrize("change, flag", [
-    ({"eval_seed": 1}, "--eval-seed"),
-    ({"serve": "merged", "server_url": "http://127.0.0.1:8000/v1"}, "--serve"),
-    ({"serve": "sometimes"}, "--serve"),
-    ({"lora_r": 12}, "--lora-r"),
-    ({"group": 1}, "--group"),
+    ({"eval_seed": 1}, "^eval_seed"),  # keys are named as keys: loop has no --eval-seed
+    ({"serve": "merged", "server_url": "http://127.0.0.1:8000/v1"}, "^serve: 'merged'"),
+    ({"serve": "sometimes"}, "^serve: 'sometimes'"),
+    ({"lora_r": 12}, "^lora_r"),
+    ({"group": 1}, "^group"),
     ({"split": "specs/nope.toml"}, "--split"),
     ({"round_method": "ppo"}, "--round-method"),
-    ({"round_epochs": 0}, "--round-epochs"),
-    ({"round_method": "dagger", "group": 0}, "--group"),
+    ({"round_epochs": 0}, "^round_epochs"),
+    ({"round_method": "dagger", "group": 0}, "^group"),
     ({"round_method": "dagger", "teacher": "oracle"}, "--teacher: 'oracle': this seller cannot follow"),
-    ({"aggregate": True}, "--aggregate: True: aggregates the teacher's labels: use it with --round-method dagger"),
+    ({"aggregate": True}, "^aggregate: True: aggregates the teacher's labels: use it with --round-method dagger"),
     ({"buyers": "nosuch"}, "--buyers: 'nosuch': unknown buyer agent"),
     ({"eval_buyers": "threshold,nosuch"}, "--eval-buyers: 'nosuch': unknown buyer agent"),
     ({"teacher": "nosuch"}, "--teacher: 'nosuch'"),
-    ({"action_weights": "bid=2"}, "--action-weights: 'bid=2': 'bid' is not a seller action"),
-    ({"round_action_weights": "bid=2"}, "--round-action-weights: 'bid=2': 'bid' is not a seller action"),
-    ({"round_method": "offline-grpo", "round_action_weights": "accept=2"}, "--round-action-weights: 'accept=2': offline-grpo rounds"),
+    ({"action_weights": "bid=2"}, "^action_weights: 'bid=2': 'bid' is not a seller action"),
+    ({"round_action_weights": "bid=2"}, "^round_action_weights: 'bid=2': 'bid' is not a seller action"),
+    ({"round_method": "offline-grpo", "round_action_weights": "accept=2"}, "^round_action_weights: 'accept=2': offline-grpo rounds"),
     ({"eval_buyers": " "}, "--eval-buyers: ' ': give at least one buyer spec"),
     ({"grounded": True, "legal": True, "prompt": "compact"}, "--grounded: True: grounded=1 binds the thought to the facts prompt"),
     ({"grounded": True, "legal": True, "prompt": "tools"}, "--grounded: True: grounded=1 binds the thought to the facts prompt"),
-    ({"teacher_traces": "/nonexistent/traces"}, "--teacher-traces: '/nonexistent/traces': no such file or folder"),
+    ({"teacher_traces": "/nonexistent/traces"}, "^teacher_traces: '/nonexistent/traces': no such file or folder"),
     ({"teacher_traces": "specs"}, "no \\*.jsonl trace files found"),
     ({"teacher_traces": "tests/fixtures", "round_method": "dagger"}, "--round-method: 'dagger': dagger rounds label the policy's states"),
 ])
@@ -689,7 +689,7 @@ def test_fresh_reaches_the_teacher_the_rollouts_and_every_evaluation_and_round_0
 def _config_from(argv):
     from negotiate.cli import _parser
 
-    return loop.loop_config_from_args(_parser().parse_args(["loop", *argv]))
+    return read_command(_parser().parse_args(["loop", *argv]), "loop", (LoopConfig,)).of(LoopConfig)
 
 
 def test_a_config_file_sets_the_loop_flags_and_the_command_line_overrides_it(tmp_path):
@@ -781,8 +781,8 @@ def test_the_readmes_loop_runs_are_config_files_that_check(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("text, message", [
-    ("teacher_epsiodes = 600\n", "teacher_epsiodes: not a loop setting; choose from out, model, teacher"),
-    ('rounds = "two"\n', "rounds: 'two': must be an integer"),
+    ("teacher_epsiodes = 600\n", "teacher_epsiodes: not a loop setting; choose from model, teacher, action_weights"),
+    ('rounds = "two"\n', "rounds: 'two': must be a whole number"),
     ("legal = 1\n", "legal: 1: must be true or false"),
     ("sft_lr = true\n", "sft_lr: True: must be a number"),
     ('teacher = 3\n', "teacher: 3: must be a string"),

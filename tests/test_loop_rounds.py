@@ -11,7 +11,7 @@ import pytest
 from negotiate.training.loop import LoopConfig
 from negotiate.training.loop.config import ROUND_METHODS
 from negotiate.training.loop.rounds import ROUNDS
-from negotiate.settings import read_settings
+from negotiate.settings import read_file
 from negotiate.training.loop.stages import round_config, sft_config, train_args
 from negotiate.training.trainer import TrainConfig
 
@@ -91,7 +91,7 @@ def test_sft_trains_the_base_model_on_the_teachers_episodes_with_the_runs_settin
     where = replace_out(train, tmp_path / "round-00" / "checkpoint")
     argv = train_args(where)
     assert argv == ["train", "--config", str(tmp_path / "round-00" / "train.toml"), "--quiet"]
-    assert TrainConfig(**read_settings(argv[2], TrainConfig, command="train")) == where
+    assert TrainConfig(**read_file(argv[2], TrainConfig, command="train")) == where
 
 
 def replace_out(train: TrainConfig, out: Path) -> TrainConfig:

@@ -724,10 +724,11 @@ def test_train_refuses_missing_traces_and_a_finished_checkpoint(capsys, tmp_path
 
 
 def test_every_train_flag_is_a_config_field_with_help():
-    from negotiate.training.trainer import config_fields
+    from negotiate.settings import command_flags
+    from negotiate.training.trainer import TrainConfig
 
-    for name, _kind, _default, help_text in config_fields():
-        assert help_text, f"TrainConfig.{name} has no help text"
+    for name, flag, _default in command_flags(TrainConfig, "train"):
+        assert flag.help, f"TrainConfig.{name} has no help text"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -755,9 +756,9 @@ def test_online_grpo_refuses_greedy_rollouts_and_an_unknown_split_while_document
 
     # 0 means something for each of these (no eval, no KL, no decay, greedy evaluation); inf is no clipping.
     TrainConfig(traces=("x",), eval_episodes=0, eval_every=0, kl_beta=0.0, weight_decay=0.0, temperature=0.0, max_grad_norm=math.inf).check()
-    with pytest.raises(UserError, match=re.escape("--temperature: 0.0: online-grpo samples its rollouts: must be above 0")):
+    with pytest.raises(UserError, match=re.escape("temperature: 0.0: online-grpo samples its rollouts: must be above 0")):
         TrainConfig(method="online-grpo", temperature=0.0).check()
-    with pytest.raises(UserError, match=re.escape("--split: 'nosuch': unknown split; choose from train")):
+    with pytest.raises(UserError, match=re.escape("split: 'nosuch': unknown split; choose from train")):
         TrainConfig(method="online-grpo", split="nosuch").check()
 
 
@@ -877,5 +878,5 @@ def test_eval_splits_are_a_comma_separated_list_as_in_loop_and_eval_and_each_is_
 
     config = TrainConfig(traces=("x",), out=str(tmp_path / "o"), eval_splits="train, shapes")
     assert eval_splits_of(config) == ["train", "shapes"]
-    with pytest.raises(UserError, match="--eval-splits: 'nosuch': unknown split"):
+    with pytest.raises(UserError, match="^eval_splits: 'nosuch': unknown split"):  # a key of train, not a flag
         TrainConfig(traces=("x",), out=str(tmp_path / "o"), eval_splits="train,nosuch").check()

@@ -1,4 +1,5 @@
-"""``negotiate train``: its settings are :class:`TrainConfig`'s (``negotiate.settings``: flags, ``--config``, ``--set``, ``--keys``)."""
+"""``negotiate train``: the command around :func:`negotiate.training.methods.train`. Its settings are :class:`TrainConfig`'s,
+read by :func:`negotiate.settings.read_command` (flags, ``--config``, ``--set``, ``--keys``) before it runs."""
 
 from __future__ import annotations
 
@@ -11,32 +12,16 @@ from pathlib import Path
 from rich.console import Console
 
 from negotiate.errors import UserError
-
-from negotiate.settings import add_settings, settings_from_args
 from negotiate.training.trainer import TrainConfig
 
-__all__ = ["add_train_arguments", "config_from_args", "run_train", "TRAIN_INSTALL"]
+__all__ = ["run_train", "TRAIN_INSTALL"]
 
 TRAIN_INSTALL = "pip install 'negotiate[train]'"
 _NEEDS = ("torch", "transformers", "peft")
 
 
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    add_settings(parser, TrainConfig, command="train")
-    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None,
-                        help="least severe log line shown on the console (default: warning; --quiet: error); "
-                             "OUT/train.log.jsonl gets every line")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar, and only errors logged to the console")
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The run's settings, checked: defaults, then ``--config``'s file, ``--set``, the flags typed."""
-    return settings_from_args(TrainConfig, args, command="train")
-
-
-def run_train(args: argparse.Namespace, console: Console) -> int:
-    config = config_from_args(args)
-    config.check()
+def run_train(args: argparse.Namespace, config: TrainConfig, console: Console) -> int:
+    """Train by ``config`` (read and checked); ``args``: what the command prints (``--quiet``, the console's level)."""
     missing = [name for name in _NEEDS if importlib.util.find_spec(name) is None]
     if config.method == "online-grpo" and importlib.util.find_spec("trl") is None:
         missing.append("trl")

@@ -45,38 +45,48 @@ over the tools against conceding buyers (docs/experiments/rule-baselines.md) and
 options on the training seed (the planner's offer six grid steps up)."""
 
 
+def _flag(default, help: str, **options):
+    """A setting of ``negotiate teach`` that is also its flag."""
+    return setting(help, default=default, **options)
+
+
+def _key(default, help: str, **options):
+    """A setting of ``negotiate teach`` that is a key only (of ``--config`` and ``--set``)."""
+    return setting(help, default=default, key_only=True, **options)
+
+
 @dataclass
 class TeachConfig:
     """One ``negotiate teach`` run. Each field is a setting (``--config`` file key, ``--set``); those marked are flags."""
 
-    out: str = setting("folder for the policy, its data, traces and results", default="runs/teach", flag=True)
-    model: str = setting("tiny (a small transformer trained from scratch, its tokenizer trained on the menu prompts) or a "
-                         "model hf: loads (smollm2, a folder), taught through a LoRA adapter", default="tiny", flag=True)
-    hidden: int = setting("tiny: hidden size", default=128)
-    layers: int = setting("tiny: transformer layers", default=4)
-    heads: int = setting("tiny: attention heads", default=4)
-    vocab: int = setting("tiny: tokenizer vocabulary", default=512)
-    lora_r: int = setting("pretrained model: LoRA rank", default=8)
-    buyers: tuple[str, ...] = setting("buyer kinds the policy is taught and evaluated against, each on its own markets",
-                                      default=("concession", "threshold"))
-    splits: tuple[str, ...] = setting("market specs of the training and evaluation markets", default=COMPACT)
-    seed: int = setting("run seed of the training markets", default=7, flag=True)
-    sft_markets: int = setting("markets per split and buyer kind the planner's menu rule plays for imitation", default=300)
-    sft_epochs: float = setting("passes over the imitation decisions", default=3.0)
-    rounds: int = setting("replay rounds after imitation", default=3, flag=True)
-    round_markets: int = setting("fresh training markets per split and buyer kind the policy plays each round", default=150)
-    round_epochs: float = setting("passes over every round's labelled decisions so far, each round", default=2.0)
-    explore: float = setting("sampling temperature of the policy in the rounds' plays", default=1.0)
-    lr: float = setting("AdamW learning rate", default=1e-3, flag=True)
-    batch_size: int = setting("decisions per optimizer step", default=32)
-    regret_floor: float = setting("replay loss: weight of a state whose chosen option was the best", default=0.005)
-    pg: float = setting("replay loss: weight of the policy-gradient term", default=10.0)
-    kl: float = setting("replay loss: weight of the KL to the playing policy", default=0.5)
-    eval_seed: int = setting("run seed of the held-out markets (no training stage plays them)", default=1_000_003, flag=True)
-    eval_markets: int = setting("held-out markets per split and buyer kind", default=200, flag=True)
-    baselines: tuple[str, ...] = setting("scripted sellers played on the held-out markets beside each stage", default=BASELINES)
-    threads: int | None = setting("torch threads (default: torch's choice)", default=None, flag=True)
-    play_batch: int = setting("policy decisions read in one forward pass when it plays", default=64)
+    out: str = _flag("runs/teach", "folder for the policy, its data, traces and results")
+    model: str = _flag("tiny", "tiny (a small transformer trained from scratch, its tokenizer trained on the menu prompts) or a "
+                               "model hf: loads (smollm2, a folder), taught through a LoRA adapter")
+    hidden: int = _key(128, "tiny: hidden size", kind="int")
+    layers: int = _key(4, "tiny: transformer layers", kind="int")
+    heads: int = _key(4, "tiny: attention heads", kind="int")
+    vocab: int = _key(512, "tiny: tokenizer vocabulary", kind="int")
+    lora_r: int = _key(8, "pretrained model: LoRA rank", kind="int")
+    buyers: tuple[str, ...] = _key(("concession", "threshold"), "buyer kinds the policy is taught and evaluated against, each on its "
+                                                                "own markets", kind="list")
+    splits: tuple[str, ...] = _key(COMPACT, "market specs of the training and evaluation markets", kind="list")
+    seed: int = _flag(7, "run seed of the training markets", kind="int")
+    sft_markets: int = _key(300, "markets per split and buyer kind the planner's menu rule plays for imitation", kind="int")
+    sft_epochs: float = _key(3.0, "passes over the imitation decisions", kind="number")
+    rounds: int = _flag(3, "replay rounds after imitation", kind="int")
+    round_markets: int = _key(150, "fresh training markets per split and buyer kind the policy plays each round", kind="int")
+    round_epochs: float = _key(2.0, "passes over every round's labelled decisions so far, each round", kind="number")
+    explore: float = _key(1.0, "sampling temperature of the policy in the rounds' plays", kind="number")
+    lr: float = _flag(1e-3, "AdamW learning rate", kind="number")
+    batch_size: int = _key(32, "decisions per optimizer step", kind="int")
+    regret_floor: float = _key(0.005, "replay loss: weight of a state whose chosen option was the best", kind="number")
+    pg: float = _key(10.0, "replay loss: weight of the policy-gradient term", kind="number")
+    kl: float = _key(0.5, "replay loss: weight of the KL to the playing policy", kind="number")
+    eval_seed: int = _flag(1_000_003, "run seed of the held-out markets (no training stage plays them)", kind="int")
+    eval_markets: int = _flag(200, "held-out markets per split and buyer kind", kind="int")
+    baselines: tuple[str, ...] = _key(BASELINES, "scripted sellers played on the held-out markets beside each stage", kind="list")
+    threads: int | None = _flag(None, "torch threads", kind="int", shown="torch's choice")
+    play_batch: int = _key(64, "policy decisions read in one forward pass when it plays", kind="int")
 
     def check(self) -> None:
         for name in ("sft_markets", "eval_markets", "batch_size", "play_batch", "hidden", "layers", "heads"):

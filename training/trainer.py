@@ -54,12 +54,13 @@ from pathlib import Path
 import structlog
 
 from negotiate.errors import UserError
-from negotiate.settings import flag_of, items_of, setting
+from negotiate.settings import items_of, setting, spelling
 
 from negotiate.training.ranks import (ONE, Ranks, broadcast_parameters, from_env, gather, join, leave, share, sum_floats,
                                      sum_gradients)
 from negotiate.training.dataset import (DataFilter, Decision, Episode, advantages, by_group, check_teacher, load_episodes,
                                        parse_action_weights)
+from negotiate.training.learning import LearningConfig
 from negotiate.training.rewards import DEFAULT_REWARD, REWARDS
 
 __all__ = ["TrainConfig", "METHODS", "train", "load_policy", "build_examples", "Example", "save_policy", "evaluate_policy", "play_episodes"]
@@ -83,115 +84,104 @@ def check_split(name: str, flag: str) -> None:
     resolve_spec(name, flag)
 
 
-@dataclass
-class TrainConfig:
-    """One training run. Each field is a setting of ``negotiate train`` (``negotiate.settings``): a key of its ``--config``
-    file and of ``--set``, and, where marked ``flag=True``, a flag (``--epochs`` for ``epochs``)."""
+def _flag(default, help: str, **options):
+    """A setting of ``negotiate train`` that is also its flag (``--epochs`` for ``epochs``)."""
+    return setting(help, default=default, **options)
 
-    traces: tuple[str, ...] = setting(f"trace files or folders to learn from ({', '.join(FROM_TRACES)})", default=(), flag=True)
-    model: str = setting("the starting model: a folder saved by transformers, a .gguf file, or smollm2", default="smollm2", flag=True)
-    out: str = setting("checkpoint folder to write", default="checkpoints/seller", flag=True)
-    method: str = setting(f"one of {', '.join(METHODS)}", default="sft", flag=True)
-    reward: str = setting(f"reward function, one of {', '.join(REWARDS)}", default=DEFAULT_REWARD)
-    split: str | None = setting("use only episodes of this split", default=None)
-    seller: str | None = setting("use only episodes of this seller spec (as the trace names it)", default=None)
-    min_group: int = setting("drop groups with fewer episodes (at least 1; rft and offline-grpo need 2 or more)", default=2)
-    top: float = setting("sft: the share of episodes kept, best rewards first", default=1.0)
-    teacher: str = setting("dagger: the scripted seller whose replies label the episodes' states", default="greedy", flag=True)
-    action_weights: str = setting("sft, rft, dagger: weigh each imitated decision's loss by the kind of its action, e.g. accept=4 "
-                                "(kinds not named weigh 1): a rare decision, such as the planner's accept, counts more", default="")
-    lora: bool = setting("train a LoRA adapter (peft) instead of every weight", default=True)
-    lora_r: int = setting("LoRA rank", default=16)
-    lora_alpha: int = setting("LoRA alpha", default=32)
-    adapter: str | None = setting("continue training this LoRA adapter (a folder with adapter_config.json, trained on --model) "
-                                "instead of a fresh one", default=None)
-    epochs: float = setting("passes over the examples", default=1.0, flag=True)
-    max_steps: int | None = setting("optimizer steps to take, in place of --epochs (the decisions are reshuffled at each pass)",
-                                  default=None, flag=True)
-    batch_size: int = setting("decisions per optimizer step", default=8, flag=True)
-    micro_batch: int = setting("decisions per forward pass (they share one pass over their common prompt prefix); "
-                             "gradients accumulate over the step", default=8)
-    bf16: bool = setting("compute in bfloat16 (torch.autocast; the weights and the optimizer stay float32). Off unless set, so "
-                         "a run's numbers do not depend on the CPU; loop decides it from the machine and writes it here",
-                         default=False)
-    lr: float = setting("AdamW learning rate", default=1e-4, flag=True)
-    weight_decay: float = setting("AdamW weight decay", default=0.0)
-    max_grad_norm: float = setting("clip the gradient's norm to this (above 0; inf: no clipping)", default=1.0)
-    clip_eps: float = setting("offline-grpo: ratio clip epsilon", default=0.2)
-    kl_beta: float = setting("offline-grpo: weight of the KL to the starting model (0: none)", default=0.0)
-    scale_advantages: bool = setting("offline-grpo: divide advantages by the group's standard deviation", default=True)
-    max_length: int = setting("drop decisions longer than this many tokens", default=2048)
-    prompt: str = setting("the seller's prompt, full, compact, facts, advice or tools: how a scripted teacher's decisions are rendered, and the "
-                        "prompt in evaluation and rollouts (a model's own decisions keep the prompt it saw)", default="full", flag=True)
-    seed: int = setting("shuffling and sampling seed", default=0, flag=True)
-    threads: int | None = setting("torch threads, 1 or more (default: torch's choice)", default=None, flag=True)
-    eval_episodes: int = setting("held-out episodes the policy plays before, during and after training (0: none)", default=0, flag=True)
-    eval_every: int = setting("steps between evaluations (0: only before and after)", default=0)
-    eval_splits: str = setting("comma-separated splits (or TOML specs) of the evaluation markets, as loop's and eval's",
-                               default="train")
-    eval_buyers: str = setting("buyer spec in evaluation and rollouts", default="threshold")
-    fresh: bool = setting("evaluation and rollouts: ask the policy for a message only once every scripted buyer has answered "
-                        "its last one, so it decides on the state its message lands in (as serve --fresh)", default=False)
-    eval_seed: int = setting("run seed of the evaluation markets (keep it apart from the training runs' seeds)", default=1_000_003)
-    temperature: float = setting("sampling temperature in evaluation and rollouts, 0 to 2 (0: greedy, which online-grpo's "
-                               "rollouts cannot be)", default=0.7)
-    max_tokens: int = setting("most tokens per seller reply in evaluation and rollouts (96 leaves room for a JSON reply; "
-                              "loop's tagged replies default to 48)", default=96)
-    gen_batch: int = setting("replies generated together in evaluation and rollouts", default=16)
-    markets: int = setting("online-grpo: markets in the prompt dataset", default=64)
-    group: int = setting("online-grpo: episodes per market per step (GRPO's num_generations)", default=4)
+
+def _key(default, help: str, **options):
+    """A setting of ``negotiate train`` that is a key only (of ``--config`` and ``--set``)."""
+    return setting(help, default=default, key_only=True, **options)
+
+
+@dataclass
+class TrainConfig(LearningConfig):
+    """One training run. Each field is a setting of ``negotiate train`` (``negotiate.settings``): a key of its ``--config``
+    file and of ``--set``, and a flag where marked so; those it shares with ``negotiate loop`` are
+    :class:`~negotiate.training.learning.LearningConfig`'s."""
+
+    traces: tuple[str, ...] = _flag((), f"trace files or folders to learn from ({', '.join(FROM_TRACES)})", kind="list", many=True,
+                                    metavar="PATH")
+    out: str = _flag("checkpoints/seller", "checkpoint folder to write")
+    method: str = _flag("sft", f"one of {', '.join(METHODS)}")
+    reward: str = _key(DEFAULT_REWARD, f"reward function, one of {', '.join(REWARDS)}")
+    split: str | None = _key(None, "use only episodes of this split (online-grpo: the split its rollouts play)")
+    seller: str | None = _key(None, "use only episodes of this seller spec (as the trace names it)")
+    min_group: int = _key(2, "drop groups with fewer episodes (at least 1; rft and offline-grpo need 2 or more)", kind="int")
+    top: float = _key(1.0, "sft: the share of episodes kept, best rewards first", kind="number")
+    lora: bool = _key(True, "train a LoRA adapter (peft) instead of every weight", kind="switch")
+    lora_alpha: int = _key(32, "LoRA alpha", kind="int")
+    adapter: str | None = _key(None, "continue training this LoRA adapter (a folder with adapter_config.json, trained on --model) "
+                                     "instead of a fresh one")
+    epochs: float = _flag(1.0, "passes over the examples", kind="number")
+    max_steps: int | None = _flag(None, "optimizer steps to take, in place of --epochs (the decisions are reshuffled at each pass)",
+                                  kind="int")
+    batch_size: int = _flag(8, "decisions per optimizer step", kind="int")
+    lr: float = _flag(1e-4, "AdamW learning rate", kind="number")
+    weight_decay: float = _key(0.0, "AdamW weight decay", kind="number")
+    max_grad_norm: float = _key(1.0, "clip the gradient's norm to this (above 0; inf: no clipping)", kind="number")
+    clip_eps: float = _key(0.2, "offline-grpo: ratio clip epsilon", kind="number")
+    scale_advantages: bool = _key(True, "offline-grpo: divide advantages by the group's standard deviation", kind="switch")
+    max_length: int = _key(2048, "drop decisions longer than this many tokens", kind="int")
+    eval_episodes: int = _flag(0, "held-out episodes the policy plays before, during and after training (0: none)", kind="int")
+    eval_every: int = _key(0, "steps between evaluations (0: only before and after)", kind="int")
+    eval_buyers: str = _key("threshold", "buyer spec in evaluation and rollouts")
+    gen_batch: int = _key(16, "replies generated together in evaluation and rollouts", kind="int")
 
     def check(self) -> None:
+        """Every value in its range and every name known, before anything loads; one line naming the setting as a person
+        gives it (its flag, or its key) otherwise."""
+        named = _spelled
         if self.method not in METHODS:
             raise UserError(f"unknown method; choose from {', '.join(METHODS)}", field="--method", value=self.method)
         if self.reward not in REWARDS:
-            raise UserError(f"unknown reward; choose from {', '.join(REWARDS)}", field="--reward", value=self.reward)
+            raise UserError(f"unknown reward; choose from {', '.join(REWARDS)}", field=named("reward"), value=self.reward)
         if self.method != "online-grpo" and not self.traces:
             raise UserError(f"{self.method} learns from traces: give --traces DIR", field="--traces", value=None)
         if self.method == "offline-grpo" and self.kl_beta > 0 and not self.lora:
             raise UserError("a KL to the reference needs LoRA (the reference is the model with its adapter off); "
-                            "drop --no-lora or set --kl-beta 0", field="--kl-beta", value=self.kl_beta)
+                            "set lora = true or kl_beta = 0", field=named("kl_beta"), value=self.kl_beta)
         self.policy.check()  # the prompt view and decoding of evaluation and rollouts, checked once
         if self.method == "dagger":
             check_teacher(self.teacher)
-        if parse_action_weights(self.action_weights) and self.method not in IMITATION:
-            raise UserError(f"weighs imitated decisions: use it with --method {', '.join(IMITATION)}", field="--action-weights",
+        if parse_action_weights(self.action_weights, flag=named("action_weights")) and self.method not in IMITATION:
+            raise UserError(f"weighs imitated decisions: use it with --method {', '.join(IMITATION)}", field=named("action_weights"),
                             value=self.action_weights)
         if self.adapter is not None and not self.lora:
-            raise UserError("an adapter to continue needs LoRA; drop --no-lora", field="--adapter", value=self.adapter)
+            raise UserError("an adapter to continue needs LoRA; set lora = true", field=named("adapter"), value=self.adapter)
         if self.adapter is not None and not (Path(self.adapter) / "adapter_config.json").is_file():
-            raise UserError("not a LoRA adapter folder (no adapter_config.json)", field="--adapter", value=self.adapter)
+            raise UserError("not a LoRA adapter folder (no adapter_config.json)", field=named("adapter"), value=self.adapter)
         if not 0 < self.top <= 1:
-            raise UserError("must be in (0, 1]", field="--top", value=self.top)
+            raise UserError("must be in (0, 1]", field=named("top"), value=self.top)
         # nan passes every comparison, so each bound is written as what a good value satisfies.
         for name, zero in (("epochs", False), ("lr", False), ("clip_eps", False), ("weight_decay", True), ("kl_beta", True)):
             value = getattr(self, name)
             if not math.isfinite(value):
-                raise UserError("must be a finite number", field=flag_of(name), value=value)
+                raise UserError("must be a finite number", field=named(name), value=value)
             if not (value >= 0 if zero else value > 0):
-                raise UserError("must be 0 or more" if zero else "must be above 0", field=flag_of(name), value=value)
+                raise UserError("must be 0 or more" if zero else "must be above 0", field=named(name), value=value)
         if not self.max_grad_norm > 0:  # torch scales the gradient by max_grad_norm / norm: 0 would zero every step
-            raise UserError("must be above 0 (inf: no clipping)", field="--max-grad-norm", value=self.max_grad_norm)
+            raise UserError("must be above 0 (inf: no clipping)", field=named("max_grad_norm"), value=self.max_grad_norm)
         if not 0 <= self.temperature <= 2:  # the hf: backend's range
-            raise UserError("must be from 0 to 2 (0: greedy)", field="--temperature", value=self.temperature)
+            raise UserError("must be from 0 to 2 (0: greedy)", field=named("temperature"), value=self.temperature)
         if self.method == "online-grpo" and self.temperature == 0:  # TRL divides the logits by it; a greedy group is all alike
-            raise UserError("online-grpo samples its rollouts: must be above 0", field="--temperature", value=self.temperature)
+            raise UserError("online-grpo samples its rollouts: must be above 0", field=named("temperature"), value=self.temperature)
         for name in ("batch_size", "micro_batch", "max_length", "lora_r", "lora_alpha", "group", "markets", "max_tokens", "gen_batch",
                      "max_steps", "min_group", "threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UserError("must be at least 1", field=flag_of(name), value=getattr(self, name))
+                raise UserError("must be at least 1", field=named(name), value=getattr(self, name))
         for name, zero in (("eval_episodes", "none"), ("eval_every", "only before and after")):
             if getattr(self, name) < 0:
-                raise UserError(f"must be 0 or more (0: {zero})", field=flag_of(name), value=getattr(self, name))
+                raise UserError(f"must be 0 or more (0: {zero})", field=named(name), value=getattr(self, name))
         if self.method == "online-grpo" and self.group < 2:  # as train_online says it, before trl is imported
-            raise UserError("online-grpo compares episodes of one market: --group must be 2 or more", field="--group", value=self.group)
+            raise UserError("online-grpo compares episodes of one market: must be 2 or more", field=named("group"), value=self.group)
         if self.method == "online-grpo" and self.batch_size % self.group:
-            raise UserError(f"must be a multiple of --group ({self.group})", field="--batch-size", value=self.batch_size)
+            raise UserError(f"must be a multiple of group ({self.group})", field="--batch-size", value=self.batch_size)
         self.check_ranks(from_env())
         for split in eval_splits_of(self):
-            check_split(split, "--eval-splits")
+            check_split(split, named("eval_splits"))
         if self.method == "online-grpo" and self.split is not None:  # the markets of the rollouts (a filter of traces otherwise)
-            check_split(self.split, "--split")
+            check_split(self.split, named("split"))
 
     def check_ranks(self, ranks: Ranks) -> None:
         """A batch shared by ``ranks.world`` processes (torchrun, accelerate launch) gives each of them a part."""
@@ -232,11 +222,9 @@ class TrainConfig:
         return asdict(self)
 
 
-def config_fields():
-    """(name, type text, default, help) of every TrainConfig field (``negotiate.settings.settings_of``)."""
-    from negotiate.settings import settings_of
-
-    return [(s.name, s.kind, s.default, s.help) for s in settings_of(TrainConfig)]
+def _spelled(name: str) -> str:
+    """How a person gives the setting ``name`` of ``negotiate train``: its flag, or its key."""
+    return spelling(TrainConfig, name, "train")
 
 
 # -- the policy -----------------------------------------------------------------------------------
@@ -587,7 +575,7 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
 
 def eval_splits_of(config: TrainConfig) -> list[str]:
     """The evaluation splits of ``config.eval_splits`` (comma-separated, in order)."""
-    return items_of(config.eval_splits)
+    return items_of(config.eval_splits, _spelled("eval_splits"))
 
 
 def evaluate_splits(model, tokenizer, config: TrainConfig, folder: Path, step: int, ranks: Ranks = ONE) -> list:

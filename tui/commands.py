@@ -21,7 +21,6 @@ training reader skips it, since it has no reward), 143 after SIGTERM.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import sys
@@ -54,17 +53,19 @@ def _need_terminal(hint: str = "") -> None:
         raise UserError(f"the terminal UI needs an interactive terminal (stdin and stdout){hint}")
 
 
-def play(args: argparse.Namespace) -> int:
-    """Play one episode in the terminal UI as a buyer or as the seller; append it to OUT/play.jsonl."""
-    if not getattr(args, "web", False):
-        for flag in ("host", "port", "max_players"):
-            if getattr(args, flag, None) is not None:
-                raise UserError("serves the game to browsers: give it with --web", field=f"--{flag.replace('_', '-')}",
-                                value=getattr(args, flag))
-    seed = args.seed if args.seed is not None else fresh_seed()
+def play(settings, *, index: int | None = None) -> int:
+    """Play one episode in the terminal UI as a buyer or as the seller; append it to OUT/play.jsonl. ``settings``: play's
+    (:class:`negotiate.cli.PlaySettings`, or anything with its attributes); ``index`` numbers a ``--web`` visitor's
+    episode."""
+    if not getattr(settings, "web", False):
+        for name in ("host", "port", "max_players"):
+            if getattr(settings, name, None) is not None:
+                raise UserError("serves the game to browsers: give it with --web", field=f"--{name.replace('_', '-')}",
+                                value=getattr(settings, name))
+    seed = settings.seed if settings.seed is not None else fresh_seed()
     # Behind a web page stdout carries the screen: what play says goes to stderr, which the server logs.
     say = functools.partial(print, file=sys.stderr if web_driven() else sys.stdout)
-    session = prepare(args, seed, index=getattr(args, "index", None), say=say)
+    session = prepare(settings, seed, index=index, say=say)
     _need_terminal()
     from negotiate.tui.app import NegotiateApp  # Textual loads only once the arguments are good
 
@@ -86,19 +87,19 @@ def play(args: argparse.Namespace) -> int:
     return 0
 
 
-def prepare(args: argparse.Namespace, seed: int, *, index: int | None = None, say=print) -> PlaySession:
-    """The session ``play``'s arguments describe, on market ``seed``, once every argument and model has been checked
+def prepare(settings, seed: int, *, index: int | None = None, say=print) -> PlaySession:
+    """The session ``play``'s settings describe, on market ``seed``, once every setting and model has been checked
     (a :class:`UserError` naming the flag otherwise); ``play --web`` checks its visitors' settings with it."""
-    if args.role == "seller" and args.seller is not None:  # it would be ignored: the person is the seller
+    if settings.role == "seller" and settings.seller is not None:  # it would be ignored: the person is the seller
         raise UserError("you are the seller with --role seller; --seller names the agent you bargain with as a buyer "
-                        "(--buyers names the buyers you sell to)", field="--seller", value=args.seller)
-    spec = resolve_spec(args.split)
-    seller = parse_agent(args.seller or "greedy", "seller", field_name="--seller")
-    buyers = parse_agent(args.buyers, "buyer", field_name="--buyers")
-    out = Path(args.out)
+                        "(--buyers names the buyers you sell to)", field="--seller", value=settings.seller)
+    spec = resolve_spec(settings.split)
+    seller = parse_agent(settings.seller or "greedy", "seller", field_name="--seller")
+    buyers = parse_agent(settings.buyers, "buyer", field_name="--buyers")
+    out = Path(settings.out)
     _check_writable(out)
-    session = PlaySession(args.role, spec, seed, seller=seller, buyers=buyers, out=out, index=index)
-    check_models([buyers] if args.role == "seller" else [seller, buyers], session.episodes.pools, say=say)
+    session = PlaySession(settings.role, spec, seed, seller=seller, buyers=buyers, out=out, index=index)
+    check_models([buyers] if settings.role == "seller" else [seller, buyers], session.episodes.pools, say=say)
     return session
 
 
@@ -132,20 +133,21 @@ def _r(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def replay(args: argparse.Namespace) -> int:
-    """Step through a trace's episodes in the UI, or print one as plain text with ``--text``."""
-    if getattr(args, "full", False) and not args.text:
+def replay(trace: Path, settings) -> int:
+    """Step through the episodes of ``trace`` in the UI, or print one as plain text with ``--text``. ``settings``:
+    replay's (:class:`negotiate.cli.ReplaySettings`)."""
+    if settings.full and not settings.text:
         raise UserError("prints whole fields with --text only (the viewer cuts them to stay quick)", field="--full")
     skipped: list[str] = []
-    episodes = load_trace(args.trace, allow_partial=args.allow_partial, on_skip=skipped.append)
+    episodes = load_trace(trace, allow_partial=settings.allow_partial, on_skip=skipped.append)
     if skipped:
         print(f"negotiate replay: --allow-partial skipped {'; '.join(skipped)}", file=sys.stderr)
-    index = find_episode(episodes, args.episode, source=str(args.trace))
-    if args.text:
+    index = find_episode(episodes, settings.episode, source=str(trace))
+    if settings.text:
         if hasattr(sys.stdout, "reconfigure"):
             sys.stdout.reconfigure(errors="replace")  # a talk in any script still prints under an ASCII locale
         try:
-            sys.stdout.write(plain_transcript(episodes[index], full=getattr(args, "full", False)))
+            sys.stdout.write(plain_transcript(episodes[index], full=settings.full))
             sys.stdout.flush()
         except BrokenPipeError:  # `| head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -153,6 +155,6 @@ def replay(args: argparse.Namespace) -> int:
     _need_terminal("; --text prints a plain transcript")
     from negotiate.tui.app import NegotiateApp
 
-    app = NegotiateApp.replay(episodes, str(args.trace), index)
+    app = NegotiateApp.replay(episodes, str(trace), index)
     app.run()
     return app.return_code or 0

@@ -37,7 +37,7 @@ Serving the policy (``--serve``):
 The package, one module per concern (each imports only those above it in this list, never this file):
 
     rounds/        the round methods (``--round-method``), one module each, and whether a round can learn
-    config.py      LoopConfig: the flags, their checks, a --config TOML file
+    config.py      LoopConfig: its settings (a --config TOML file's keys, some of them flags) and their checks
     state.py       loop.json: finished stages, resuming, --sft-from
     serving.py     the vLLM server and which model name answers for each round
     summary.py     results read back from the traces: per market, per split, the teacher's ladder row
@@ -51,8 +51,7 @@ from __future__ import annotations
 
 # The names other modules and the tests reach through the package. Each module looks its neighbours' names up in
 # their own modules: to stand in for run_stage, patch negotiate.training.loop.stages.run_stage, not this name.
-from negotiate.training.loop.config import (  # noqa: F401
-    LORA_RANKS, ROUND_METHODS, SERVE_MODES, LoopConfig, add_loop_arguments, loop_config_from_args, loop_fields, read_loop_config)
+from negotiate.training.loop.config import LORA_RANKS, ROUND_METHODS, SERVE_MODES, LoopConfig, shipped_spec  # noqa: F401
 from negotiate.training.loop.curve import write_loop_curve  # noqa: F401
 from negotiate.training.loop.report import ALL_SPLITS, results_table, teacher_section, tools_section, write_report  # noqa: F401
 from negotiate.training.loop.rounds import ROUNDS, learning_signal  # noqa: F401
@@ -66,4 +65,4 @@ from negotiate.training.loop.summary import per_market, summarize_folder, teache
 __test__ = {"teacher_row": teacher_row}
 """The package's doctests, run where tests/test_doctests.py looks for them (under this package's name)."""
 
-__all__ = ["LoopConfig", "LoopError", "run_loop", "loop_fields", "read_loop_config", "summarize_folder", "results_table"]
+__all__ = ["LoopConfig", "LoopError", "run_loop", "summarize_folder", "results_table"]

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from negotiate.errors import UserError
-from negotiate.training.loop.config import LoopConfig, loop_config_from_args
+from negotiate.training.loop.config import LoopConfig
 from negotiate.training.loop.report import write_report
 from negotiate.training.loop.serving import Serving
 from negotiate.training.loop.stages import LoopError, Stages
@@ -85,13 +85,14 @@ def run_loop(config: LoopConfig, *, echo=print, command: str = "run_loop()") -> 
 LOOP_NEEDS = ("torch", "transformers", "peft", "vllm")
 
 
-def run_loop_command(args, console) -> int:
+def run_loop_command(args, config: LoopConfig, console) -> int:
+    """``negotiate loop``: run (or resume) the loop of ``config`` (read and checked), printing its results; ``args``: what
+    the command prints and the command line it was given (recorded in ``results.md``)."""
     import importlib.util
     import shlex
 
     from negotiate.logs import configure
 
-    config = loop_config_from_args(args)
     missing = [name for name in LOOP_NEEDS if importlib.util.find_spec(name) is None]
     if missing:
         raise UserError(f"{', '.join(missing)} not installed; the loop needs them: pip install 'negotiate[train]' and "

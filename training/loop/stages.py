@@ -24,7 +24,7 @@ import structlog
 
 from negotiate.run import RunConfig, RunOptions
 from negotiate.runner import slug as _slug
-from negotiate.settings import command_flags, to_toml
+from negotiate.settings import to_keys, to_toml
 from negotiate.trace import trace_files
 from negotiate.training.loop.config import LoopConfig, _list
 from negotiate.training.loop.report import rule_baselines, write_report
@@ -195,21 +195,10 @@ class Play:
 
 
 def play_settings(play: Play) -> dict:
-    """The settings of ``play`` as its command's keys (``--keys``): ``markets`` for collect's episodes, the sellers
-    joined as ``--seller`` takes them, a shard as K/N; a setting left unset (None) is left out."""
-    values = {}
-    for cls, source in ((RunConfig, play.config), (RunOptions, play.options)):
-        for name, flag, _ in command_flags(cls, play.command):
-            value = getattr(source, name)
-            if name == "sellers":
-                value = ",".join(value)
-            elif name == "shard":
-                value = f"{value[0]}/{value[1]}"
-            elif name == "episodes" and play.command == "collect":
-                value = value // play.config.group
-            if value is not None:
-                values[flag.key(name)] = value
-    return values
+    """The settings of ``play`` as its command's keys (``--keys``; :func:`~negotiate.settings.to_keys`): ``markets`` for
+    collect's episodes, the sellers joined as ``--seller`` takes them, a shard as K/N; a setting left unset (None) is
+    left out."""
+    return to_keys(play.command, play.config, play.options)
 
 
 def _settings_file(folder: Path) -> Path:

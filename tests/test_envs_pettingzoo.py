@@ -185,3 +185,30 @@ def test_a_message_object_and_its_text_are_the_same_action():
 def test_the_wire_forms_doctests_pass():
     result = doctest.testmod(wire, optionflags=doctest.ELLIPSIS, report=False)
     assert result.attempted >= 4 and result.failed == 0
+
+
+def test_every_episode_is_built_by_run_as_serve_builds_it(monkeypatch):
+    """The environment builds its episodes with Run.episode, the one place every player of the project builds them (it
+    generated markets, buyers, labels and seeds by hand): episode `index` of the run seeded by reset(seed=...), its
+    labels the run's, the seat's name in them."""
+    from negotiate.run import Run
+
+    built = []
+    episode = Run.episode
+
+    def spy(self, seller, index, *, episode_id=None):
+        built.append((seller.text, self.buyers.text, self.config.seed, index, episode_id))
+        return episode(self, seller, index, episode_id=episode_id)
+
+    monkeypatch.setattr(Run, "episode", spy)
+    env = NegotiationEnv(SMALL, buyers="threshold", seed=4)
+    env.reset()
+    env.reset()
+    env.reset(seed=6)
+    assert built == [("pettingzoo", "threshold", 4, 0, "pettingzoo-000000"), ("pettingzoo", "threshold", 4, 1, "pettingzoo-000001"),
+                     ("pettingzoo", "threshold", 6, 0, "pettingzoo-000000")]
+    while env.agents:  # the seller waits, then ends: the episode's start records what the run labels
+        env.step(None if env.terminations[env.agent_selection] or env.truncations[env.agent_selection] else "Action: [END]")
+    start = env.episode.events[0]
+    assert (start.run_seed, start.index, start.seed, start.seller, start.buyers) == (6, 0, market_seed(6, 0), "pettingzoo", "threshold")
+    env.close()

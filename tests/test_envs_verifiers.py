@@ -132,3 +132,30 @@ def test_vf_eval_plays_small_markets_against_smollm2_on_llama_cpp(llamacpp, tmp_
             assert event.valid or (event.error and event.raw)  # an invalid reply keeps the model's text
         assert trace["rewards"]["profit-penalized"]["score"] == pytest.approx(profit_penalized(played.events))
         assert trace["metrics"]["violations"] == sum(metrics_from_events(played.events)["violations"].values())
+
+
+def test_the_environment_builds_its_episodes_through_run_and_reads_the_spec_once(tmp_path, monkeypatch):
+    """Each rollout's episode is Run.episode's (the market, seeds, labels and deadlines of serve --fresh's episode
+    `index`); the spec file is read once per environment (it was read again on every rollout)."""
+    import negotiate.envs.verifiers_env as module
+    from negotiate.market import generate, load_spec
+    from negotiate.run import LOCAL_TIMEOUT, market_seed
+
+    spec = tmp_path / "small.toml"
+    spec.write_text('split = "train"\nbuyers = 2\nproducts = 2\n')
+    reads = []
+    monkeypatch.setattr(module, "resolve_spec", lambda *args: reads.append(args) or load_spec(spec))
+    env = load_environment(split=str(spec), markets=2, seed=3, buyers="concession")
+
+    class Seller:
+        text = "verifiers"
+
+        def build(self, market, seed, pools=None):
+            return None
+
+    plans = [env.market_run(3).episode(Seller(), index, episode_id=f"verifiers-{index:06d}") for index in (0, 1, 0)]
+    assert len(reads) == 1  # the environment's spec, read once for every rollout
+    assert [plan.market for plan in plans] == [generate(load_spec(spec), market_seed(3, i)) for i in (0, 1, 0)]
+    assert plans[1].labels == {"run_seed": 3, "index": 1, "seed": market_seed(3, 1), "seller": "verifiers", "buyers": "concession",
+                               "fresh": True}
+    assert (plans[0].seller_timeout, plans[0].reply_timeout, plans[0].fresh) == (LOCAL_TIMEOUT, LOCAL_TIMEOUT, True)

@@ -1,7 +1,8 @@
 """The market as a PettingZoo AEC environment: the seller and the buyers as agents, over the episode runtime.
 
-:class:`NegotiationEnv` plays each episode with :func:`negotiate.episode.run_episode`, the function ``negotiate
-serve`` plays, with a :class:`~negotiate.envs.seats.Seat` in each agent's place: the bus, the turn budget and the
+:class:`NegotiationEnv` builds each episode with :class:`negotiate.run.Run`, as ``negotiate serve`` builds its own (the
+market, the seeds, the labels, the deadlines), and plays it with :func:`negotiate.episode.run_episode`, the function
+``serve`` plays, with a :class:`~negotiate.envs.seats.Seat` in each agent's place: the bus, the turn budget and the
 regulator decide who acts next and what a message does, so nothing of the rules is written twice. ``agent_selection``
 is the agent the episode waits on; ``step`` answers it and runs the episode to the next question.
 
@@ -47,14 +48,14 @@ except ModuleNotFoundError as error:  # pragma: no cover - the extra is there wh
                               "pip install 'negotiate[envs]'") from None
 
 from negotiate.agents.registry import parse_agent
-from negotiate.envs.seats import Desk, Driver, Question, Seat
+from negotiate.envs.seats import Desk, Driver, Question, Seats
 from negotiate.envs.wire import decision, encode
-from negotiate.episode import Episode, run_episode
-from negotiate.market import MarketSpec, generate, resolve_spec
+from negotiate.episode import Episode
+from negotiate.market import MarketSpec, resolve_spec
 from negotiate.protocol import SELLER as _SELLER
 from negotiate.protocol import TALK_MAX, THOUGHT_MAX, Action
 from negotiate.regulator import EpisodeState, observe
-from negotiate.run import build_buyers, market_seed
+from negotiate.run import Run, RunConfig
 from negotiate.trace import Outcome
 from negotiate.training.rewards import DEFAULT_REWARD, reward_fn
 
@@ -97,6 +98,7 @@ class NegotiationEnv(AECEnv):
         seed until ``reset(seed=...)`` names another. ``reward``: the seller's reward, by name."""
         super().__init__()
         self.spec = split if isinstance(split, MarketSpec) else resolve_spec(split)
+        self.split = split if isinstance(split, str) else self.spec.name
         self.buyer_spec = None if buyers is None else parse_agent(buyers, "buyer")
         self.reward_name = reward
         self._reward = reward_fn(reward)
@@ -141,18 +143,16 @@ class NegotiationEnv(AECEnv):
         if seed is not None:
             self.run_seed, self.index = seed, -1
         self.index += 1
-        market = generate(self.spec, market_seed(self.run_seed, self.index))
         desk = Desk()
         described = {"kind": "external", "name": "pettingzoo"}
-        seller = Seat(SELLER, desk, described)
-        if self.buyer_spec is None:
-            buyers = {b.id: Seat(b.id, desk, described) for b in market.buyers}
-        else:
-            buyers = build_buyers(market, self.buyer_spec)
-        episode_id = f"pettingzoo-{self.index:06d}"
-        labels = {"run_seed": self.run_seed, "index": self.index, "seed": market.seed, "seller": "pettingzoo",
-                  "buyers": "pettingzoo" if self.buyer_spec is None else self.buyer_spec.text}
-        self.state_ = EpisodeState(market, episode=episode_id)
+        # Episode `index` of the run `negotiate serve --seed run_seed` plays, built by Run as serve builds it: the market,
+        # the buyers' seeds, the labels and the deadlines; seats where the environment's agents sit.
+        buyers = self.buyer_spec or Seats(desk, "pettingzoo", described)
+        run = Run(RunConfig(sellers=("pettingzoo",), buyers=buyers.text, split=self.split, seed=self.run_seed), spec=self.spec,
+                  buyers=buyers)
+        plan = run.episode(Seats(desk, "pettingzoo", described, who=SELLER), self.index, episode_id=f"pettingzoo-{self.index:06d}")
+        market = plan.market
+        self.state_ = EpisodeState(market, episode=plan.episode_id)
         self.episode = None
         self.agents = [SELLER] + ([] if self.buyer_spec is not None else [b.id for b in market.buyers])
         self.rewards = {agent: 0.0 for agent in self.agents}
@@ -162,8 +162,12 @@ class NegotiationEnv(AECEnv):
         self.infos = {agent: {} for agent in self.agents}
         self._skip_agent_selection = None
         self._driver = Driver(desk)
-        self._settle(self._run(self._driver.start(
-            run_episode(market, seller, buyers, episode_id=episode_id, labels=labels, state=self.state_))))
+        self._settle(self._run(self._driver.start(self._play(run, plan))))
+
+    async def _play(self, run: Run, plan) -> Episode:
+        """The episode, inside its run (the run's model pools for scripted or model buyers, closed when it ends)."""
+        async with run:
+            return await plan.play(state=self.state_)
 
     def _settle(self, question: Question | None) -> None:
         """The episode stopped at ``question`` (the agent it waits on is selected), or ended (every agent is done)."""

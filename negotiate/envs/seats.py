@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from negotiate.episode import Episode
 
-__all__ = ["Seat", "Desk", "Question", "Driver"]
+__all__ = ["Seat", "Seats", "Desk", "Question", "Driver"]
 
 
 @dataclass(frozen=True)
@@ -60,21 +60,41 @@ class Desk:
 
 
 class Seat:
-    """An agent of the episode played from outside it: ``act`` posts the observation at the desk and returns the answer."""
+    """An agent of the episode played from outside it: ``act`` posts the observation at the desk and returns the answer.
+    ``who`` names the agent in its questions; None: the buyer it observes as (``obs.buyer``)."""
 
     instant = True
     """Asked inline, where a scripted agent would be (no deadline, no task of its own)."""
 
-    def __init__(self, who: str, desk: Desk, description: dict | None = None):
+    def __init__(self, who: str | None, desk: Desk, description: dict | None = None):
         self.who = who
         self.desk = desk
         self.description = description or {"kind": "external"}
 
     async def act(self, obs):
-        return await self.desk.ask(self.who, obs)
+        return await self.desk.ask(self.who or obs.buyer, obs)
 
     def describe(self) -> dict:
         return dict(self.description)
+
+
+@dataclass(frozen=True)
+class Seats:
+    """Seats as an agent spec of :class:`~negotiate.run.Run` (anything with ``text`` and ``build``): where the run builds
+    the seller, or each buyer, of an episode, it gets a :class:`Seat` at ``desk``. So an environment adapter builds its
+    episodes as every other player of the project does (``Run.episode``: the market, the seeds, the labels, the
+    deadlines), with seats in the places the outside takes."""
+
+    desk: Desk
+    text: str
+    """The name the trace's labels give these agents (``seller`` or ``buyers``)."""
+    description: dict
+    """What ``episode_start`` records of each seat."""
+    who: str | None = None
+    """The seller's seat names itself; None: each buyer's seat is named by the buyer it observes as."""
+
+    def build(self, market, seed, pools=None) -> Seat:
+        return Seat(self.who, self.desk, self.description)
 
 
 class Driver:

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
+from functools import cached_property
 
 try:
     import aiohttp
@@ -41,10 +43,9 @@ from verifiers.v1.dialects.chat import message_to_wire
 from negotiate.agents.backends import Completion, LLMError
 from negotiate.agents.policy import Policy
 from negotiate.agents.registry import parse_agent, policy_seller
-from negotiate.episode import run_episode
-from negotiate.market import generate, resolve_spec
+from negotiate.market import resolve_spec
 from negotiate.metrics import metrics_from_events
-from negotiate.run import LOCAL_TIMEOUT, build_buyers, market_seed, seller_seed
+from negotiate.run import LOCAL_TIMEOUT, Run, RunConfig, market_seed
 from negotiate.trace import encode
 from negotiate.training.rewards import DEFAULT_REWARD, reward_fn
 
@@ -185,23 +186,50 @@ class MarketEnvConfig(vf.EnvConfig):
     the local runtime is the default (verifiers' own default is a remote sandbox)."""
 
 
+@dataclass(frozen=True)
+class _ModelSeller:
+    """The policy model as a seller spec of :class:`~negotiate.run.Run`: the project's seller under ``policy``, its every
+    model call a turn of the rollout's interaction (``backend``)."""
+
+    policy: Policy
+    backend: InteractionBackend
+    text: str = "verifiers"
+    """The seller's name in the trace's labels."""
+
+    def build(self, market, seed, pools=None):
+        return policy_seller(self.policy, self.backend, market, seed)
+
+
 class MarketEnv(vf.Env[MarketEnvConfig]):
-    """One rollout plays one market: the model as the seller, the run's buyers answering through the runtime."""
+    """One rollout plays one market: the model as the seller, the run's buyers answering through the runtime. The episode
+    is built by :class:`~negotiate.run.Run`, as ``negotiate serve --fresh`` builds episode ``index`` of the run seeded
+    ``run_seed`` (its market, seeds, labels and deadlines); the spec file is read and the buyer spec parsed once per
+    environment, not once per rollout."""
+
+    @cached_property
+    def market_spec(self):
+        return resolve_spec(self.taskset.config.split, "--env.taskset.split")
+
+    @cached_property
+    def buyer_spec(self):
+        return parse_agent(self.taskset.config.buyers, "buyer", field_name="--env.taskset.buyers")
+
+    def market_run(self, run_seed: int) -> Run:
+        """The run whose episodes the tasks are: ``run_seed``'s markets, the taskset's buyers, ``fresh`` as it says, and
+        deadlines no model on a CPU misses."""
+        config: MarketTasksetConfig = self.taskset.config
+        return Run(RunConfig(sellers=("verifiers",), buyers=config.buyers, split=config.split, seed=run_seed, fresh=config.fresh,
+                             seller_timeout=LOCAL_TIMEOUT, reply_timeout=LOCAL_TIMEOUT), spec=self.market_spec, buyers=self.buyer_spec)
 
     async def run(self, task, agents) -> None:
         config: MarketTasksetConfig = self.taskset.config
         info = task.data.info
-        market = generate(resolve_spec(config.split), info["market_seed"])
-        buyers = build_buyers(market, parse_agent(config.buyers, "buyer"))
-        labels = {"run_seed": info["run_seed"], "index": info["index"], "seed": market.seed, "seller": "verifiers",
-                  "buyers": config.buyers}
-        if config.fresh:
-            labels["fresh"] = True
+        run = self.market_run(info["run_seed"])
         async with agents.seller.interaction(task) as interaction:
-            backend = InteractionBackend(interaction, interaction.trace.agent.config.model or "")
-            seller = policy_seller(config.policy(), backend, market, seller_seed(market.seed))
-            episode = await run_episode(market, seller, buyers, episode_id=f"verifiers-{info['index']:06d}", labels=labels,
-                                        seller_timeout=LOCAL_TIMEOUT, reply_timeout=LOCAL_TIMEOUT, fresh=config.fresh)
+            seller = _ModelSeller(config.policy(), InteractionBackend(interaction, interaction.trace.agent.config.model or ""))
+            plan = run.episode(seller, info["index"], episode_id=f"verifiers-{info['index']:06d}")
+            async with run:
+                episode = await plan.play()
         trace = interaction.trace
         trace.info["negotiate"] = [orjson.loads(line) for line in bytes(encode(episode.events)).splitlines()]
         if episode.failed:

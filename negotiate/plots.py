@@ -7,16 +7,22 @@ from pathlib import Path
 
 from negotiate.metrics import aggregate
 
-__all__ = ["plot_by_split", "plot_violations", "plot_paired", "violations_per_episode", "write_plots"]
+__all__ = ["plot_by_split", "plot_violations", "plot_paired", "violations_per_episode", "write_plots", "pyplot"]
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, never a window): the one way every plot of the project, the
+    evaluation's here and the training and loop curves, gets it."""
     import matplotlib
 
-    matplotlib.use("Agg")  # files only, never a window
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+_pyplot = pyplot
+"""The name training/teach.py's curve imports (its owner moves it to :func:`pyplot`)."""
 
 
 _CHAR_IN = 0.075
@@ -63,7 +69,7 @@ def _order(values, preferred=()):
 def plot_by_split(rows: list[dict], path: Path, sellers: list[str], splits: list[str]) -> Path:
     """Grouped bars: profit/OPT and welfare/OPT per split, one bar per seller, 95% CI whiskers (a market's repeats
     count once). The legend sits outside the axes (inside, it covered bars that reach 1.0)."""
-    plt = _pyplot()
+    plt = pyplot()
     from negotiate.report import market_of
 
     summaries = {s.key: s for s in aggregate(rows, ("seller", "split"), cluster=market_of)}
@@ -110,7 +116,7 @@ def violations_per_episode(rows: list[dict], seller: str, split: str) -> dict[st
 def plot_violations(rows: list[dict], path: Path, sellers: list[str], splits: list[str]) -> Path:
     """Stacked bars: seller violations per episode, by type; one panel per split (a mean over splits would
     hide the split where a seller breaks the rules)."""
-    plt = _pyplot()
+    plt = pyplot()
     counts = {(seller, split): violations_per_episode(rows, seller, split) for seller in sellers for split in splits}
     kinds = sorted({kind for per_kind in counts.values() for kind in per_kind})
     names = _tick_names(sellers)
@@ -143,7 +149,7 @@ def plot_paired(rows: list[dict], path: Path, sellers: list[str], splits: list[s
     markets, per split, with its 95% CI (a whisker that crosses 0 is no measured difference)."""
     from negotiate.report import paired_differences
 
-    plt = _pyplot()
+    plt = pyplot()
     found = {(p.seller, p.split): p.diffs["profit_ratio"] for p in paired_differences(rows, baseline, {"seller": sellers, "split": splits})}
     others = [seller for seller in sellers if seller != baseline]
     names = _tick_names(others)

@@ -2,7 +2,8 @@
 
 Every place that plays episodes (``negotiate serve``/``collect``/``eval`` through
 :mod:`negotiate.runner`, the trainer's rollouts and evaluations, the terminal UI's play
-session and the screenshot script) builds them here, so the seed conventions exist once:
+session, the screenshot script, and the PettingZoo and verifiers environments) builds them
+here, so the seed conventions exist once:
 
 * episode ``i`` of a run seeded ``s`` plays the market ``generate(spec, market_seed(s, i // group))``:
   every seller of the run meets the same markets (a paired comparison), and ``group``

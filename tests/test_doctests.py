@@ -23,7 +23,7 @@ def test_doctests_pass(name):
 
 
 def test_metrics_has_doctests():
-    # STYLE.md item 7: every reward and metric function documents itself with a doctest.
+    # docs/style.md, item 7: every reward and metric function documents itself with a doctest.
     module = importlib.import_module("negotiate.metrics")
     assert doctest.testmod(module, optionflags=doctest.ELLIPSIS, report=False).attempted >= 2
 

@@ -1,4 +1,4 @@
-"""The public surface: pinned, importable, and one name for one thing (STYLE.md, item 10).
+"""The public surface: pinned, importable, and one name for one thing (docs/style.md, item 10).
 
 ``PUBLIC`` pins what each public package exports. A change to a package's ``__all__`` fails
 :func:`test_public_surface_is_pinned` until it is announced here, in the same commit, so the surface

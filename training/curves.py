@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from negotiate.plots import _pyplot
+from negotiate.plots import pyplot
 
 __all__ = ["write_curve"]
 
@@ -12,7 +12,7 @@ __all__ = ["write_curve"]
 def write_curve(rows: list[dict], path: Path, *, title: str = "training") -> Path:
     """Two panels: the training loss per step, and the policy's reward, adherence and profit/OPT
     (evaluation rows, or online rollouts' ``reward``/``valid_rate``) over steps."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     steps = [r["step"] for r in rows if "loss" in r]
     left.plot(steps, [r["loss"] for r in rows if "loss" in r], color="tab:gray", lw=1)

@@ -32,7 +32,7 @@ Serving the policy (``--serve``):
   start on CPU), stopped while training runs.
 - ``auto`` (default): measured once, after SFT: a LoRA-enabled server answers the same requests
   with and without the adapter; if the adapter is more than 1.5x slower (on CPU it was about 8x:
-  ``shared/NOTES.md``), merged; else adapter. The measurement is kept in ``loop.json``.
+  docs/engineering-notes.md, "vLLM on CPU"), merged; else adapter. The measurement is kept in ``loop.json``.
 
 The package, one module per concern (each imports only those above it in this list, never this file):
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from negotiate.plots import pyplot
 from negotiate.runner import slug as _slug
 from negotiate.training.loop.config import LoopConfig, _list
 from negotiate.training.loop.state import State
@@ -14,11 +15,7 @@ __all__ = ["write_loop_curve"]
 
 
 def write_loop_curve(out: Path, config: LoopConfig, state: State) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rounds = sorted(int(k) for k in state.data["rounds"])
     buyers = _list(config.eval_buyers)[0]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))

@@ -17,7 +17,8 @@ model behind any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); its
                   ``response_format`` json_object with a schema, generic: none, the prompt
                   describes it); default ``openai`` for api.openai.com, else ``vllm``
 ``temperature``   0..2 (default 0.7); ``top_p`` (0, 1]; ``max_tokens`` (default 512)
-``timeout``       seconds per request (default 60); ``retries`` with backoff (default 2)
+``timeout``       seconds a request may take, retries and their waits included (default 60); ``retries`` with
+                  backoff, each made only while the deadline allows (default 2)
 ``reask``         re-asks after an unparseable reply (default 0)
 ``max_inflight``  requests in flight per server and key (default 256)
 ``max_answer_mb`` MiB an answer's body may have, as sent and inflated (default 8): a larger answer

@@ -43,7 +43,7 @@ own retries off). All three do our retries (exponential backoff with jitter, Ret
 deadline and error classification, in one loop (:meth:`OpenAIBackend._post`), so they return the
 same :class:`Completion` and raise the same errors. Their HTTP work costs about 45 us and 180 us of
 CPU per request, against about 1.5 ms for the ``openai`` client (httpx's own pool spends
-10-30 ms of CPU per request at hundreds of connections; see NOTES.md and
+10-30 ms of CPU per request at hundreds of connections; see docs/engineering-notes.md and
 benchmarks/bench_llm.py). The check before a run (``GET /models``) always goes through the aiohttp session.
 
 **What ``timeout=`` bounds.** One deadline per request, ``timeout`` seconds after it takes its

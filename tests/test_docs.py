@@ -13,9 +13,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [path for folder in ("negotiate", "agents", "training", "tui", "tests", "benchmarks", "specs")
            for path in sorted((ROOT / folder).rglob("*.py"))]
-LEFT_TO_OWNERS = {"agents/backends.py", "training/server.py", "training/teacher.py"}
-"""Modules others are changing that still cite the notes kept outside the repository; docs/engineering-notes.md holds
-what they cite (the httpx pool, vLLM on CPU, labels by replay)."""
 
 
 def test_every_doc_the_code_cites_is_in_the_repository():
@@ -30,7 +27,7 @@ def test_no_code_cites_notes_kept_outside_the_repository():
     """NOTES.md, shared/NOTES.md and STYLE.md are not in the repository: what the code needs of them is in docs/."""
     citing = {path.relative_to(ROOT).as_posix() for path in SOURCES if path.name != "test_docs.py"
               and re.search(r"(?<![\w/-])(?:shared/)?(?:NOTES|STYLE)\.md", path.read_text(encoding="utf-8"))}
-    assert citing <= LEFT_TO_OWNERS, citing - LEFT_TO_OWNERS
+    assert citing == set(), citing
 
 
 def test_pyplot_is_had_one_way():

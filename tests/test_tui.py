@@ -20,7 +20,7 @@ from negotiate.metrics import opt
 from negotiate.trace import TraceWriter, read_episodes
 from negotiate.tui import commands
 from negotiate.tui.app import NegotiateApp
-from negotiate.tui.play import ResultScreen
+from negotiate.tui.results import ResultScreen
 from negotiate.tui.replay import ReplayScreen
 from negotiate.tui.session import PlaySession
 from negotiate.tui.transcript import Recorded, load_trace, plain_transcript

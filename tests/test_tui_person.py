@@ -28,7 +28,8 @@ from negotiate.market import SPLITS, MarketSpec
 from negotiate.protocol import SELLER, Action, Message
 from negotiate.training.dataset import load_episodes
 from negotiate.tui.app import SIGTERM_EXIT, NegotiateApp
-from negotiate.tui.play import ConfirmEnd, ConfirmLeave, ResultScreen
+from negotiate.tui.confirm import ConfirmEnd, ConfirmLeave
+from negotiate.tui.results import ResultScreen
 from negotiate.tui.text import clean, esc
 from negotiate.tui.transcript import Recorded
 from negotiate.tui.widgets import Composer
@@ -239,9 +240,9 @@ async def test_typing_on_as_the_results_open_does_not_quit(tmp_path, monkeypatch
 
 def test_every_end_reason_has_words_in_the_results():
     from negotiate.trace import EndReason
-    from negotiate.tui.play import _END_WORDS
+    from negotiate.tui.results import END_WORDS
 
-    assert set(_END_WORDS) == {reason.value for reason in EndReason}
+    assert set(END_WORDS) == {reason.value for reason in EndReason}
 
 
 async def test_the_replay_opened_from_the_results_says_q_goes_back_and_does(tmp_path):

@@ -92,9 +92,13 @@ class NegotiateApp(App[None]):
 
     def get_default_screen(self) -> Screen:
         if self.session is not None:
-            from negotiate.tui.play import BuyerScreen, SellerScreen
+            if self.session.role == "seller":
+                from negotiate.tui.seller import SellerScreen
 
-            return (SellerScreen if self.session.role == "seller" else BuyerScreen)(self.session)
+                return SellerScreen(self.session)
+            from negotiate.tui.buyer import BuyerScreen
+
+            return BuyerScreen(self.session)
         from negotiate.tui.replay import ReplayScreen
 
         return ReplayScreen(self.episodes, self.source, self.index)

@@ -22,7 +22,7 @@ from scipy.optimize import linear_sum_assignment
 from negotiate.market import Market, spec_from_dict
 from negotiate.protocol import SELLER
 from negotiate.regulator import Deal
-from negotiate.trace import DealEvent, EpisodeStart, Event, MessageEvent, ViolationEvent, as_events
+from negotiate.trace import DealEvent, EpisodeStart, Event, MessageEvent, ViolationEvent, iter_events
 
 __all__ = ["opt", "episode_metrics", "metrics_from_events", "aggregate", "mean_ci", "RATIO_METRICS", "Summary"]
 
@@ -104,13 +104,13 @@ def episode_metrics(
 
 
 def metrics_from_events(events: Iterable[Event | dict]) -> dict:
-    """Recompute an episode's metrics from its trace events alone (records, or dicts of schema 1 or 2)."""
+    """Recompute an episode's metrics from its trace events alone (records, or dicts of schema 1 or 2), read once, in order."""
     market = None
     deals: list[Deal] = []
     turns = 0
     counts = Counter()
     violations: dict[str, Counter] = {SELLER: Counter(), "buyer": Counter()}
-    for event in as_events(events):
+    for event in iter_events(events):  # one at a time: a long episode read from its trace is never in memory whole
         if isinstance(event, MessageEvent):
             role = SELLER if event.sender == SELLER else "buyer"
             counts[role] += 1

@@ -10,10 +10,20 @@ reads them back. Schema 2 keeps schema 1's fields
 and records a timeout as data (``error_kind``, ``timeout_s``); :func:`parse_event`
 still reads schema 1, where a timeout was only English text.
 
-An episode's events are written with one ``write`` and a flush when it ends, so a
+An episode's events are written when it ends, all at once and then flushed, so a
 crash, SIGKILL or Ctrl-C loses at most the episodes still running. :func:`scan`
 finds the complete episodes of a file and where the last one ends, so a resumed
 run can drop a half-written tail and run only what is missing.
+
+A long episode does not hold its events until then. Past :data:`SPILL_EVENTS` the regulator
+encodes them into a :class:`Spill`, an unnamed temporary file of the episode's own, and keeps
+only the events since; what the episode then returns is a :class:`StoredEvents`, which reads
+its older events back from that file, and :class:`TraceWriter` copies the file's bytes into the
+trace before the rest (so every trace file still holds whole episodes, one after another, each
+``episode_end`` written last). The system removes the file when it is closed, or when the
+process ends or is killed: an episode that never ends leaves nothing, in its trace or beside
+it. Measured (``benchmarks/bench_long.py --rss``): one 10**6-turn episode held 2.8 GB until it
+ended; spilled, it peaks at the figure in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -21,9 +31,11 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
@@ -37,7 +49,7 @@ __all__ = [
     "SCHEMA_VERSION", "EventType", "Outcome", "EndReason", "TIMEOUT",
     "EpisodeStart", "MessageEvent", "ViolationEvent", "DealEvent", "NoticeEvent", "EpisodeEnd", "OtherEvent", "Event",
     "EpisodeRecord", "parse_event", "as_events",
-    "TraceWriter", "TraceWriteError", "encode", "read_episodes", "read_records", "scan", "drop_failed", "count_complete", "trace_files", "ScanResult", "Scanned", "shown", "twice_in_one_file",
+    "TraceWriter", "TraceWriteError", "encode", "Spill", "StoredEvents", "SPILL_EVENTS", "iter_events", "read_episodes", "read_records", "scan", "drop_failed", "count_complete", "trace_files", "ScanResult", "Scanned", "shown", "twice_in_one_file",
 ]
 
 SCHEMA_VERSION = 2
@@ -404,6 +416,12 @@ def as_events(events: Iterable[Event | dict]) -> list[Event]:
     return [e if isinstance(e, _Record) else parse_event(e) for e in events]
 
 
+def iter_events(events: Iterable[Event | dict]) -> Iterator[Event]:
+    """:func:`as_events` one at a time: a long episode's events read from a file are never all in memory."""
+    for event in events:
+        yield event if isinstance(event, _Record) else parse_event(event)
+
+
 @dataclass(frozen=True, eq=False)
 class EpisodeRecord:
     """One episode: its events from ``episode_start`` to ``episode_end``, typed.
@@ -414,7 +432,8 @@ class EpisodeRecord:
 
     events: list[Event]
     """The trace, in order: the engine's own records, or events read from a file (dicts given
-    here are parsed by :func:`parse_event`)."""
+    here are parsed by :func:`parse_event`). A long episode's are :class:`StoredEvents` (a
+    sequence that reads them from a file as it is iterated), whether it was played or read."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "events", as_events(self.events))
@@ -495,9 +514,183 @@ def encode(events: Iterable[Event | dict]) -> bytearray:
     beside the 0.5 KB the lines take. The buffer itself is returned: a copy into ``bytes`` would double it."""
     dumps, option = orjson.dumps, orjson.OPT_APPEND_NEWLINE
     out = bytearray()
+    if type(events) is StoredEvents:  # the stored lines as they are (all of them in memory: TraceWriter.write copies them)
+        for chunk in events.stored.chunks():
+            out += chunk
+        events = events.tail
     for event in events:
         out += dumps(event.json_data() if type(event) is EpisodeStart else event, option=option)
     return out
+
+
+SPILL_EVENTS = 1024
+"""Events an episode holds before the regulator spills them (:meth:`~negotiate.regulator.EpisodeState.trace`): about
+340 turns of a 1x1 market, 0.7 MB of records, 0.25 MB once encoded. No episode of the named splits reaches it (their
+budgets are 1.5 turns a buyer-product pair, at most 24 turns in ``train``). :func:`read_records` reads an episode
+longer than this lazily too."""
+
+
+def _lines_of(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a stream of bytes (their newlines removed)."""
+    rest = b""
+    for chunk in chunks:
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        yield from lines
+    if rest:
+        yield rest
+
+
+class Spill:
+    """Events an episode has spilled, encoded as its trace will hold them, in an unnamed temporary file of its own.
+
+    ``tempfile.TemporaryFile`` (O_TMPFILE on Linux, else a file unlinked as soon as it is made): the system removes it
+    when it is closed, garbage-collected, or its process ends or is killed. Reads go by offset (``os.pread``), so
+    two readers never move each other's place, and a write always appends.
+    """
+
+    __slots__ = ("file", "count", "size", "start")
+
+    def __init__(self, directory: str | Path | None = None):
+        self.file = tempfile.TemporaryFile(dir=directory, prefix=".negotiate-spill-")
+        self.count = 0
+        """Events written."""
+        self.size = 0
+        """Bytes written."""
+        self.start: EpisodeStart | None = None
+        """The episode's ``episode_start`` record, when it was the first event spilled: kept, so its readers (``events[0]``)
+        never read the file."""
+
+    def write(self, events: list) -> None:
+        """Append ``events`` (encoded); on an error (a full disk) the file is cut back to what it held, and the error
+        raised, so that the caller may keep the events instead."""
+        if self.count == 0 and events and type(events[0]) is EpisodeStart:
+            self.start = events[0]
+        data = encode(events)
+        try:
+            self.file.seek(self.size)
+            self.file.write(data)
+            self.file.flush()
+        except OSError:
+            self.file.seek(self.size)
+            self.file.truncate()
+            raise
+        self.count += len(events)
+        self.size += len(data)
+
+    def chunks(self, size: int = 1 << 20) -> Iterator[bytes]:
+        """The bytes written, ``size`` at a time."""
+        offset = 0
+        while offset < self.size:
+            chunk = self._read(offset, min(size, self.size - offset))
+            if not chunk:
+                raise OSError(f"the episode's spill file ends at byte {offset} of {self.size}")
+            offset += len(chunk)
+            yield chunk
+
+    def _read(self, offset: int, size: int) -> bytes:
+        if hasattr(os, "pread"):
+            return os.pread(self.file.fileno(), size, offset)
+        self.file.seek(offset)  # no pread (Windows): reads and writes come one at a time there, and write() seeks first
+        return self.file.read(size)
+
+    def events(self) -> Iterator[Event]:
+        """The events written, read back and parsed one line at a time (the first is :attr:`start` where kept)."""
+        lines = _lines_of(self.chunks())
+        if self.start is not None and next(lines, None) is not None:
+            yield self.start
+        for line in lines:
+            yield parse_event(orjson.loads(line))
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __del__(self) -> None:
+        # Its episode is done with (written, failed or cancelled): the file goes with it, without a ResourceWarning.
+        file = getattr(self, "file", None)  # None: the file could not be made
+        if file is not None:
+            file.close()
+
+
+class _TraceSpan:
+    """The lines of one episode in a trace file, from byte ``begin`` up to ``stop`` (its ``episode_end`` not
+    included): where :func:`read_records` leaves a long episode's events, read again when they are asked for."""
+
+    __slots__ = ("path", "begin", "stop", "count", "start", "typed")
+
+    def __init__(self, path: Path, begin: int, stop: int, count: int, start, typed: bool):
+        self.path, self.begin, self.stop, self.count, self.start, self.typed = path, begin, stop, count, start, typed
+
+    def chunks(self, size: int = 1 << 20) -> Iterator[bytes]:
+        with open(self.path, "rb") as handle:
+            handle.seek(self.begin)
+            left = self.stop - self.begin
+            while left > 0:
+                chunk = handle.read(min(size, left))
+                if not chunk:
+                    raise UserError("the trace file is shorter than when it was read (changed meanwhile?)", source=str(self.path))
+                left -= len(chunk)
+                yield chunk
+
+    def events(self) -> Iterator[Event | dict]:
+        lines = (line for line in _lines_of(self.chunks()) if line.strip())  # blank lines, as read_episodes skips them
+        if next(lines, None) is not None:
+            yield self.start  # parsed on the first pass
+        for line in lines:
+            event = orjson.loads(line)
+            yield parse_event(event) if self.typed else event
+
+
+class StoredEvents(Sequence):
+    """An episode's events, the older ones in a file and read back as they are asked for, the rest held: what a long
+    episode returns (:meth:`~negotiate.regulator.EpisodeState.trace`: its :class:`Spill`), and the events of a long
+    episode :func:`read_records` reads (the span of the trace file it came from).
+
+    Its length and its first and last events are at hand; iterating it reads and parses the stored events as it goes,
+    a megabyte at a time; :class:`TraceWriter` copies a spill's bytes as they are. An index into the stored part
+    reads up to it, and a slice makes a list of every event: for tests and short episodes, not for a long one's readers.
+    """
+
+    __slots__ = ("stored", "tail")
+
+    def __init__(self, stored: Spill | _TraceSpan, tail: list):
+        self.stored = stored
+        """Where the older events are: ``count`` of them, the first as ``start`` where it was kept."""
+        self.tail = tail
+        """The events held (an episode's own list, since its last spill: it may still grow)."""
+
+    def __len__(self) -> int:
+        return self.stored.count + len(self.tail)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return list(self)[index]
+        stored = self.stored.count
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("event index out of range")
+        if index >= stored:
+            return self.tail[index - stored]
+        if index == 0 and self.stored.start is not None:
+            return self.stored.start
+        return next(islice(self.stored.events(), index, None))
+
+    def __iter__(self) -> Iterator[Event]:
+        yield from self.stored.events()
+        yield from self.tail
+
+    def __reversed__(self) -> Iterator[Event]:
+        yield from reversed(self.tail)
+        yield from reversed(list(self.stored.events()))
+
+    def __repr__(self) -> str:
+        return f"StoredEvents({self.stored.count} stored, {len(self.tail)} held)"
+
+
+def _later(function, *args) -> Iterator:
+    """``function(*args)``, called only when the iterator is first asked (after what comes before it in a chain)."""
+    yield function(*args)
 
 
 class TraceWriteError(UserError):
@@ -516,22 +709,36 @@ class TraceWriter:
         self.episodes = 0
 
     def write(self, events: Iterable[Event | dict]) -> None:
-        self.write_encoded(encode(events))
+        """Append one episode. A long one's :class:`StoredEvents` are copied from its spill file a megabyte at a
+        time, the held events after them, with nothing else in between (no await: one episode's lines stay together)."""
+        if type(events) is StoredEvents:
+            self._write_parts(chain(events.stored.chunks(), _later(encode, events.tail)))
+        else:
+            self._write_parts((encode(events),))
 
     def write_encoded(self, data: bytes) -> None:
         """Append one episode already encoded by :func:`encode` (a worker process encoded it); a
         :class:`TraceWriteError` where the file takes no more (a full disk, a file size limit), and for every write
         after that one (an episode appended after a half-written one would corrupt the file's middle)."""
+        self._write_parts((data,))
+
+    def _write_parts(self, parts: Iterable[bytes]) -> None:
         if self._failed:
             raise self._error(OSError("an earlier write failed"))
+        begun = False
         try:
-            self._file.write(data)
+            for data in parts:
+                begun = True
+                self._file.write(data)
             self._file.flush()
             if self._fsync:
                 os.fsync(self._file.fileno())
         except OSError as error:
             self._failed = True
             raise self._error(error) from None
+        except BaseException:
+            self._failed = begun  # stopped part-way through an episode (Ctrl-C in a long one's copy): nothing may follow it
+            raise
         self.episodes += 1
 
     def _error(self, error: OSError) -> TraceWriteError:
@@ -640,11 +847,20 @@ def read_episodes(path: str | Path, *, allow_partial: bool = False,
     It keeps a 64-bit hash of each id read (about 50 bytes an episode: ``report`` must fit 20,000 episodes in 1.2 kB
     each, tests/test_report_memory.py); on a hash seen before, the file is read again to the first copy, to be sure.
     """
-    path = Path(path)
+    return _episodes_of(Path(path), allow_partial, on_skip, unique, lazy=False)
+
+
+def _episodes_of(path: Path, allow_partial: bool, on_skip: Callable[[str], None] | None, unique: bool,
+                 lazy: bool) -> Iterator[list[dict] | StoredEvents]:
+    """:func:`read_episodes`; with ``lazy``, an episode of more than :data:`SPILL_EVENTS` events comes as typed
+    :class:`StoredEvents` over its span of the file, read again when asked for (the first pass keeps only its first and
+    last events, so a 10**6-turn episode is never in memory whole)."""
     if not path.exists():
         raise UserError("no such trace file", source=str(path))
-    current: list[dict] | None = None
-    start_line = 0
+    current: list[dict] | None = None  # the open episode's events (emptied once it is left in the file: spanned)
+    first: dict | None = None
+    spanned = False
+    start_line = begin = count = 0
     broken: tuple[int, bytes] | None = None
     seen: set[int] | None = set() if unique else None  # the hash of each complete episode's id
 
@@ -652,7 +868,7 @@ def read_episodes(path: str | Path, *, allow_partial: bool = False,
         if on_skip is not None:
             on_skip(what)
 
-    for line_no, _offset, line in _lines(path):
+    for line_no, offset, line in _lines(path):
         if not line.strip():
             continue
         if broken is not None:
@@ -670,37 +886,46 @@ def read_episodes(path: str | Path, *, allow_partial: bool = False,
             if current is not None:
                 if not allow_partial:
                     raise UserError("episode has no episode_end (truncated)", source=f"{path}:{start_line}", field="episode",
-                                    value=current[0].get("episode"))
-                skip(f"{path}:{start_line}: episode {current[0].get('episode')!r} has no episode_end")
-            current, start_line = [event], line_no
+                                    value=first.get("episode"))
+                skip(f"{path}:{start_line}: episode {first.get('episode')!r} has no episode_end")
+            current, first, spanned, start_line, begin, count = [event], event, False, line_no, offset - len(line), 1
         elif kind is None:
             raise UserError("event has no 'type'", source=f"{path}:{line_no}", field="type", value=None)
         elif current is None:
             raise UserError("event before any episode_start", source=f"{path}:{line_no}", field="type", value=kind)
+        elif kind == "episode_end":
+            if seen is not None:
+                episode_id = first.get("episode")
+                key = hash(orjson.dumps(episode_id))  # any JSON value, told apart as written
+                if key in seen and (first_copy := _first_complete(path, episode_id, start_line)) is not None:
+                    raise twice_in_one_file(path, episode_id, first_copy, start_line)
+                seen.add(key)
+            if spanned:
+                yield StoredEvents(_TraceSpan(path, begin, offset - len(line), count, parse_event(first), True), [parse_event(event)])
+            else:
+                current.append(event)
+                yield current
+            current = None
+        elif spanned:
+            count += 1
         else:
             current.append(event)
-            if kind == "episode_end":
-                if seen is not None:
-                    episode_id = current[0].get("episode")
-                    key = hash(orjson.dumps(episode_id))  # any JSON value, told apart as written
-                    if key in seen and (first := _first_complete(path, episode_id, start_line)) is not None:
-                        raise twice_in_one_file(path, episode_id, first, start_line)
-                    seen.add(key)
-                yield current
-                current = None
+            count += 1
+            if lazy and count >= SPILL_EVENTS:
+                current, spanned = [], True
     if broken is not None:
         if not allow_partial or _binary(broken[1]):
             raise _not_json(path, *broken, last=True)
-        skip(f"{path}:{broken[0]}: a cut-off last line" + (f" of episode {current[0].get('episode')!r}" if current else ""))
+        skip(f"{path}:{broken[0]}: a cut-off last line" + (f" of episode {first.get('episode')!r}" if current is not None else ""))
         current = None
     if current is not None:
         if not allow_partial:
             raise UserError(
                 "episode has no episode_end (truncated; `--resume` of the command that wrote it repairs a killed run, `report` or `replay` "
                 "--allow-partial skips it)",
-                source=f"{path}:{start_line}", field="episode", value=current[0].get("episode"),
+                source=f"{path}:{start_line}", field="episode", value=first.get("episode"),
             )
-        skip(f"{path}:{start_line}: episode {current[0].get('episode')!r} has no episode_end")
+        skip(f"{path}:{start_line}: episode {first.get('episode')!r} has no episode_end")
 
 
 def _first_complete(path: Path, episode_id: object, before: int) -> int | None:
@@ -735,9 +960,13 @@ def twice_in_one_file(path: Path, episode_id: object, first: int, second: int) -
 def read_records(path: str | Path, *, allow_partial: bool = False,
                  on_skip: Callable[[str], None] | None = None, unique: bool = False) -> Iterator[EpisodeRecord]:
     """Each complete episode of a trace file (schema 1 or 2) as an :class:`EpisodeRecord`; errors as
-    :func:`read_episodes` (which yields the raw JSON objects, for tools that rewrite traces)."""
-    for events in read_episodes(path, allow_partial=allow_partial, on_skip=on_skip, unique=unique):
-        yield EpisodeRecord.of(events)
+    :func:`read_episodes` (which yields the raw JSON objects, for tools that rewrite traces).
+
+    An episode of more than :data:`SPILL_EVENTS` events is not read into memory: its record's ``events`` are
+    :class:`StoredEvents`, its start and end at hand and the rest read again from the file when iterated (a report of
+    one 10**6-turn episode held 2.5 GB of its events as dicts, and then as records)."""
+    for events in _episodes_of(Path(path), allow_partial, on_skip, unique, lazy=True):
+        yield EpisodeRecord.built(events) if type(events) is StoredEvents else EpisodeRecord.of(events)
 
 
 def scan(path: str | Path) -> ScanResult:

@@ -104,8 +104,8 @@ def start_event(episode_id: str, market: Market, seller, buyers: dict, labels: d
 
 def live_metrics(state: EpisodeState, opt_value=None) -> dict:
     by_role: dict[str, Counter] = {SELLER: Counter(), "buyer": Counter()}
-    for v in state.violations:
-        by_role[SELLER if v.who == SELLER else "buyer"][v.kind] += 1
+    for (role, kind), count in state.violations_by.items():  # counted as they came: the state keeps only the latest
+        by_role[role][kind] += count
     return episode_metrics(
         state.market, state.deals, turns_used=state.turns_used,
         seller_messages=state.messages_by[SELLER], seller_invalid=state.invalid_by[SELLER],
@@ -147,7 +147,8 @@ async def run_episode(
     inline_instant: bool = True,
     fresh: bool = False,
 ) -> Episode:
-    """Play one episode to its end and return it with its trace.
+    """Play one episode to its end and return it with its trace (a long one's events past the first
+    :data:`~negotiate.trace.SPILL_EVENTS` read back from the file it spilled them to: see :mod:`negotiate.trace`).
 
     ``buyers`` maps buyer ids (``b1``..) to agents; instant (scripted) buyers are
     called inline unless ``inline_instant`` is False. Each agent wait has a deadline:
@@ -193,4 +194,4 @@ async def run_episode(
         state.fail(f"{type(error).__name__}: {error}")
     metrics = live_metrics(state, opt_value) if state.outcome != Outcome.FAILED else None
     state.events.append(end_event(state, metrics, time.perf_counter() - began))
-    return Episode.built(state.events)
+    return Episode.built(state.trace())

@@ -107,9 +107,10 @@ class MarketSpec(BaseModel):
 KNOWN_PERSONAS = ("neutral", "begging", "insulting", "unyielding")
 """The personas with a prompt file of their own (``agents/prompts/personas/``)."""
 MAX_BUDGET = 10**6
-"""The most turns a spec may give a market. An episode holds its whole history until it ends (about 3 KB a turn:
-3 GB of memory and a 460 MB trace at this cap, ``benchmarks/bench_long.py --rss``); a 200 x 200 market's default
-budget is 60,000."""
+"""The most turns a spec may give a market: a 460 MB trace, and about a minute of a scripted episode, at this cap. Its
+memory does not grow with its turns (a long episode spills its events to a file as it goes, ``negotiate.trace``: a
+``serve`` of one 10**6-turn episode peaks at about 130 MB, ``benchmarks/bench_long.py --rss``); a 200 x 200 market's
+default budget is 60,000."""
 MAX_PRICE = 10**12
 """The highest price a spec may draw (a trillion): sums of prices stay exact in floats and in the trace's JSON."""
 

@@ -7,6 +7,14 @@ events, and apply its effect. A message that breaks a rule is a typed, counted
 :class:`Violation` and changes nothing. :func:`observe` is the only way private
 information reaches an agent. Nothing here awaits: the async bus and a plain
 synchronous loop drive the same state.
+
+What a state holds does not grow with its turns (issue 51: an episode held about 3 KB a turn,
+2.8 GB at the 10**6-turn cap). Every :data:`~negotiate.trace.SPILL_EVENTS` events a seller turn
+spills the trace events to the episode's own temporary file (:meth:`EpisodeState.trace` reads
+them all back), and cuts the seller's history to its latest :data:`HISTORY_KEPT` items and each
+buyer's thread to its latest :data:`THREAD_KEPT`: the windows observations show. Violations are
+counted by role and kind; the latest :data:`VIOLATIONS_KEPT` are kept. The rules themselves need
+none of what is cut: standing offers and bids, stock, statuses and the counts are kept exactly.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from typing import NamedTuple
 from negotiate.market import Market
 from negotiate.protocol import BUYER, SELLER, Action, BuyerStatus, Message, Notice, ParseFailure
 from negotiate.rules import MALFORMED, TIMEOUT, VIOLATIONS, buyer_violation, seller_violation  # the rules, and their kinds
-from negotiate.trace import DealEvent, EndReason, MessageEvent, NoticeEvent, Outcome, ViolationEvent
+from negotiate.trace import SPILL_EVENTS, DealEvent, EndReason, MessageEvent, NoticeEvent, Outcome, Spill, StoredEvents, ViolationEvent
 
 __all__ = [
     "EpisodeState",
@@ -34,9 +42,21 @@ __all__ = [
     "observe",
     "VIOLATIONS",
     "BudgetExceeded",
+    "HISTORY_KEPT",
+    "THREAD_KEPT",
+    "VIOLATIONS_KEPT",
 ]
 
 ACTIVE, SERVED, GONE = BuyerStatus.ACTIVE, BuyerStatus.SERVED, BuyerStatus.GONE
+
+HISTORY_KEPT = 2048
+"""The most items a seller's ``history`` shows: its latest messages and notices, every buyer's together (about 680
+turns of a 1x1 market; the prompt views show the latest 8 of each buyer's and 6 notices). An episode keeps no more
+than this and the items since its last :meth:`EpisodeState._bound`, so what it holds does not grow with its turns."""
+THREAD_KEPT = 256
+"""The most items a buyer's ``thread`` shows: its latest messages and notices (128 rounds of offer and reply)."""
+VIOLATIONS_KEPT = 100
+"""The latest violations :attr:`EpisodeState.violations` keeps; every one is counted, by kind and by role."""
 
 
 class BudgetExceeded(RuntimeError):
@@ -78,8 +98,11 @@ class _BuyerState:
     bid: tuple[str, int] | None = None
     """This buyer's standing bid."""
     thread: list = field(default_factory=list)
-    """Messages and notices this buyer can see (seller thoughts removed). Append-only: observations hold views of it."""
+    """Messages and notices this buyer can see (seller thoughts removed), the latest of them: append-only, and cut to
+    the latest :data:`THREAD_KEPT` by replacing the list (observations hold views of the old one)."""
     messages_received: int = 0
+    dropped: int = 0
+    """Items of the thread cut off before ``thread[0]``."""
 
 
 class ProductView(NamedTuple):
@@ -112,7 +135,7 @@ _make = tuple.__new__
 
 
 class History(Sequence):
-    """An append-only list seen up to the length it had when the view was taken.
+    """An append-only list seen up to the length it had when the view was taken: the latest items of a history.
 
     Observations carry the seller's history and a buyer's thread as views, not copies: a
     copy per decision made an episode cost the square of its turns (90 us per decision at
@@ -120,37 +143,44 @@ class History(Sequence):
     fixed at a length always shows the same items, however long the episode goes on. It
     supports ``len``, indexing, slicing (a slice is a tuple), iteration and ``in``, and
     compares equal to a tuple of the same items.
+
+    A view shows at most the latest :data:`HISTORY_KEPT` items of the seller's history, or :data:`THREAD_KEPT` of a
+    buyer's thread: a long episode does not keep the rest (``History(items)`` itself shows all it is given). ``dropped``
+    counts the items of the history before the view's first, which it does not show.
     """
 
-    __slots__ = ("_items", "_len")
+    __slots__ = ("_items", "_start", "_stop", "dropped")
 
-    def __init__(self, items: list, length: int | None = None):
+    def __init__(self, items: list, length: int | None = None, dropped: int = 0):
         self._items = items
-        self._len = len(items) if length is None else length
+        self._start = 0
+        self._stop = len(items) if length is None else length
+        self.dropped = dropped
+        """Items of the history before this view's first: not shown, and not kept."""
 
     def __len__(self) -> int:
-        return self._len
+        return self._stop - self._start
 
     def __getitem__(self, index):
+        start = self._start
         if isinstance(index, slice):
-            return tuple(map(self._items.__getitem__, range(*index.indices(self._len))))
+            shown = range(*index.indices(self._stop - start))
+            return tuple(map(self._items.__getitem__, range(shown.start + start, shown.stop + start, shown.step)))
         if index < 0:
-            index += self._len
-        if not 0 <= index < self._len:
+            index += self._stop - start
+        if not 0 <= index < self._stop - start:
             raise IndexError("history index out of range")
-        return self._items[index]
+        return self._items[start + index]
 
     def __iter__(self):
-        return islice(self._items, self._len)
+        return islice(self._items, self._start, self._stop)
 
     def __reversed__(self):
-        return map(self._items.__getitem__, range(self._len - 1, -1, -1))
+        return map(self._items.__getitem__, range(self._stop - 1, self._start - 1, -1))
 
     def __eq__(self, other) -> bool:
-        if isinstance(other, History):
-            return self._len == other._len and all(a == b for a, b in zip(self, other))
-        if isinstance(other, tuple):
-            return self._len == len(other) and all(a == b for a, b in zip(self, other))
+        if isinstance(other, (History, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
         return NotImplemented
 
     def __hash__(self) -> int:
@@ -166,7 +196,20 @@ class History(Sequence):
         return f"History({list(self)!r})"
 
     def __reduce__(self):
-        return History, (self._items[: self._len],)
+        return History, (self._items[self._start:self._stop], None, self.dropped)
+
+
+_history = object.__new__
+
+
+def _latest(items: list, keep: int, dropped: int) -> History:
+    """A view of the latest ``keep`` items of ``items`` (of a history that had ``dropped`` items before ``items[0]``);
+    built without ``__init__``: one is made per decision."""
+    view = _history(History)
+    stop = len(items)
+    start = stop - keep if stop > keep else 0
+    view._items, view._start, view._stop, view.dropped = items, start, stop, dropped + start
+    return view
 
 
 class SellerObservation(NamedTuple):
@@ -182,7 +225,8 @@ class SellerObservation(NamedTuple):
     new: tuple[Message | Notice, ...]
     """Replies and notices since the seller last acted."""
     history: History
-    """Every message and notice the seller has seen (buyers' thoughts removed), oldest first: a view, not a copy."""
+    """The messages and notices the seller has seen (buyers' thoughts removed), oldest first, the latest
+    :data:`HISTORY_KEPT` of them: a view, not a copy (``history.dropped`` counts those before)."""
 
     @property
     def budget_left(self) -> int:
@@ -206,7 +250,8 @@ class BuyerObservation(NamedTuple):
     rounds: int
     """Seller messages this buyer has received, this one included."""
     thread: History
-    """Every message and notice of this buyer's conversation (seller thoughts removed), oldest first: a view, not a copy."""
+    """The messages and notices of this buyer's conversation (seller thoughts removed), oldest first, the latest
+    :data:`THREAD_KEPT` of them: a view, not a copy (``thread.dropped`` counts those before)."""
 
 
 def _public(message: Message) -> Message:
@@ -218,7 +263,17 @@ def _public(message: Message) -> Message:
 class EpisodeState:
     """Mutable state of one episode, with the regulator's rules."""
 
-    def __init__(self, market: Market, clock=time.perf_counter, *, episode: str = ""):
+    # What only a long episode changes is a class attribute until then: a short episode's state (and each fork of
+    # it, thousands a second in replays) has four fewer entries to fill and copy.
+    spill_dir: str | None = None
+    """Where a long episode spills its events (None: the system's temporary folder); see :meth:`_bound`."""
+    _spill: Spill | None = None
+    _bound_at: int = SPILL_EVENTS
+    """The length of ``events`` at which a seller turn next calls :meth:`_bound`."""
+    _seller_dropped: int = 0
+    """Items of the seller's history cut off before ``_seller_history[0]``."""
+
+    def __init__(self, market: Market, clock=time.perf_counter, *, episode: str = "", spill_dir: str | None = None):
         self.market = market
         self.episode = episode
         """Episode id stamped on every event."""
@@ -230,8 +285,9 @@ class EpisodeState:
         self.turns_used = 0
         self.deals: list[Deal] = []
         self.violations: list[Violation] = []
-        self.violation_counts: dict[str, int] = {}
-        """Violations by kind, both roles."""
+        """The latest :data:`VIOLATIONS_KEPT` violations (the counts below have every one)."""
+        self.violations_by: dict[tuple[str, str], int] = {}
+        """Violations by (role, kind): role ``seller`` or ``buyer`` (:attr:`violation_counts` sums the roles)."""
         self.invalid_by = {SELLER: 0, BUYER: 0}
         """Invalid messages per sender role (``seller``, ``buyer``)."""
         self.messages_by = {SELLER: 0, BUYER: 0}
@@ -239,7 +295,10 @@ class EpisodeState:
         """None while running; then ``terminated``, ``truncated`` or ``failed``."""
         self.reason: str | None = None
         self.events: list = []
-        """The episode's trace events (``negotiate.trace`` records), in order."""
+        """The episode's trace events (``negotiate.trace`` records), in order, since its last spill: :meth:`trace` has
+        them all."""
+        if spill_dir is not None:
+            self.spill_dir = spill_dir
         self._clock = clock
         self._t0 = clock()
         self._products_view: tuple[ProductView, ...] | None = None
@@ -248,7 +307,8 @@ class EpisodeState:
         """The same without costs, for buyers."""
         self._seller_new: list[Message | Notice] = []
         self._seller_history: list[Message | Notice] = []
-        """Append-only: observations hold views of it (:class:`History`)."""
+        """Append-only, and cut to the latest :data:`HISTORY_KEPT` by replacing the list: observations hold views of it
+        (:class:`History`)."""
         self.on_finish: list = []
         """Callbacks run once when the outcome is set (the bus stops a seller still thinking)."""
 
@@ -256,26 +316,67 @@ class EpisodeState:
         """A copy to play on from here, this state untouched: a replay of the market from this point
         (``negotiate.rollout``). Market, catalog views and clock are shared (immutable); everything a message
         changes is copied: stock, buyers and their threads, deals, violations, counts, the seller's history and
-        what it has not yet read. The copy's ``events`` start empty (its own, from the fork on) and it has no
-        ``on_finish`` callbacks (no bus drives it yet). Cost: linear in the history so far."""
+        what it has not yet read. The copy's ``events`` start empty (its own, from the fork on, spilled to a file of
+        its own if it goes on long) and it has no ``on_finish`` callbacks (no bus drives it yet). Cost: linear in the
+        histories kept (:data:`HISTORY_KEPT`, :data:`THREAD_KEPT`), not in the turns so far."""
         new = object.__new__(EpisodeState)
         new.__dict__.update(self.__dict__)
         new.stock = list(self.stock)
-        new.buyers = [_BuyerState(b.id, b.index, b.status, b.awaiting, b.offer, b.bid, list(b.thread), b.messages_received)
+        new.buyers = [_BuyerState(b.id, b.index, b.status, b.awaiting, b.offer, b.bid, list(b.thread), b.messages_received, b.dropped)
                       for b in self.buyers]
         new._buyer_by_id = {b.id: b for b in new.buyers}
         new.deals = list(self.deals)
         new.violations = list(self.violations)
-        new.violation_counts = dict(self.violation_counts)
+        new.violations_by = dict(self.violations_by)
         new.invalid_by = dict(self.invalid_by)
         new.messages_by = dict(self.messages_by)
         new.events = []
+        if self._spill is not None:
+            new._spill = None  # the copy's events are its own: it spills (if ever) to a file of its own
         new._seller_new = list(self._seller_new)
         new._seller_history = list(self._seller_history)
         new.on_finish = []
         return new
 
+    def trace(self) -> list | StoredEvents:
+        """Every event of the episode so far, in order: ``events`` itself, or, once the episode has spilled (a long
+        one), a :class:`~negotiate.trace.StoredEvents` reading the older ones back from its file."""
+        return self.events if self._spill is None else StoredEvents(self._spill, self.events)
+
+    def _bound(self) -> None:
+        """Keep what a long episode holds flat in its turns: spill its events to its file (where the file cannot be
+        made or written, a full disk or no file handles left, they stay here, and the next try is
+        :data:`~negotiate.trace.SPILL_EVENTS` events on), and cut the seller's history and each buyer's thread to the
+        items their views show. A seller turn calls it once ``events`` holds ``SPILL_EVENTS`` (checked once a turn:
+        a list's length against a number), so each list holds at most its bound and the items of those events."""
+        events = self.events
+        try:
+            if self._spill is None:
+                self._spill = Spill(self.spill_dir)
+            self._spill.write(events)
+        except OSError:
+            self._bound_at = len(events) + SPILL_EVENTS
+        else:
+            events.clear()
+            self._bound_at = SPILL_EVENTS
+        history = self._seller_history
+        if len(history) > HISTORY_KEPT:
+            self._seller_dropped += len(history) - HISTORY_KEPT
+            self._seller_history = history[-HISTORY_KEPT:]  # a new list: views of the old one keep what they show
+        for buyer in self.buyers:
+            if len(buyer.thread) > THREAD_KEPT:
+                buyer.dropped += len(buyer.thread) - THREAD_KEPT
+                buyer.thread = buyer.thread[-THREAD_KEPT:]
+
     # -- bookkeeping -------------------------------------------------------------
+
+    @property
+    def violation_counts(self) -> dict[str, int]:
+        """Violations by kind, both roles."""
+        counts: dict[str, int] = {}
+        for (_, kind), count in self.violations_by.items():
+            counts[kind] = counts.get(kind, 0) + count
+        return counts
 
     @property
     def done(self) -> bool:
@@ -309,9 +410,12 @@ class EpisodeState:
         return self._clock() - self._t0
 
     def _violate(self, who: str, kind: str, detail: str) -> None:
-        violation = Violation(who, kind, detail, self.turns_used)
-        self.violations.append(violation)
-        self.violation_counts[kind] = self.violation_counts.get(kind, 0) + 1
+        violations = self.violations
+        violations.append(Violation(who, kind, detail, self.turns_used))
+        if len(violations) > VIOLATIONS_KEPT:
+            del violations[0]
+        key = (SELLER if who == SELLER else BUYER, kind)
+        self.violations_by[key] = self.violations_by.get(key, 0) + 1
         self.events.append(ViolationEvent(self.episode, self._ts(), self.turns_used, who, kind, detail))
         self._notify(who, "violation", f"{kind}: {detail}")
 
@@ -396,6 +500,8 @@ class EpisodeState:
             raise RuntimeError("seller_send after the episode ended")
         if self.turns_used >= self.market.budget:
             raise BudgetExceeded(f"turn {self.turns_used + 1} exceeds the budget of {self.market.budget}")
+        if len(self.events) >= self._bound_at:
+            self._bound()
         self.turns_used += 1
         invalid = self._check_seller(result) if isinstance(result, Message) and result.action.kind != "end" else None
         self._record_message(SELLER, result, raw, extra, self.turns_used, invalid)
@@ -435,6 +541,8 @@ class EpisodeState:
 
     def seller_timeout(self, seconds: float) -> None:
         """The seller said nothing in time: the turn is spent, a violation counted."""
+        if len(self.events) >= self._bound_at:
+            self._bound()
         self.turns_used += 1
         self.invalid_by[SELLER] += 1
         self.messages_by[SELLER] += 1
@@ -533,7 +641,7 @@ class EpisodeState:
             self._products_view or self._seller_products(),
             tuple([_make(BuyerView, (b.id, b.status, b.awaiting, b.offer, b.bid)) for b in self.buyers]),
             new,
-            History(self._seller_history),
+            _latest(self._seller_history, HISTORY_KEPT, self._seller_dropped),
         ))
 
     def _seller_products(self) -> tuple[ProductView, ...]:
@@ -559,7 +667,7 @@ class EpisodeState:
             buyer.bid,
             _public(message) if message is not None else None,
             buyer.messages_received,
-            History(buyer.thread),
+            _latest(buyer.thread, THREAD_KEPT, buyer.dropped),
         ))
 
 

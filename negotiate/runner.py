@@ -12,7 +12,9 @@ an interrupted run keeps every completed episode and ``resume`` runs only the re
 Nothing a run holds grows with ``--episodes``: its jobs are made one at a time as
 they are taken (:class:`Jobs`), and a finished episode goes to its trace and is
 forgotten (the end-of-run table reads the traces back). Only resume holds the
-indices the traces already have.
+indices the traces already have. Nor does it grow with an episode's turns: a long
+episode spills its events to an unnamed file in the run's folder as it goes, and
+its trace is copied from there when it ends (:mod:`negotiate.trace`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from negotiate.episode import Episode
 from negotiate.errors import UserError
 from negotiate.market import MarketSpec, resolve_spec
 from negotiate.metrics import opt
+from negotiate.regulator import EpisodeState
 from negotiate.run import Run, RunConfig, build_buyers, check_timeout, market_seed, slug
 from negotiate.trace import Outcome, drop_failed, scan
 
@@ -183,7 +186,9 @@ async def play(run: Run, job: Job, *, opt_cache: dict | None = None) -> Episode:
         opt_value = await anyio.to_thread.run_sync(opt, market) if cells >= 10_000 else opt(market)
         if opt_cache is not None:
             opt_cache[market.seed] = opt_value
-    return await plan.play(opt_value=opt_value)
+    # A long episode spills its events beside the trace they go to (same disk; the file has no name, and goes with it).
+    state = EpisodeState(market, episode=plan.episode_id, spill_dir=run.out)
+    return await plan.play(opt_value=opt_value, state=state)
 
 
 async def run_batch(

@@ -22,6 +22,6 @@ def render_buyer(obs: BuyerObservation, fmt: str = "json") -> list[dict]:
     if obs.message is not None and obs.message not in obs.thread:
         lines.append(_line(obs.message, "seller"))
     user = _fill(
-        "buyer_state.md", catalog=catalog, thread="\n".join(_thread_lines(lines, "", "(nothing yet)")), offer=_standing(obs.offer), bid=_standing(obs.bid),
+        "buyer_state.md", catalog=catalog, thread="\n".join(_thread_lines(lines, "", "(nothing yet)", getattr(obs.thread, "dropped", 0))), offer=_standing(obs.offer), bid=_standing(obs.bid),
     )
     return [{"role": "system", "content": _buyer_system(obs.buyer, obs.persona, fmt)}, {"role": "user", "content": user}]

@@ -15,7 +15,8 @@ __all__ = ["CompactView", "render_seller_compact"]
 
 
 def _bids_of(obs: SellerObservation) -> dict[str, list[tuple[str, int]]]:
-    """Each buyer's bids in the seller's history, in order: (product, price)."""
+    """Each buyer's bids in the seller's history, in order: (product, price). The history is the latest
+    ``HISTORY_KEPT`` items (``negotiate.regulator``), so this reads at most that many, however long the episode."""
     bids: dict[str, list[tuple[str, int]]] = {b.id: [] for b in obs.buyers}
     for item in obs.history:
         if isinstance(item, Message) and item.sender in bids and item.action.kind == "bid" and item.action.product:

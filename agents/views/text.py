@@ -148,10 +148,12 @@ def _line_of(action: Action, talk: str, who: str) -> str:
     return f"{who}: {action}" + (f' "{talk}"' if talk else "")
 
 
-def _thread_lines(items: list[str], indent: str, empty: str | None = None) -> list[str]:
+def _thread_lines(items: list[str], indent: str, empty: str | None = None, earlier: int = 0) -> list[str]:
+    """A thread's latest ``THREAD_SHOWN`` lines, after a count of the rest: those in ``items`` and ``earlier`` more
+    before them (a long episode's thread keeps only its latest items: ``History.dropped``)."""
     if not items:
         return [indent + empty] if empty else []
-    hidden = len(items) - THREAD_SHOWN
+    hidden = len(items) + earlier - THREAD_SHOWN
     shown = items[-THREAD_SHOWN:]
     return ([f"{indent}({hidden} earlier messages)"] if hidden > 0 else []) + [indent + item for item in shown]
 
@@ -163,7 +165,9 @@ def _stock(units: int) -> str:
 def _seller_threads(obs: SellerObservation, *, talk: bool) -> tuple[dict[str, list[str]], list[str], str]:
     """What the seller's history holds, per buyer: its thread of lines (with the talk or without), a message the
     regulator refused marked where it happened; the other notices, as lines; and the text of the latest
-    violation notice since the seller's last message ("" when there is none)."""
+    violation notice since the seller's last message ("" when there is none). The history is the latest
+    ``HISTORY_KEPT`` (2,048) items of every buyer together (``negotiate.regulator``), so in a long episode a thread
+    is what of it they hold, and its count of earlier messages counts those."""
     threads: dict[str, list[str]] = {b.id: [] for b in obs.buyers}
     notices: list[str] = []
     latest = ""

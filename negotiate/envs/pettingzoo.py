@@ -211,7 +211,7 @@ class NegotiationEnv(AECEnv):
         if self.render_mode is None or self.state_ is None:
             return None
         lines = []
-        for event in self.state_.events:
+        for event in self.state_.trace():  # a long episode's older events are in its spill file
             if event.type == "message":
                 what = str(Action(**event.action)) if event.action else f"invalid: {event.error}"
                 lines.append(f"{event.sender} -> {event.to or '-'}: {what} {event.talk}".rstrip())

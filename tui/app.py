@@ -42,7 +42,12 @@ class NegotiateApp(App[None]):
     ENABLE_COMMAND_PALETTE = False
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (MIN_SIZE[0], "-wide"), (120, "-wider")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (MIN_SIZE[1], "-tall")]
-    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
+    BINDINGS = [
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+        # The same key, unlisted, where the screen lists a quit key of its own (q in the results and the replay):
+        # the footer named Quit twice there.
+        Binding("ctrl+q", "quit('unlisted')", "Quit", show=False, priority=True),
+    ]
 
     def __init__(self, *, session: PlaySession | None = None, episodes: list[Recorded] | None = None,
                  source: str = "", index: int = 0) -> None:
@@ -103,7 +108,12 @@ class NegotiateApp(App[None]):
 
         return ReplayScreen(self.episodes, self.source, self.index)
 
-    async def action_quit(self) -> None:
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action == "quit":  # one of ctrl+q's two bindings: listed unless the screen lists its own quit key
+            return (parameters == ("unlisted",)) == bool(getattr(self.screen, "lists_quit", False))
+        return True
+
+    async def action_quit(self, _unlisted: str = "") -> None:
         session = self.session
         if session is not None and session.result is None and time.monotonic() - self._quit_asked > 3:
             self._quit_asked = time.monotonic()

@@ -17,11 +17,11 @@ __all__ = ["BuyerScreen"]
 
 
 RULES_BUYER = Text(
-    "You want one item.\n"
-    "Surplus = your value - the price.\n"
+    "You want one item. Surplus =\n"
+    "value - price; bid within value.\n"
+    "On your turn the market waits.\n"
     "The seller bargains with every\n"
-    "buyer at once; stock is short.\n"
-    "A bid may not exceed your value.",
+    "buyer at once; stock is short.",
     style="dim",
 )
 
@@ -56,6 +56,12 @@ class BuyerScreen(PlayScreen):
         self.query_one("#standing").border_title = "Where you stand"
         self.query_one("#rules").border_title = "How it works"
         self.query_one(Composer).border_title = "Your reply"
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self._news: list[tuple[int, Notice]] = []
+        """What the market did that this buyer's thread does not say (a unit sold to another buyer), and where in the
+        thread it happened: shown in the conversation, in its place."""
 
     def reset_tables(self) -> None:
         table = self.query_one("#values", DataTable)
@@ -104,7 +110,7 @@ class BuyerScreen(PlayScreen):
         stock = {p.id: p.stock for p in obs.products}
         for pid, before in getattr(self, "_stock", stock).items():
             if before and not stock[pid] and (deal is None or deal.action.product != pid):
-                self.notify(f"{pid} has been sold to another buyer", timeout=5)
+                self._news.append((len(obs.thread), Notice(session.human_id, "sold_out", f"{pid} sold to another buyer")))
         self._stock = stock
         left = sum(p.stock for p in obs.products)
         turns, budget = session.seller_turns()
@@ -112,10 +118,29 @@ class BuyerScreen(PlayScreen):
         standing.append("\nSeller's turns left: ", style="dim")
         standing.append(f"{turns} of {budget}", style="bold red" if turns <= 2 else "dim")
         self.query_one("#standing", Static).update(standing)
-        self.query_one(Conversation).show(thread_text(obs.thread, session.human_id))
+        self.query_one(Conversation).show(thread_text(self._with_news(obs.thread), session.human_id))
         composer = self.query_one(Composer)
         composer.set_products([(p.id if p.stock else f"{p.id} sold", p.id, p.stock > 0) for p in obs.products])
+        # The market holds still while it is this person's turn (PlaySession.wait_for_person): say so where they type.
+        composer.border_title = "Your reply · the market waits for you" if session.person_owes and self.result is None else "Your reply"
         self._status(obs, offer, deal, left_market)
+
+    def _with_news(self, thread) -> list:
+        """The thread with the market's news in the places it happened."""
+        items = list(thread)
+        for at, notice in reversed(self._news):
+            items.insert(min(at, len(items)), notice)
+        return items
+
+    def turn_started(self, obs) -> None:
+        """A reply is about the product the person chose last (their bid's), and stays so: the seller's offer on
+        another product is in the status line, and ^y takes it. Only a composer with no product (the first turn, or
+        the chosen one sold) starts on the offer's product (it used to switch to it at every offer, without a word)."""
+        composer = self.query_one(Composer)
+        offer = live(obs.offer, obs.products)
+        if composer.product is None and offer is not None:
+            composer.choose_product(offer[0])
+        super().turn_started(obs)
 
     def _left(self, thread) -> bool:
         """Whether this person has left the market (sent ``quit``)."""
@@ -159,10 +184,10 @@ class BuyerScreen(PlayScreen):
                 composer.error(f"the offer, {offer[0]} at ${offer[1]}, is above your value of it (${value}); bid lower instead")
                 return
             composer.fill("accept", offer[0], offer[1], focus="talk")
-        elif kind == "bid":
-            in_stock = [p.id for p in obs.products if p.stock]
-            favourite = max(in_stock, key=lambda pid: obs.values[[p.id for p in obs.products].index(pid)], default=None)
-            product = offer[0] if offer else favourite
+        elif kind == "bid":  # on the product chosen; with none, the offer's, else the one the person values most
+            in_stock = composer.available()
+            favourite = max(in_stock, key=lambda pid: _value_of(obs, pid), default=None)
+            product = composer.product or (offer[0] if offer else favourite)
             composer.fill("bid", product, None, focus="price")
         else:
             composer.fill(kind, focus="talk")

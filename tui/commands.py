@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from negotiate.runner import preload_models, run_async
 from negotiate.tui.session import PlaySession, fresh_seed
 from negotiate.tui.transcript import find_episode, load_trace, plain_transcript
 
-__all__ = ["play", "replay", "prepare", "web_driven", "WEB_DRIVER"]
+__all__ = ["play", "replay", "prepare", "exit_summary", "web_driven", "WEB_DRIVER"]
 
 
 WEB_DRIVER = "textual.drivers.web_driver:WebDriver"
@@ -74,17 +75,27 @@ def play(settings, *, index: int | None = None) -> int:
     if session.result is None:
         say(f"negotiate play: seed {seed}; {session.abandon_note()}")
         return app.return_code or 0
+    for line in exit_summary(session, seed):
+        say(line)
+    return 1 if session.result.episode.outcome == "failed" else 0
+
+
+def exit_summary(session: PlaySession, seed: int) -> list[str]:
+    """What ``play`` prints after a finished episode: how it went, where it is kept, and the command that replays it on a
+    line of its own (it used to follow the path on one line of 125 columns, which the terminal wrapped in the middle of
+    the command): with the default folder every line fits 80 columns. The path is quoted for the shell, so the line can
+    be pasted as it is."""
     episode = session.result.episode
-    m = episode.metrics or {}
-    replay_hint = f"replay: negotiate replay {session.trace_path} --episode {episode.id}"
+    trace = shlex.quote(str(session.trace_path))
+    replay_line = f"  negotiate replay {trace} --episode {shlex.quote(episode.id)}"
     if episode.outcome == "failed":
-        say(f"negotiate play: the episode failed ({episode.reason}); seed {seed}")
-        say(f"kept in {session.trace_path} as {episode.id}, marked failed (training skips it); {replay_hint}")
-        return 1
-    say(f"negotiate play: {episode.outcome} ({episode.reason}); profit/OPT {_r(m.get('profit_ratio'))}, "
-        f"welfare/OPT {_r(m.get('welfare_ratio'))}, {m.get('deals', 0)} deals; seed {seed}")
-    say(f"saved to {session.trace_path} as {episode.id}; {replay_hint}")
-    return 0
+        return [f"negotiate play: the episode failed ({episode.reason}); seed {seed}",
+                f"kept in {session.trace_path} as {episode.id}, marked failed (training skips it); to replay it:", replay_line]
+    m = episode.metrics or {}
+    deals = m.get("deals", 0)
+    return [f"negotiate play: {episode.outcome} ({episode.reason}), {deals} deal{'s' if deals != 1 else ''}",
+            f"profit/OPT {_r(m.get('profit_ratio'))}, welfare/OPT {_r(m.get('welfare_ratio'))}; market seed {seed}",
+            f"saved to {session.trace_path} as {episode.id}; to replay it:", replay_line]
 
 
 def prepare(settings, seed: int, *, index: int | None = None, say=print) -> PlaySession:

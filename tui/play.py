@@ -40,7 +40,10 @@ __all__ = ["PlayScreen", "thread_text", "product_name", "fill_table", "live", "b
 
 
 def thread_text(items, me: str) -> Table | None:
-    """A conversation, literally: who spoke, their talk and their action (wrapped under the talk); notices dimmed."""
+    """A conversation, literally: who spoke, their talk and their action (wrapped under the talk); the market's
+    notices between them, dimmed (a refused message's in red). The notices are the news of the market (a deal, a
+    product sold out): shown in the conversation where they happened, they cover nothing (as toasts, two of them hid 4
+    of 5 buyer rows at 80x24, just as a deal was made)."""
     if not items:
         return None
     grid = Table.grid(padding=(0, 1), expand=True)
@@ -48,7 +51,8 @@ def thread_text(items, me: str) -> Table | None:
     grid.add_column(ratio=1)
     for item in items:
         if isinstance(item, Notice):
-            grid.add_row(Text("·", style="dim"), Text(clean(item.text), style="dim italic"))
+            style = "bold red" if item.kind == "violation" else "dim italic"
+            grid.add_row(Text("·", style="dim"), Text(clean(item.text), style=style))
             continue
         mine = item.sender == me
         who = Text("you" if mine else clean(item.sender), style="bold cyan" if mine else "bold yellow")
@@ -101,6 +105,10 @@ class PlayScreen(Screen):
 
     AUTO_FOCUS = ""  # none: the composer's first field (the price, or the action) takes the focus when a turn starts
     BINDINGS = [
+        # Tab moves the cursor before the next key is read: as the screen's own (not priority) binding it came after
+        # the keys already queued, so in a browser, where keys come in a burst, "Tab hello" put "h" in the price.
+        Binding("tab", "app.focus_next", show=False, priority=True),
+        Binding("shift+tab", "app.focus_previous", show=False, priority=True),
         Binding("ctrl+s", "send", "Send", priority=True),
         Binding("escape", "board", "Leave field", show=False),
         Binding("v", "results", "Results"),
@@ -199,10 +207,6 @@ class PlayScreen(Screen):
         """The bus now waits for the person: put the cursor in the composer's first field, the action's price (the
         action itself when it takes none), unless it is in the composer already. The talk comes after it (Tab): a
         price typed first used to land in the talk."""
-        offer = live(getattr(obs, "offer", None), obs.products)
-        if offer is not None:
-            self.query_one(Composer).choose_product(offer[0])  # a bid or an accept is most likely about it
-
         before = self.focused
         self.focus_pending = True
 

@@ -275,6 +275,11 @@ class ReplayScreen(Screen):
             return (parameters[:1] == ("back",)) == self._nested()
         return self.ready
 
+    @property
+    def lists_quit(self) -> bool:
+        """Whether the footer lists q as Quit (the app leaves ctrl+q unlisted then): alone, not over a play's results."""
+        return not self._nested()
+
     def _nested(self) -> bool:
         """Opened over another screen (a play's results): leaving goes back to it."""
         return len(self.app.screen_stack) > 1

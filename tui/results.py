@@ -32,6 +32,8 @@ class ResultScreen(ModalScreen[None]):
         Binding("v", "replay", "Replay this episode"),
         Binding("q", "quit", "Quit"),  # the screen's own action, so that the typing guard below holds it back too
     ]
+    lists_quit = True
+    """Its footer lists q, which quits as ctrl+q does (the app leaves ctrl+q unlisted here)."""
     GRACE = 0.8
     """Seconds the keys wait after the results appear: the person may still be typing a message."""
 

@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Header, Label, ProgressBar, Tab, Tabs
 
-from negotiate.protocol import SELLER, Message, Notice
+from negotiate.protocol import SELLER, Message
 
 from negotiate.tui.play import PlayScreen, board_table, fill_table, live, product_name, thread_text
 from negotiate.tui.session import PlaySession
@@ -21,6 +21,10 @@ from negotiate.tui.text import esc
 from negotiate.tui.widgets import Composer, Conversation, TooSmall
 
 __all__ = ["SellerScreen"]
+
+
+TAB_LEGEND = "● unread · … owes a reply · ✓ bought · ✗ left"
+"""What the marks on the buyer tabs mean (under the conversation, whose tabs they are)."""
 
 
 class SellerScreen(PlayScreen):
@@ -41,7 +45,6 @@ class SellerScreen(PlayScreen):
         super().__init__(session)
         self.active = session.market.buyers[0].id
         self.seen: dict[str, int] = {b.id: 0 for b in session.market.buyers}
-        self._notices = 0
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -68,6 +71,7 @@ class SellerScreen(PlayScreen):
         buyers = self.query_one("#buyers", DataTable)
         buyers.border_title = "Buyers: your offers, their bids"
         buyers.add_columns(*(Text(f" {title}") for title in ("", "state", "offer", "bid", "deal")))
+        self.query_one(Conversation).border_subtitle = TAB_LEGEND
 
     def reset_tables(self) -> None:
         catalog = self.query_one("#catalog", DataTable)
@@ -77,9 +81,18 @@ class SellerScreen(PlayScreen):
 
     # -- drawing ----------------------------------------------------------------------
 
-    def _conversation(self, obs, buyer: str) -> list:
-        return [item for item in obs.history if isinstance(item, Message)
-                and (item.sender == buyer or (item.sender == SELLER and item.to == buyer))]
+    def _conversation(self, obs, buyer: str, *, notices: bool = False) -> list:
+        """The messages between the seller and ``buyer``; with ``notices``, the market's notices too: a deal or a
+        refused message after the exchange it came from, a product sold out in every conversation."""
+        items, party = [], None
+        for item in obs.history:
+            if isinstance(item, Message):
+                party = item.to if item.sender == SELLER else item.sender
+                if party == buyer:
+                    items.append(item)
+            elif notices and (party == buyer or item.kind not in ("deal", "violation")):
+                items.append(item)
+        return items
 
     def _deal(self, items) -> Message | None:
         return next((item for item in reversed(items) if item.action.kind == "accept"), None)
@@ -122,11 +135,7 @@ class SellerScreen(PlayScreen):
         fill_table(self.query_one("#buyers", DataTable), rows)
         conversation = self.query_one(Conversation)
         conversation.border_title = esc(f"Conversation with {self.active}")
-        conversation.show(thread_text(self._conversation(obs, self.active), SELLER))
-        for item in obs.history[self._notices:]:
-            if isinstance(item, Notice):
-                self.notify(esc(item.text), severity="error" if item.kind == "violation" else "information", timeout=6)
-        self._notices = len(obs.history)
+        conversation.show(thread_text(self._conversation(obs, self.active, notices=True), SELLER))
         composer = self.query_one(Composer)
         composer.border_title = esc(f"Your message to {self.active}")
         composer.set_products([(p.id if p.stock else f"{p.id} sold", p.id, p.stock > 0) for p in obs.products])

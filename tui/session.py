@@ -21,6 +21,17 @@ Two things are added around the core, neither of which changes a rule:
   playing a buyer has bought or left, there is nothing left for them to follow
   (a buyer sees only its own conversation), so the pacing stops and the market
   plays out at the agents' speed.
+* **The market waits for a person playing a buyer.** While the person owes the seller
+  a reply, every other agent holds its next decision until the person has answered
+  (:meth:`PlaySession.wait_for_person`): the seller spends no turn on the other
+  buyers and no other buyer takes a unit while the person reads. The turn budget is
+  shared by all buyers, so without this a newcomer reading the first screen for 20 s
+  found 1 of 6 turns left and ended the episode with their first bid. What the
+  market does between the person's moves is what the agents do at their own pace,
+  however long the person takes. An agent waits at most :attr:`PlaySession.patience`
+  (half the agents' deadline), so it is never timed out by the bus for waiting. The
+  person playing the seller needs no such wait: only the seller's own messages spend
+  turns, and buyers only ever answer them.
 
 A person playing a buyer also sees the seller's remaining turn budget
 (:meth:`PlaySession.seller_turns`), which no agent's observation carries: without
@@ -40,6 +51,7 @@ comparison (not traced).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -123,16 +135,27 @@ class Watched:
 
     async def act(self, obs):
         session = self.session
-        session.thinking.add(self.ident)
-        session.changed()
+        patience = anyio.current_time() + session.patience
+        self._think(True)
         try:
-            if self.pace > 0 and not session.person_out:
+            paced = self.pace > 0 and not session.person_out
+            if paced:
                 await anyio.sleep(self.pace)
+            if session.person_owes:  # the person's turn began meanwhile: shown waiting, not thinking
+                self._think(False)
+                await session.wait_for_person(patience)
+                self._think(True)
+                paced = True
+            if paced:
                 obs = self._fresh(obs)
             return await self.agent.act(obs)
         finally:
-            session.thinking.discard(self.ident)
-            session.changed()
+            self._think(False)
+
+    def _think(self, thinking: bool) -> None:
+        thinking_now = self.session.thinking
+        (thinking_now.add if thinking else thinking_now.discard)(self.ident)
+        self.session.changed()
 
     def _fresh(self, obs):
         """The observation after the pause (what changed meanwhile included), built by observe()."""
@@ -181,6 +204,11 @@ class PlaySession:
         self.human = HumanAgent(self.human_id, on_turn=lambda _obs: self.changed())
         self.thinking: set[str] = set()
         """Ids of the scripted agents deciding right now."""
+        self.patience = HUMAN_TIMEOUT / 2
+        """The longest an agent holds a decision for the person (seconds from when it was asked): well inside the
+        agents' own deadline, so the bus never times one out for waiting."""
+        self._person_moved: asyncio.Event | None = None
+        """Set, and dropped, once the person has answered; made by the first agent that waits for them."""
         self.on_change: Callable[[], None] | None = None
         """The UI's redraw hook; called after every change to the episode."""
         self.trace_path = self.out / TRACE_NAME
@@ -224,6 +252,22 @@ class PlaySession:
             return False
         return next(b for b in self.state.buyers if b.id == self.human_id).status != "active"
 
+    @property
+    def person_owes(self) -> bool:
+        """True while the market waits for the person: a person playing a buyer owes the seller a reply (from the
+        moment the seller's message is sent, before the person's screen has woken up)."""
+        if self.role != "buyer" or self.state.done:
+            return False
+        return next(b for b in self.state.buyers if b.id == self.human_id).awaiting
+
+    async def wait_for_person(self, deadline: float) -> None:
+        """Until the person has answered (or the market has closed), or until ``deadline`` (anyio's clock)."""
+        with anyio.move_on_after(deadline - anyio.current_time()):
+            while self.person_owes:
+                if self._person_moved is None:
+                    self._person_moved = asyncio.Event()
+                await self._person_moved.wait()
+
     def seller_turns(self) -> tuple[int, int]:
         """The seller's turns left and its budget, for a person playing a buyer."""
         return self.state.budget_left, self.market.budget
@@ -233,6 +277,9 @@ class PlaySession:
             # The market closed while the person was deciding (a buyer took the last unit): the bus
             # would otherwise wait out the person's deadline before it noticed.
             self.human.release()
+        if self._person_moved is not None and not self.person_owes:
+            self._person_moved.set()  # the agents holding their decisions for the person go on
+            self._person_moved = None
         if self.on_change is not None:
             self.on_change()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -127,15 +128,27 @@ class Composer(Widget):
     # -- what the screen sets -------------------------------------------------------
 
     def set_products(self, products: list[tuple[str, str, bool]]) -> None:
-        """(label, id, available) triples; the chosen product stays chosen while it is still listed."""
+        """(label, id, available) triples; the chosen product stays chosen while it is available. One that sold out
+        meanwhile is not kept: the field goes back to its prompt, and the person chooses again (it used to stay, so
+        the seller's next message, to the next buyer, was about the product just sold)."""
         if products == self._products:
             return
         self._products = products
         select = self.query_one("#product", Select)
         keep = select.value
         select.set_options([(Text(label), pid) for label, pid, _ in products])
-        if keep in [pid for _, pid, _ in products]:
+        if keep in self.available():
             select.value = keep
+
+    def available(self) -> list[str]:
+        """The products the person may choose now (in stock), in catalog order."""
+        return [pid for _, pid, available in self._products if available]
+
+    @property
+    def product(self) -> str | None:
+        """The product chosen, or None while the field shows its prompt."""
+        value = self.query_one("#product", Select).value
+        return value if isinstance(value, str) else None
 
     def choose_product(self, product: str) -> None:
         if product in [pid for _, pid, _ in self._products]:
@@ -155,11 +168,19 @@ class Composer(Widget):
         if focus == "price":
             self.focus_first()
         elif focus != "none":
-            self.query_one(f"#{focus}", Input).focus()
+            self._focus(self.query_one(f"#{focus}", Input))
 
     def focus_first(self) -> None:
         """Focus the field a person fills first: the price of a priced action, else the action (the talk comes after)."""
-        self.query_one("#price" if self.kind in PRICED else "#kind").focus()
+        self._focus(self.query_one("#price" if self.kind in PRICED else "#kind"))
+
+    def _focus(self, field: Widget) -> None:
+        """Move the cursor to ``field`` now, not after the keys already queued (``Widget.focus`` waits for them): a
+        person who presses ^y and types on at once has the words in the talk field, not in the field left behind."""
+        if field.focusable:
+            self.screen.set_focus(field)
+        else:
+            field.focus()
 
     def clear(self) -> None:
         """After a send: empty fields and the first action again (a reject or a leave is never carried to the next message)."""
@@ -198,7 +219,7 @@ class Composer(Widget):
 
     def action_cycle_product(self, step: int) -> None:
         """Choose the previous or next product in stock without leaving the price or talk field."""
-        products = [pid for _, pid, available in self._products if available]
+        products = self.available()
         select = self.query_one("#product", Select)
         if not products or select.disabled:
             return
@@ -257,7 +278,13 @@ class PriceChart(Static):
 
     Seller offers are yellow, buyer bids cyan, accepts green; the row ends with the
     buyer's deal. Scaled on the market's price range so buyers compare at a glance.
+    A market with more buyers than :attr:`ROWS` shows the buyers with prices first
+    and ends with a row that counts and names the others (they used to be cut off
+    with no hint).
     """
+
+    ROWS = 7
+    """Buyer rows that fit (the chart is at most 10 rows high: its border, the legend and these)."""
 
     def plot(self, buyers: list[str], points: dict[str, list[tuple[str, int]]], deals: dict[str, tuple[str, int]],
              low: int, high: int) -> None:
@@ -278,6 +305,12 @@ class PriceChart(Static):
         out.append(f" ▁${low}..█${high}", style="dim")
         span = max(1, high - low)
         width = max(8, self.content_size.width)
+        hidden: list[str] = []
+        if len(buyers) > self.ROWS:
+            priced = [b for b in buyers if points.get(b) or b in deals]
+            keep = set((priced + [b for b in buyers if b not in priced])[: self.ROWS - 1])
+            hidden = [b for b in buyers if b not in keep]
+            buyers = [b for b in buyers if b in keep]
         for buyer in buyers:
             series = points.get(buyer, [])
             deal = deals.get(buyer)
@@ -294,4 +327,16 @@ class PriceChart(Static):
             if not series:
                 out.append("·", style="dim")
             out.append(tail, style="bold green" if deal else "dim")
+        if hidden:
+            out.append("\n")
+            out.append(_cut(f"+{len(hidden)} more buyers, not shown: {' '.join(hidden)}", width), style="dim italic")
         return out
+
+
+def _cut(line: str, width: int) -> str:
+    """``line``, cut to ``width`` cells with an ellipsis.
+
+    >>> _cut("+3 more buyers, not shown: b8 b9 b10", 30)
+    '+3 more buyers, not shown: b8…'
+    """
+    return line if cell_len(line) <= width else line[: width - 1] + "…"

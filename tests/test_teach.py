@@ -69,6 +69,20 @@ def test_teach_runs_the_recipe_end_to_end_and_its_policy_plays(tmp_path):
     assert asyncio.run(play()).metrics["seller_invalid"] == 0
 
 
+def test_the_studies_teach_configs_check():
+    from pathlib import Path
+
+    from negotiate.settings import read_file
+
+    for name in ("learned", "learned-quick"):
+        path = Path("docs/experiments") / f"{name}.toml"
+        if name == "learned" and not path.exists():
+            continue
+        config = TeachConfig(**read_file(path, TeachConfig, command="teach"))
+        config.check()
+        assert config.eval_seed != config.seed and config.splits
+
+
 def test_a_bad_setting_is_one_line():
     with pytest.raises(UserError, match="eval_seed: 7: is the training markets' run seed"):
         TeachConfig(eval_seed=7).check()

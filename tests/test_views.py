@@ -46,13 +46,15 @@ def offer_above_cost(body: dict) -> str:
 
 
 def test_the_table_names_every_view_once_and_each_declares_what_it_needs():
-    assert PROMPTS == tuple(VIEWS) == ("full", "compact", "facts", "advice", "tools")
+    assert PROMPTS == tuple(VIEWS) == ("full", "compact", "facts", "advice", "tools", "menu")
     assert all(isinstance(v, BaseView) and v.name == name and view(name) is v for name, v in VIEWS.items())
     assert View is BaseView
     # only the full prompt describes the JSON form; the advisers are declared, as the prompts show them
-    assert [name for name, v in VIEWS.items() if not v.tagged] == ["full"]
+    assert [name for name, v in VIEWS.items() if not v.tagged] == ["full", "menu"]  # the menu's reply is a letter
     assert {name: v.tools for name, v in VIEWS.items() if v.tools} == {"advice": ("planner?reasons=1",),
-                                                                      "tools": ("planner?reasons=1", "greedy")}
+                                                                      "tools": ("planner?reasons=1", "greedy"),
+                                                                      "menu": ("planner?reasons=1", "greedy")}
+    assert [name for name, v in VIEWS.items() if v.chooses] == ["menu"]
     assert [name for name, v in VIEWS.items() if v.grounds] == ["facts", "advice"]
     for v in VIEWS.values():  # every tool is a scripted seller the registry builds
         assert all(parse_agent(tool, "seller").backend == "scripted" for tool in v.tools)

@@ -114,8 +114,10 @@ class TeachConfig:
         from negotiate.agents.registry import parse_agent
         from negotiate.market import resolve_spec
 
+        from negotiate.training.loop.config import shipped_spec
+
         for split in self.splits:
-            resolve_spec(split, "splits")
+            resolve_spec(shipped_spec(split), "splits")
         for buyers in self.buyers:
             parse_agent(buyers, "buyer", field_name="buyers")
         for seller in self.baselines:
@@ -152,9 +154,10 @@ def _play(seller, buyers: str, split: str, seed: int, indices: range) -> list:
     from negotiate.agents.registry import parse_agent
     from negotiate.metrics import opt
     from negotiate.run import LOCAL_TIMEOUT, Run, RunConfig
+    from negotiate.training.loop.config import shipped_spec
 
     spec = parse_agent(seller, "seller") if isinstance(seller, str) else seller
-    run = Run(RunConfig(sellers=(spec.text,), buyers=buyers, split=split, seed=seed, fresh=True, seller_timeout=LOCAL_TIMEOUT,
+    run = Run(RunConfig(sellers=(spec.text,), buyers=buyers, split=shipped_spec(split), seed=seed, fresh=True, seller_timeout=LOCAL_TIMEOUT,
                         reply_timeout=LOCAL_TIMEOUT))
 
     async def main() -> list:

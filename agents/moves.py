@@ -13,25 +13,52 @@ from scipy.optimize import linear_sum_assignment
 import copy
 
 from negotiate.protocol import SELLER, Action, Message, Notice
-from negotiate.regulator import SellerObservation
+from negotiate.regulator import ACTIVE, SellerObservation
 
 from negotiate.agents.base import ScriptedAgent
 
-__all__ = ["best_assigned", "units_left", "_offer", "_accept_bid", "_end", "_Follower", "_make", "Adviser"]
+__all__ = ["best_assigned", "units_left", "standing", "_offer", "_accept_bid", "_end", "_Follower", "_make", "Adviser"]
 
 
 def best_assigned(value: np.ndarray, cols: list[int], units, free: int) -> tuple[int, int] | None:
     """The (row, column) of the most valuable pair in the joint assignment of buyers (rows) to products
     (columns of ``value``; ``cols`` maps each to its product index, ``units`` its stock). Units are scarce:
-    a product with k units appears k times (at most ``free``). None when no assigned pair is worth anything."""
-    expanded = [c for c, j in enumerate(cols) for _ in range(min(units[j], free))]
-    rows, picks = linear_sum_assignment(value[:, expanded], maximize=True)
+    a product with k units appears k times (at most ``free``). None when no assigned pair is worth anything.
+
+    Ties between assignments of the same worth go as scipy's solver breaks them (the order it augments rows in and
+    the rounding of its duals pick the buyer, in about half the decisions of a 50 x 50 market): the solver runs on
+    every decision with two or more buyers and units. One buyer, or one unit, is its first best pair, found here
+    as the solver finds it (``tests/test_scale_markets.py``)."""
+    if max(units) <= 1 or free <= 1:  # one unit of each product in stock: the columns as they are
+        expanded, matrix = None, value
+    else:
+        expanded = [c for c, j in enumerate(cols) for _ in range(min(units[j], free))]
+        matrix = value[:, expanded]
+    rows, picks = _assignment(matrix)
+    if len(rows) > 8:
+        worth = matrix[rows, picks]
+        k = int(worth.argmax())
+        if not worth[k] > 0:
+            return None
+        return int(rows[k]), int(picks[k] if expanded is None else expanded[picks[k]])
     best = None
     for r, k in zip(rows, picks):
-        c = expanded[k]
+        c = k if expanded is None else expanded[k]
         if value[r, c] > 0 and (best is None or value[r, c] > value[best]):
             best = (r, c)
     return best
+
+
+def _assignment(matrix: np.ndarray) -> tuple:
+    """``linear_sum_assignment(matrix, maximize=True)``, without the call for one row or one column: scipy's solver
+    (the shortest augmenting path, scanning columns from the last) gives that row the first of its most valuable
+    columns, or that column the first of its most valuable rows."""
+    nr, nc = matrix.shape
+    if nr == 1 and nc:
+        return (0,), (int(matrix[0].argmax()),)
+    if nc == 1 and nr:
+        return (int(matrix[:, 0].argmax()),), (0,)
+    return linear_sum_assignment(matrix, maximize=True)
 
 
 _make = tuple.__new__
@@ -51,6 +78,28 @@ def units_left(obs: SellerObservation) -> list[int]:
         if b.awaiting and b.offer is not None:
             units[int(b.offer[0][1:]) - 1] -= 1
     return units
+
+
+def standing(obs: SellerObservation, active: list[int] | None = None) -> tuple[list[int], list[int], list[int]]:
+    """(the buyers still active, those of them free to hear a message, :func:`units_left`) of ``obs``, the active
+    ones looked for among ``active`` (the active buyers of an earlier observation of the episode: a buyer served or
+    gone never comes back, and only an active buyer owes a reply). A large market's sellers pass the list they found
+    last: most buyers are served long before the budget is spent, and a walk over every buyer at each decision was
+    most of a turn's cost once the rest was kept between decisions."""
+    buyers = obs.buyers
+    if active is None:
+        active = [i for i, b in enumerate(buyers) if b.status == ACTIVE]
+    else:
+        active = [i for i in active if buyers[i].status == ACTIVE]
+    free = []
+    units = [p.stock for p in obs.products]
+    for i in active:
+        b = buyers[i]
+        if not b.awaiting:
+            free.append(i)
+        elif b.offer is not None:
+            units[int(b.offer[0][1:]) - 1] -= 1
+    return active, free, units
 
 
 def _copied(value):

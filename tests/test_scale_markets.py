@@ -8,9 +8,12 @@ send. The cost itself is measured by ``benchmarks/scale_markets.py``, not here.
 from __future__ import annotations
 
 import anyio
+import numpy as np
 import pytest
+from scipy.optimize import linear_sum_assignment
 
 from negotiate.agents import scripted
+from negotiate.agents.moves import best_assigned
 from negotiate.agents.registry import parse_agent
 from negotiate.episode import run_episode
 from negotiate.market import MarketSpec, generate
@@ -25,6 +28,40 @@ def _messages(seller_spec: str, buyer_spec: str, spec: MarketSpec, seed: int) ->
     episode = anyio.run(lambda: run_episode(market, seller, buyers, episode_id=f"scale-{seed}"))
     return [(e.sender, e.to, e.action.get("kind"), e.action.get("product"), e.action.get("price"))
             for e in episode.events if isinstance(e, MessageEvent)]
+
+
+def _solved(value: np.ndarray, cols: list[int], units: list[int], free: int) -> tuple[int, int] | None:
+    """``best_assigned`` as it was before issue 51: scipy's solver on every decision, its pairs read one by one."""
+    expanded = [c for c, j in enumerate(cols) for _ in range(min(units[j], free))]
+    rows, picks = linear_sum_assignment(value[:, expanded], maximize=True)
+    best = None
+    for r, k in zip(rows, picks):
+        c = expanded[k]
+        if value[r, c] > 0 and (best is None or value[r, c] > value[best]):
+            best = (r, c)
+    return best
+
+
+def test_the_best_assigned_pair_is_the_one_the_solver_gives_ties_and_single_rows_and_columns_included():
+    """Issue 51: one free buyer (or one unit) is answered without the solver, and the solver's pairs are read as
+    arrays; ties between assignments (values drawn from a few levels, zeros, -0.0) go as the solver breaks them."""
+    rng = np.random.default_rng(51)
+    for trial in range(4000):
+        rows = int(rng.choice([1, 1, 2, 3, 5, 9, 14]))
+        units = [int(u) for u in rng.integers(0, 3 if trial % 2 else 2, int(rng.integers(1, 12)))]
+        cols = [j for j, u in enumerate(units) if u > 0]
+        if not cols:
+            continue
+        if trial % 4 == 3:
+            cols = cols[:1]  # one product: one column, its units copied
+        shape = (rows, len(cols))
+        if trial % 3 == 0:
+            value = rng.integers(0, 3, shape) * 150.0  # few levels: ties everywhere
+        elif trial % 3 == 1:
+            value = np.where(rng.random(shape) < 0.3, -0.0, rng.random(shape) * 300)
+        else:
+            value = np.round(rng.normal(0, 100, shape)) / 4
+        assert best_assigned(value, cols, units, rows) == _solved(value, cols, units, rows), trial
 
 
 @pytest.mark.parametrize("buyers", ["threshold", "concession", "mixed"])

@@ -20,7 +20,7 @@ from negotiate.regulator import ACTIVE, SellerObservation
 
 from negotiate.agents.base import ScriptedAgent, _Seeded
 from negotiate.agents.buyers import ConcessionBuyer, MixedBuyer, RandomBuyer, StubbornBuyer, ThresholdBuyer
-from negotiate.agents.moves import _Follower, _accept_bid, _end, _offer, best_assigned, units_left
+from negotiate.agents.moves import _Follower, _accept_bid, _end, _offer, best_assigned, standing, units_left
 from negotiate.agents.menu import MenuRule
 from negotiate.agents.planner import PlannerSeller
 from negotiate.agents.rollout import RolloutSeller
@@ -90,10 +90,13 @@ class _Learner(_Follower):
     def _learn(self, obs: SellerObservation) -> None:
         if not hasattr(self, "low"):
             self._setup(obs)
+        stale = self.__dict__.get("_stale")  # greedy on a large market: the rows whose bounds may move
         for item in obs.new:
             if not isinstance(item, Message):
                 continue
             i = int(item.sender[1:]) - 1
+            if stale is not None:
+                stale[i] = True
             last = self.last.pop(i, None)
             action = item.action
             low, high = self.low[i], self.high[i]
@@ -127,9 +130,14 @@ class GreedySeller(_Learner):
     """
 
     name = "greedy"
+    _STATE = _Learner._STATE + ("_value", "_price", "_bidcol", "_bids", "_stale")
+    """What a decision changes: the learner's bounds and counts, and on large markets the values kept per buyer
+    (:meth:`_revalue`)."""
 
     def decide(self, obs: SellerObservation) -> Message | None:
         self._learn(obs)
+        if isinstance(self.low, np.ndarray):
+            return self._decide_arrays(obs)
         free = [i for i, b in enumerate(obs.buyers) if b.status == ACTIVE and not b.awaiting]
         if not free:
             return None
@@ -139,8 +147,6 @@ class GreedySeller(_Learner):
         tries = max(1, obs.budget_left // max(1, active))
         if not cols:
             return None if any(b.awaiting for b in obs.buyers) else _end()
-        if isinstance(self.low, np.ndarray):
-            return self._decide_arrays(obs, free, cols, units, tries)
         value = np.zeros((len(free), len(cols)))
         plan: dict[tuple[int, int], Message] = {}
         for r, i in enumerate(free):
@@ -166,32 +172,71 @@ class GreedySeller(_Learner):
             return None if any(b.awaiting for b in obs.buyers) else _end()
         return self._record(plan[best])
 
-    def _decide_arrays(self, obs: SellerObservation, free: list[int], cols: list[int], units: list[int], tries: int):
-        """:meth:`decide` on a large market: every pair valued as arrays, one message built (the chosen pair's)."""
-        costs = np.array([obs.products[j].cost for j in cols], dtype=float)
-        rows = np.ix_(free, cols)
-        worth, price = _tries_values(self.low[rows], self.high[rows], costs, tries)
-        value = np.where(worth > 0, worth, 0.0)
-        accept: set[tuple[int, int]] = set()
-        column = {obs.products[j].id: c for c, j in enumerate(cols)}
-        spread = 0.03 * (obs.price_high - obs.price_low)
-        for r, i in enumerate(free):  # a standing bid is a sure thing; keep pushing only while the ladder is clearly better
-            bid = obs.buyers[i].bid
-            c = column.get(bid[0]) if bid is not None else None
-            if c is None or bid[1] < costs[c]:
-                continue
-            sure = bid[1] - int(costs[c])
-            if tries <= 1 or sure >= 0.8 * worth[r, c] or price[r, c] - bid[1] <= spread:
-                value[r, c] = sure + 1e-6
-                accept.add((r, c))
-        best = best_assigned(value, cols, units, len(free))
+    def _decide_arrays(self, obs: SellerObservation) -> Message | None:
+        """:meth:`decide` on a large market: every pair valued as arrays, one message built (the chosen pair's).
+
+        Each buyer's row of values is kept (:meth:`_revalue`) until the buyer speaks (a reply moves its bounds or its
+        bid) or the turns each buyer may still hear (``tries``) change, which moves every pair's ladder: a reply moves
+        one row, where valuing every free buyer's every pair at each decision cost O(n^2) a turn. The buyers are
+        looked for among those active at the last decision (:func:`standing`)."""
+        self._active, free, units = standing(obs, self.__dict__.get("_active"))
+        if not free:
+            return None
+        cols = [j for j, u in enumerate(units) if u > 0]
+        if not cols:
+            return None if len(free) < len(self._active) else _end()
+        tries = max(1, obs.budget_left // max(1, len(self._active)))
+        self._revalue(obs, free, tries)
+        best = best_assigned(self._value[np.ix_(free, cols)], cols, units, len(free))
         if best is None:
-            return None if any(b.awaiting for b in obs.buyers) else _end()
-        r, c = best
-        buyer, product = obs.buyers[free[r]], obs.products[cols[c]]
-        if best in accept:
+            return None if len(free) < len(self._active) else _end()
+        i, j = free[best[0]], cols[best[1]]
+        buyer, product = obs.buyers[i], obs.products[j]
+        if self._bidcol[i] == j:
             return self._record(_accept_bid(buyer.id, product.id, buyer.bid[1]))
-        return self._record(_offer(buyer.id, product.id, max(int(price[r, c]), product.cost)))
+        return self._record(_offer(buyer.id, product.id, max(int(self._price[i, j]), product.cost)))
+
+    def _revalue(self, obs: SellerObservation, free: list[int], tries: int) -> None:
+        """Value again the rows of ``free`` that moved since they were valued (all of them when ``tries`` changed): each
+        pair's ladder (:func:`_tries_values`), and a standing bid's pair its sure margin where the ladder is not clearly
+        better. What a decision reads is what valuing every pair afresh gives: a buyer's bounds move only with a
+        message of its own, which marks its row (:meth:`_learn`), and its bid is compared with the one it was valued
+        with."""
+        if self.__dict__.get("_value") is None:
+            n, m = self.low.shape
+            self._value, self._price = np.zeros((n, m)), np.zeros((n, m), dtype=np.int64)
+            self._bidcol = np.full(n, -1, dtype=np.intp)
+            """Each buyer's standing bid's product where the seller would take it (-1: none)."""
+            self._bids: list = [None] * n
+            """The standing bid each buyer's row was valued with."""
+            self._stale = [True] * n
+            self._costs = np.array([p.cost for p in obs.products], dtype=float)
+            self._valued_at = None
+        if tries != self._valued_at:
+            self._valued_at = tries
+            self._stale = [True] * len(self._stale)
+        stale, bids, buyers = self._stale, self._bids, obs.buyers
+        rows = [i for i in free if stale[i] or buyers[i].bid != bids[i]]
+        if not rows:
+            return
+        worth, price = _tries_values(self.low[rows], self.high[rows], self._costs, tries)
+        value = np.where(worth > 0, worth, 0.0)
+        spread = 0.03 * (obs.price_high - obs.price_low)
+        self._bidcol[rows] = -1
+        for r, i in enumerate(rows):  # a standing bid is a sure thing; keep pushing only while the ladder is clearly better
+            bid = bids[i] = buyers[i].bid
+            if bid is None:
+                continue
+            j = int(bid[0][1:]) - 1
+            if not 0 <= j < len(self._costs) or obs.products[j].id != bid[0] or bid[1] < self._costs[j]:
+                continue
+            sure = bid[1] - int(self._costs[j])
+            if tries <= 1 or sure >= 0.8 * worth[r, j] or price[r, j] - bid[1] <= spread:
+                value[r, j] = sure + 1e-6
+                self._bidcol[i] = j
+        self._value[rows], self._price[rows] = value, price
+        for i in rows:
+            stale[i] = False
 
 
 class PostedSeller(_Learner):

@@ -44,9 +44,9 @@ from scipy.special import ndtr, ndtri
 
 from negotiate.market import MarketSpec
 from negotiate.protocol import Message
-from negotiate.regulator import ACTIVE, SellerObservation
+from negotiate.regulator import SellerObservation
 
-from negotiate.agents.moves import _accept_bid, _end, _Follower, _offer, best_assigned, units_left
+from negotiate.agents.moves import _accept_bid, _end, _Follower, _offer, best_assigned, standing
 
 __all__ = ["PlannerSeller", "read_reason", "reason_action", "bid_facts", "bid_in_play", "no_deal_facts", "turn_facts",
            "REASON_ACTIONS"]
@@ -142,7 +142,7 @@ class PlannerSeller(_Follower):
     name = "planner"
     defaults = {"patience": 1, "reasons": 0}
     _STATE = ("lo", "hi", "last", "bids", "sent", "rejected", "stubborn", "_seen_lo", "_seen_hi", "_depth", "_worth", "_first",
-              "_prices")
+              "_prices", "_stale", "_row_depth")
     """What a decision changes (``_Follower.__deepcopy__``); the prior, costs and correlation factors are set once, the
     ladder programme's scratch (``_firsts``, ``_rest``) is replaced, never changed, and the generator is never drawn
     from (it is kept for the spec's sake)."""
@@ -161,6 +161,14 @@ class PlannerSeller(_Follower):
         """Whether the buyer has ever rejected outright (it does not bid: a threshold buyer)."""
         self._seen_lo: np.ndarray | None = None
         """The bounds each buyer's kept ladders were planned on (:meth:`_refresh`)."""
+        self._active: list[int] | None = None
+        """The buyers active at the last decision (a new list each decision: never changed in place, so shared by a
+        copy)."""
+        self._stale: list[bool] | None = None
+        """Each buyer whose bounds may have moved since its ladders were planned: it has spoken since (:meth:`_learn`)."""
+        self._row_depth: np.ndarray | None = None
+        """The shortest ladder kept on any pair of each buyer; ``_shallowest`` is the least of them."""
+        self._shallowest = 0
         self.reasons = bool((params or {}).get("reasons", self.defaults["reasons"]))
         """``reasons=1``: each message carries, as its thought, the facts its choice turned on (:meth:`_why`)."""
 
@@ -205,6 +213,8 @@ class PlannerSeller(_Follower):
             if not isinstance(item, Message):
                 continue
             i = int(item.sender[1:]) - 1
+            if self._stale is not None:
+                self._stale[i] = True
             last = self.last.pop(i, None)
             action = item.action
             if action.kind == "reject" and last is not None:
@@ -311,19 +321,21 @@ class PlannerSeller(_Follower):
         self._learn(obs)
         self.lo_price = obs.price_low
         buyers = obs.buyers
-        free = [i for i, b in enumerate(buyers) if b.status == ACTIVE and not b.awaiting]
+        # The buyers are looked for among those active at the last decision (a walk over every buyer at each decision
+        # was most of a turn once the plans were kept); only an active buyer owes a reply.
+        self._active, free, units = standing(obs, self._active)
+        waiting = len(free) < len(self._active)
         # While buyers only accept or reject, one message at a time: each reply (a sale, or a lower
         # bound) is in the belief before the next offer is chosen (+0.017 profit/OPT on train, 600
         # markets). Once buyers counter-bid, every free buyer hears an offer before the replies,
         # so all bids are on the table before a contested unit goes to one of them (sequential
         # there: -0.010 with stubborn buyers on shapes).
-        if not free or (not any(self.bids) and any(b.awaiting for b in buyers)):
+        if not free or (not any(self.bids) and waiting):
             return None
-        units = units_left(obs)
         cols = [j for j, k in enumerate(units) if k > 0]
         if not cols:
-            return None if any(b.awaiting for b in buyers) else self._ended("nothing left to sell")
-        active = sum(1 for b in buyers if b.status == ACTIVE)
+            return None if waiting else self._ended("nothing left to sell")
+        active = len(self._active)
         tries = min(MAX_TRIES, max(1, obs.budget_left // max(1, active)))
         # The first price comes from a ladder of PRICE_TRIES x the turns per deal still possible
         # (per buyer, or per unit where units are fewer), not per buyer: where buyers outnumber
@@ -334,17 +346,10 @@ class PlannerSeller(_Follower):
         length = min(2.0 * MAX_TRIES, max(1.0, PRICE_TRIES * obs.budget_left / max(1, deals)))
         short, weight = int(length), length - int(length)
         self._refresh(free, max(tries, short + 1))
-        at = np.ix_(free, cols)
-        worth = self._worth[tries][at]
-        # A ladder's first price: the one whose sale plus the rest of the ladder is worth most.
-        prices = self._prices[free][:, cols]
-        low = np.take_along_axis(prices, self._first[short][at][..., None], axis=-1)[..., 0]
-        high = np.take_along_axis(prices, self._first[short + 1][at][..., None], axis=-1)[..., 0]
-        price = (1 - weight) * low
-        price += weight * high
+        worth = self._worth[tries][np.ix_(free, cols)]
         value = np.where(worth > 0, worth, 0.0)
         plan: dict[tuple[int, int], Message] = {}
-        column = {j: c for c, j in enumerate(cols)}
+        column = None
         for r, i in enumerate(free):
             bid = buyers[i].bid
             # A bidder names the product it wants: deal on that one while it is in stock and
@@ -352,28 +357,39 @@ class PlannerSeller(_Follower):
             if bid is None or not bid_in_play(bid, units, obs.products):
                 continue
             value[r] = 0.0
+            if column is None:
+                column = {j: c for c, j in enumerate(cols)}
             c = column.get(int(bid[0][1:]) - 1)
             if c is not None:
                 j = cols[c]
                 plan[r, c], value[r, c] = self._on_bid(i, buyers[i].id, j, bid[1], obs.products[j].cost, tries, obs.budget_left, active)
         best = best_assigned(value, cols, units, len(free))
         if best is None:
-            return None if any(b.awaiting for b in buyers) else self._ended("no sale is worth its cost")
+            return None if waiting else self._ended("no sale is worth its cost")
         if best in plan:
             return self._record(plan[best])
-        r, c = best
-        buyer, product = buyers[free[r]], obs.products[cols[c]]
+        i, j = free[best[0]], cols[best[1]]
+        buyer, product = buyers[i], obs.products[j]
+        # A ladder's first price: the one whose sale plus the rest of the ladder is worth most (the chosen pair's only;
+        # the same arithmetic, element for element, as pricing every pair).
+        prices = self._prices[i, j]
+        price = (1 - weight) * prices[self._first[short][i, j]]
+        price += weight * prices[self._first[short + 1][i, j]]
         why = ""
         if self.reasons:
             facts = f"{buyer.id} has not bid" if buyer.bid is None else no_deal_facts(buyer.id, buyer.bid)
             why = self._why(facts, obs.budget_left, active, f"offer {product.id}")
-        return self._record(_offer(buyer.id, product.id, max(int(price[r, c]), product.cost), thought=why))
+        return self._record(_offer(buyer.id, product.id, max(int(price), product.cost), thought=why))
 
     def _refresh(self, rows: list[int], need: int) -> None:
         """Keep each pair's ladders (every length up to ``need``, at the least) until its bounds move: a reply moves
         one pair's (one buyer's, where values are correlated), so a decision plans that, not every free buyer's
         every pair (at 200 x 200, 40,000 times the work). A pair's programme reads its own bounds alone (its row's,
-        where correlated), so what is kept is what planning it again would give."""
+        where correlated), so what is kept is what planning it again would give.
+
+        Only the buyers that spoke since they were planned (``_stale``) are looked at, and every free buyer only when
+        ``need`` outgrows the shortest ladder kept (``_shallowest``): comparing every free buyer's bounds at each
+        decision cost O(n^2) a turn. The pairs planned are those comparing would find."""
         if self._seen_lo is None:
             n, m = self.lo.shape
             self._seen_lo, self._seen_hi = np.full((n, m), np.nan), np.full((n, m), np.nan)
@@ -381,6 +397,15 @@ class PlannerSeller(_Follower):
             self._worth = np.zeros((LONGEST + 1, n, m))
             self._first = np.zeros((LONGEST + 1, n, m), dtype=np.intp)
             self._prices = np.zeros((n, m, CELLS))
+            self._stale, self._row_depth, self._shallowest = [True] * n, np.zeros(n, dtype=np.intp), 0
+        spoke = self._stale
+        if need > self._shallowest:
+            shallow = self._row_depth < need
+            rows = [i for i in rows if spoke[i] or shallow[i]]
+        else:
+            rows = [i for i in rows if spoke[i]]
+        if not rows:
+            return
         moved = (self.lo[rows] != self._seen_lo[rows]) | (self.hi[rows] != self._seen_hi[rows]) | (self._depth[rows] < need)
         keep = tuple(range(1, need + 1))
         if self.correlated:  # a buyer's taste is read from all its bounds: a row moves whole
@@ -393,12 +418,17 @@ class PlannerSeller(_Follower):
             parts = [(r[k:k + CHUNK], cols[k:k + CHUNK]) for k in range(0, len(r), CHUNK)]
         for at in parts:  # a few thousand pairs at a time: a 200 x 200 market's first plan took GBs in one piece
             ladder = self._ladders(at[0], keep) if self.correlated else self._pair_ladders(*at, keep)
-            for t in keep:
-                self._worth[(t, *at)] = ladder["value"][t][..., CELLS].reshape(self._worth[(t, *at)].shape)
-                self._first[(t, *at)] = np.argmax(self._firsts[t], axis=-1).reshape(self._first[(t, *at)].shape)
+            lengths = (slice(1, need + 1), *at)  # every length at once: one copy, not one per length
+            shape = self._worth[lengths].shape
+            self._worth[lengths] = np.stack([ladder["value"][t][..., CELLS] for t in keep]).reshape(shape)
+            self._first[lengths] = np.argmax(np.stack([self._firsts[t] for t in keep]), axis=-1).reshape(shape)
             self._prices[at] = ladder["prices"].reshape(self._prices[at].shape)
             self._seen_lo[at], self._seen_hi[at] = self.lo[at], self.hi[at]
             self._depth[at] = need
+        for i in rows:
+            spoke[i] = False
+        self._row_depth[rows] = self._depth[rows].min(axis=1)
+        self._shallowest = int(self._row_depth.min())
 
     def _why(self, facts: str, left: int, active: int, verdict: str) -> str:
         """The thought of a message under ``reasons=1`` ("" otherwise): what the choice turned on, in words a

@@ -123,3 +123,72 @@ def test_the_seller_loop_yields_by_the_clock_too_and_plays_the_same_episode(monk
     late = _messages("concession", "threshold", spec, 3)
     assert late == steady and len(steady) > 300
     assert steady_yields <= len(steady) // bus.YIELD_TURNS + 2 and len(yields) >= len(steady) // 2 - 1
+
+
+@pytest.mark.parametrize("seller,buyers", [("greedy", "concession"), ("greedy", "mixed"), ("planner", "mixed"),
+                                           ("planner?reasons=1", "stubborn")])
+def test_a_copy_of_a_large_market_seller_makes_the_move_the_original_made_and_replays_its_episode(seller, buyers):
+    """Issue 51: what greedy and the planner keep between decisions on a large market (values, plans, which buyers
+    spoke) is copied with them (``_STATE``): a copy made before a decision makes the original's move and, played on,
+    reaches the original's end, though the original went on deciding (and changing what it keeps) after the copy."""
+    from negotiate.regulator import EpisodeState
+    from negotiate.rollout import fork_agents, play_out, profit
+    from negotiate.runner import build_episode
+
+    spec = MarketSpec(name="big", buyers=9, products=8, stock=2)
+    market, agent, players = build_episode(spec, parse_agent(seller, "seller"), parse_agent(buyers, "buyer"), 3, 1)
+    state = EpisodeState(market, episode="e")
+    forks = []
+
+    class Recording:
+        instant = True
+
+        def decide(self, obs):
+            before = fork_agents(agent, players)
+            message = agent.decide(obs)
+            if len(forks) % 5 == 2:
+                forks.append((state.fork(), before, obs, message))
+            else:
+                forks.append(None)
+            return message
+
+    play_out(state, Recording(), players)
+    kept = [fork for fork in forks if fork is not None]
+    assert len(forks) > 25 and len(kept) >= 5
+    for fork, (seller_copy, buyers_copy), obs, message in kept:
+        assert seller_copy.decide(obs) == message  # the copy, made before the decision, makes it too
+        play_out(fork, seller_copy, buyers_copy, first=message)
+        assert (fork.deals, fork.outcome, fork.turns_used, profit(fork)) == (state.deals, state.outcome, state.turns_used, profit(state))
+
+
+@pytest.mark.parametrize("seller,buyers", [("greedy", "concession"), ("greedy", "threshold"), ("planner", "mixed"),
+                                           ("planner", "threshold")])
+def test_what_a_copy_shares_with_a_large_market_seller_no_later_decision_changes(seller, buyers):
+    """``_Follower.__deepcopy__`` copies what ``_STATE`` names and shares the rest: every container a decision
+    changes in place must be named there (issue 51 added greedy's kept values and the planner's spoken-since marks)."""
+    import copy
+    import pickle
+
+    from negotiate.regulator import EpisodeState
+    from negotiate.rollout import play_out
+    from negotiate.runner import build_episode
+
+    market, agent, players = build_episode(MarketSpec(name="big", buyers=10, products=9), parse_agent(seller, "seller"),
+                                           parse_agent(buyers, "buyer"), 4, 2)
+    shared = []
+
+    class Copying:
+        instant = True
+
+        def decide(self, obs):
+            if len(shared) < 12:  # the first decisions: all that follow may change what these copies share
+                twin = copy.deepcopy(agent)
+                shared.append([(name, value, pickle.dumps(value)) for name, value in vars(agent).items()
+                               if isinstance(value, (list, dict, np.ndarray)) and vars(twin)[name] is value])
+            return agent.decide(obs)
+
+    play_out(EpisodeState(market, episode="e"), Copying(), players)
+    assert shared and any(names for names in shared)
+    for names in shared:
+        for name, value, then in names:
+            assert pickle.dumps(value) == then, f"{name} is shared with a copy and a later decision changed it"

@@ -320,6 +320,7 @@ async def test_after_leaving_the_status_says_so(tmp_path):
         await pilot.press("ctrl+l", "enter")
         await until(pilot, lambda: isinstance(app.screen, ConfirmLeave))  # nothing undoes it: the app asks first
         assert "Leave the market now?" in screen_text(app)
+        assert app.screen.query_one("#confirm-box").border_title == "Leave the market?"  # it said "End the market?"
         await pilot.press("y")
         await until(pilot, lambda: "left" in status(app))
         assert status(app) == "You left the market; it plays out without you, then the results show."

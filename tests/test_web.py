@@ -2,7 +2,7 @@
 and the terminal check that lets textual-serve's children through.
 
 The browser tests start the real server (``python -m negotiate play --web``) on a free port and play through the
-page as a person would: keys into the terminal on the page. What the page shows is read from the websocket's frames
+page as a person would: keys typed on the page, with no click first (the page gives the terminal the keyboard). What the page shows is read from the websocket's frames
 (the terminal is drawn on a canvas): the composer's status line says whose turn it is, with the seller's offer and the
 person's value, and the seller's turns left, which drop by one at each of the person's turns. They skip without
 textual-serve, Playwright (the Python package; its own browsers are not needed) or ``/usr/bin/chromium``, unless
@@ -12,6 +12,7 @@ textual-serve, Playwright (the Python package; its own browsers are not needed) 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import doctest
 import os
 import re
@@ -38,6 +39,8 @@ from needs import missing
 CHROMIUM = Path("/usr/bin/chromium")
 SOLO = 'name = "solo"\nbuyers = 1\nproducts = 2\nbudget = 8\n'
 """One buyer (the person) and two products: every seller message is to the person, so an episode is a few turns."""
+CROWD = 'name = "crowd"\nbuyers = 4\nproducts = 2\nbudget = 6\n'
+"""The issue's market: four buyers share a budget of 6, the person one of them."""
 TURN = re.compile(r"Your turn: the seller (?:offers (p\d+) \$(\d+) \(your value \$(\d+)\)|wrote to you \(no offer stands\)) · "
                   r"(\d+) turns? left")
 OVER = re.compile(r"The episode is over|your surplus")
@@ -100,6 +103,68 @@ async def test_the_page_names_its_websocket_by_the_address_the_browser_used_and_
         assert full.status == 503 and "Every seat is taken" in await full.text()
 
 
+async def test_an_idle_visitor_gives_up_the_seat_and_an_active_one_keeps_it(tmp_path, capsys):
+    pytest.importorskip("textual_serve", reason="the web extra: pip install -e '.[web]'")
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from negotiate.tui.web import PlayServer
+
+    args = argparse.Namespace(role="buyer", split="train", seller=None, buyers="threshold", out=tmp_path / "o")
+    seats = Seats(2, first_index=0, seed=3)
+    server = PlayServer(args, seats, idle=3.0)
+    async with TestClient(TestServer(server.application())) as client:
+        idle = await client.ws_connect("/ws?width=80&height=24")
+        active = await client.ws_connect("/ws?width=80&height=24")
+        started = time.monotonic()
+        while not idle.closed:
+            assert time.monotonic() - started < 60, "the idle seat was kept"
+            await active.send_json(["stdin", "\x1b[A"])  # a key (up) every half second keeps a seat
+            try:
+                await idle.receive(timeout=0.5)
+            except TimeoutError:
+                pass
+        assert time.monotonic() - started >= 2.5  # its clock started as it connected, a moment before this one
+        while seats.playing > 1:  # the idle one's app quits, then its seat is free again
+            assert time.monotonic() - started < 60, "the idle seat was not freed"
+            await active.send_json(["stdin", "\x1b[A"])
+            await asyncio.sleep(0.5)
+        assert not active.closed and seats.playing == 1
+        await active.close()
+    out = capsys.readouterr().out
+    assert "seat 0: no key or click for 3 s: the seat is given up" in out
+    assert "seat 0 left (seed 3): no episode saved (it was not finished)" in out
+    assert "seat 1: no key" not in out
+    assert server.summary(len(server.saved())) == "2 visitors; 0 finished and saved an episode, 2 left before the end (nothing saved)"
+    page = page_text(server)
+    assert "A game left without a key for 0.05 minutes ends" in page
+
+
+def page_text(server) -> str:
+    """The page's text as the server fills it in."""
+    from negotiate.tui.web import PAGE
+
+    return PAGE.format(title="t", websocket="ws://x/ws", font_size=16, idle_minutes=f"{server.idle / 60:g}")
+
+
+def test_the_readme_names_only_flags_and_keys_that_play_replay_and_train_take(capsys):
+    """Each ``negotiate play|replay|train ...`` in the README (code spans and blocks): its flags are in the command's
+    --help, and a ``--set key=value`` names one of its settings (it said ``train --seller human``, a flag train lacks)."""
+    from negotiate.cli import command_settings
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    used = re.findall(r"(?:`|^)(?:negotiate )?(play|replay|train)((?: --?[\w-]+(?: (?!--)[^\s`#]+)?)+)", readme, re.M)
+    used += [("train", f" --set {key}") for key in re.findall(r"`train` \(`--set (\w+)=", readme)]
+    assert ("train", " --set seller") in used and len(used) >= 4
+    for command, words in used:
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        options = capsys.readouterr().out
+        for flag in re.findall(r"(?<![\w-])(--[\w-]+)", words):
+            assert re.search(rf"(?<![\w-]){flag}\b", options), (command, flag)
+        for key in re.findall(r"--set (\w+)", words):
+            assert key in {field for cls in command_settings()[command] for field in cls.__dataclass_fields__}, (command, key)
+
+
 def test_the_web_module_doctests_pass():
     result = doctest.testmod(web_module, report=False)
     assert result.attempted >= 2 and result.failed == 0
@@ -152,10 +217,12 @@ class Server:
 
     def __init__(self, tmp_path: Path, *flags: str):
         (tmp_path / "solo.toml").write_text(SOLO)
+        (tmp_path / "crowd.toml").write_text(CROWD)
         self.out = tmp_path / "traces" / "web"
         seller = () if "seller" in flags else ("--seller", "greedy")  # the person is the seller with --role seller
+        split = () if "--split" in flags else ("--split", "solo.toml")
         self.process = subprocess.Popen(  # in tmp_path, as a researcher would start it in their project
-            [sys.executable, "-m", "negotiate", "play", "--web", "--port", "0", "--split", "solo.toml", *seller,
+            [sys.executable, "-m", "negotiate", "play", "--web", "--port", "0", *split, *seller,
              "--buyers", "threshold", "--out", "traces/web", *flags],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
@@ -225,6 +292,17 @@ class Visitor:
             assert time.monotonic() < deadline, f"{text!r} was not drawn"
             self.page.wait_for_timeout(20)
 
+    def confirm_to_the_end(self, question: bytes, since: int, server: Server) -> list[dict]:
+        """Say yes to ``question`` (ending the market, leaving it), wait for the results, leave the page, stop the
+        server: the one episode's events."""
+        self.wait_for(question, since=since)
+        self.page.keyboard.press("y")
+        self.wait_for(b"Saved to", since=since, timeout=60)
+        self.context.close()
+        assert server.stop() == 128 + signal.SIGINT
+        [events] = list(read_episodes(server.out / "play.jsonl"))
+        return events
+
     def step(self) -> None:
         """Act once if a new turn is on screen; note the end."""
         text = self.screen()
@@ -237,8 +315,7 @@ class Visitor:
         turn = turns[-1]
         self.turns_left = int(turn[4])
         self.page.wait_for_timeout(300)  # the turn's cursor lands on the composer one refresh after the status shows
-        self.page.focus("textarea.xterm-helper-textarea")  # keys reach the terminal (a click would reach the app too)
-        keyboard = self.page.keyboard
+        keyboard = self.page.keyboard  # no click first: the page gave the terminal the keyboard
         if not self.moves and turn[3]:
             price = int(turn[3]) // 3
             drawn = len(self.frames)
@@ -247,11 +324,8 @@ class Visitor:
             keyboard.press("Enter")
             self.moves.append(("bid", price))
         elif turn[2] and int(turn[2]) <= int(turn[3]):
-            drawn = len(self.frames)
             keyboard.press("Control+y")  # accept exactly the standing offer: the action, then the cursor to the talk
-            self.wait_for(b"accept", since=drawn)
-            self.page.wait_for_timeout(300)  # the cursor moves one refresh after the action is drawn
-            keyboard.type("ok")
+            keyboard.type("ok")  # at once: the cursor is on the talk before the next key is read
             keyboard.press("Enter")
             self.moves.append(("accept", int(turn[2])))
         else:
@@ -293,6 +367,8 @@ def test_a_visitor_plays_a_whole_episode_as_the_buyer_in_the_browser(browser, se
         shutil.copyfile(shot, os.environ[SCREENSHOT_ENV])
     visitor.context.close()
     assert server.stop() == 128 + signal.SIGINT
+    assert any(line.endswith("stopped; 1 visitor; 1 finished and saved an episode\n") for line in server.log), server.log
+    assert any("seat 0 left (seed 7): episode saved" in line for line in server.log), server.log
     # The trace: one complete episode under the first index, on the server's seed, with the person's moves as typed.
     [events] = list(read_episodes(server.out / "play.jsonl"))
     start, end = events[0], events[-1]
@@ -312,6 +388,47 @@ def test_a_visitor_plays_a_whole_episode_as_the_buyer_in_the_browser(browser, se
     assert row["episode"] == "play-buyer-0000" and row["outcome"] == end["outcome"]
     assert main(["replay", str(server.out / "play.jsonl"), "--text"]) == 0
     assert any("seat 0: episode play-buyer-0000, seed 7" in line for line in server.log)
+
+
+READ_S = 20
+"""How long the newcomer reads before the first move: the issue's "20 s in, turns left: 1 of 6" (test_tui_fair.py waits
+the equivalent of 75 s at the play's pace; 30 s here would take this test past a minute)."""
+
+
+@pytest.mark.parametrize("server", [("--split", "crowd.toml", "--seed", "4")], indirect=True)
+def test_a_newcomer_types_with_no_click_and_the_market_waits_while_they_read(browser, server):
+    visitor = Visitor(browser, server.url)
+    # Without a click or a key, the app has the keyboard: its footer lists the keys (it showed none until a click).
+    visitor.wait_for(b"Leave", since=0, timeout=60)
+    visitor.wait_for(b"Your turn", since=0, timeout=60)
+    first = list(TURN.finditer(visitor.screen()))[-1]
+    drawn = len(visitor.frames)
+    visitor.page.wait_for_timeout(READ_S * 1000)  # the newcomer reads the first screen
+    # Nothing moved meanwhile: every redraw shows the turns the person started with, and no unit sold.
+    later = b"".join(visitor.frames[drawn:]).decode("utf-8", "replace")
+    assert set(re.findall(r"(\d+) turns? left", later)) <= {first[4]} and "sold" not in later, later[-2000:]
+    # The first move, typed as a burst with no click: a bid's price, Tab, the talk, Enter.
+    price = int(first[3]) // 3 if first[3] else 150
+    drawn = len(visitor.frames)
+    visitor.page.keyboard.type(f"{price}\thello\n")
+    visitor.wait_for(b"BID", since=drawn)
+    # Then, at their next turn, the person leaves (asked first): the market plays out without them, at the agents' speed.
+    deadline = time.monotonic() + 60
+    while not any(int(turn[4]) < int(first[4]) for turn in TURN.finditer(b"".join(visitor.frames[drawn:]).decode("utf-8", "replace"))):
+        assert time.monotonic() < deadline, "no second turn"
+        visitor.page.wait_for_timeout(50)
+    visitor.page.keyboard.press("Control+l")
+    visitor.page.keyboard.press("Enter")
+    events = visitor.confirm_to_the_end(b"Leave the market now?", since=drawn, server=server)
+    messages = [e for e in events if e["type"] == "message"]
+    mine = [k for k, e in enumerate(messages) if e["sender"] == "b1"]
+    asked = max(k for k, e in enumerate(messages[: mine[0]]) if e["to"] == "b1")
+    assert mine[0] == asked + 1  # not one message between the seller's offer to the person and the person's answer
+    assert messages[mine[0]]["ts"] - messages[asked]["ts"] >= READ_S
+    assert sum(1 for e in messages[: mine[0]] if e["sender"] == "seller") == 6 - int(first[4])  # every turn they had
+    bid = messages[mine[0]]
+    assert (bid["action"]["kind"], bid["action"]["price"], bid["talk"]) == ("bid", price, "hello")  # each key where typed
+    assert [messages[k]["action"]["kind"] for k in mine] == ["bid", "quit"]
 
 
 @pytest.mark.parametrize("server", [("--seed", "7", "--max-players", "2")], indirect=True)
@@ -345,15 +462,9 @@ def test_a_visitor_plays_the_seller_and_train_reads_the_episode(browser, server)
     visitor = Visitor(browser, server.url)
     visitor.wait_for("Your turn · 8 turns left · Write to b1".encode(), since=0, timeout=60)
     visitor.page.wait_for_timeout(300)
-    visitor.page.focus("textarea.xterm-helper-textarea")
     drawn = len(visitor.frames)
     visitor.page.keyboard.press("Control+t")  # end the market: it asks first
-    visitor.wait_for(b"End the market", since=drawn)
-    visitor.page.keyboard.press("y")
-    visitor.wait_for(b"Saved to", since=drawn, timeout=60)
-    visitor.context.close()
-    assert server.stop() == 128 + signal.SIGINT
-    [events] = list(read_episodes(server.out / "play.jsonl"))
+    events = visitor.confirm_to_the_end(b"End the market", since=drawn, server=server)
     start = events[0]
     assert start["episode"] == "play-seller-0000" and start["seller"] == "human" and start["seed"] == 3
     assert [(e["sender"], e["action"]["kind"]) for e in events if e["type"] == "message"] == [("seller", "end")]

@@ -26,6 +26,8 @@ class ConfirmEnd(ModalScreen[bool]):
         Binding("n,escape", "dismiss(False)", "Keep selling"),
     ]
 
+    box_title = "End the market?"
+
     def __init__(self, session: PlaySession) -> None:
         super().__init__()
         self.session = session
@@ -37,7 +39,9 @@ class ConfirmEnd(ModalScreen[bool]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#confirm-box").border_title = "End the market?"
+        # One handler, reading the class's title: Textual runs every class's own on_mount, the base's last, so a
+        # subclass's handler setting its title was overwritten (the buyer's dialog said "End the market?").
+        self.query_one("#confirm-box").border_title = self.box_title
 
     def _question(self) -> Text:
         obs = self.session.view()
@@ -59,8 +63,7 @@ class ConfirmLeave(ConfirmEnd):
         Binding("n,escape", "dismiss(False)", "Stay"),
     ]
 
-    def on_mount(self) -> None:
-        self.query_one("#confirm-box").border_title = "Leave the market?"
+    box_title = "Leave the market?"
 
     def _question(self) -> Text:
         left, _ = self.session.seller_turns()

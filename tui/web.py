@@ -24,6 +24,17 @@ route: the app delivers no files).
   every seat is taken and retries by itself every 30 s (HTTP 503); a websocket that
   comes in past the cap (two pages loaded at once) shows the same sentence in the
   terminal, and no process starts.
+* **The keyboard goes to the game.** The page gives the terminal the keyboard as soon as
+  the app has drawn (a visitor's first keys used to reach nothing until they clicked,
+  and the app's footer showed no keys until then).
+* **An idle seat is given up** after :data:`IDLE_S` without a key or a click from the
+  visitor (the person's deadline is an hour, so an idle visitor held a seat that long):
+  the app quits (an unfinished episode is not saved, as when the visitor leaves), and
+  the page says the game has ended. The market waits for a person whose turn it is
+  (:mod:`negotiate.tui.session`), so only the visitor's own time runs out.
+* **What the log counts.** Each seat's line says whether its episode was saved (read
+  from ``OUT/play.jsonl``), and the last line counts the visitors and the episodes
+  saved apart: "9 visitors played" once counted 5 who had saved nothing.
 * **127.0.0.1 by default.** Serving other machines is a choice (``--host 0.0.0.0``); the
   page builds its websocket address from the address the browser used (``wss`` where a
   TLS proxy says ``X-Forwarded-Proto: https``), so it works behind whatever name
@@ -48,6 +59,7 @@ import sys
 from pathlib import Path
 
 from negotiate.errors import UserError
+from negotiate.trace import scan
 
 from negotiate.tui.commands import prepare
 from negotiate.tui.session import TRACE_NAME, fresh_seed
@@ -72,6 +84,8 @@ MAX_SIZE = (400, 150)
 time for nothing a person could read."""
 FULL_RETRY_S = 30
 """How often the "every seat is taken" page reloads itself."""
+IDLE_S = 600
+"""A seat whose visitor sends no key or click for this long is given up (seconds)."""
 
 
 class Seats:
@@ -140,8 +154,22 @@ a {{ color: #8cf; }}
 </style>
 </head>
 <body>
-<div class="ended"><p>This game has ended. A finished episode is saved.<br><a href="/">Play another</a></p></div>
+<div class="ended"><p>This game has ended. A finished episode is saved; an unfinished one is not.<br>
+A game left without a key for {idle_minutes} minutes ends, so that its seat goes to the next visitor.<br>
+<a href="/">Play another</a></p></div>
 <div id="terminal" class="textual-terminal" data-session-websocket-url="{websocket}" data-font-size="{font_size}"></div>
+<script>
+// The terminal takes the keyboard once the app has drawn (its socket is open then): no click is needed first.
+window.addEventListener("load", () => {{
+  const drawn = new MutationObserver(() => {{
+    if (!document.body.classList.contains("-first-byte")) return;
+    drawn.disconnect();
+    const keys = document.querySelector("#terminal textarea.xterm-helper-textarea");
+    if (keys) keys.focus();
+  }});
+  drawn.observe(document.body, {{attributes: true, attributeFilter: ["class"]}});
+}});
+</script>
 </body>
 </html>
 """
@@ -160,9 +188,12 @@ you can also come back later.</p></body>
 class PlayServer:
     """The web server: the page, its websocket, and one play process per seat."""
 
-    def __init__(self, args: argparse.Namespace, seats: Seats):
+    def __init__(self, args: argparse.Namespace, seats: Seats, idle: float = IDLE_S):
         self.args = args
         self.seats = seats
+        self.idle = idle
+        """Seconds without a key or a click from a visitor before their seat is given up."""
+        self.trace = Path(args.out) / TRACE_NAME
         self.seat = "the seller" if args.role == "seller" else "a buyer"
         self.title = f"negotiate: bargain as {self.seat}"
         self._sockets: set = set()
@@ -184,7 +215,8 @@ class PlayServer:
         scheme = "wss" if request.secure or request.headers.get("X-Forwarded-Proto") == "https" else "ws"
         websocket = html.escape(f"{scheme}://{request.host}/ws", quote=True)
         font_size = _number(request.query.get("fontsize"), 16, 8, 32)
-        return web.Response(content_type="text/html", text=PAGE.format(title=title, websocket=websocket, font_size=font_size))
+        return web.Response(content_type="text/html", text=PAGE.format(title=title, websocket=websocket, font_size=font_size,
+                                                                       idle_minutes=f"{self.idle / 60:g}"))
 
     async def websocket(self, request: web.Request) -> web.WebSocketResponse:
         socket = web.WebSocketResponse(heartbeat=15)
@@ -202,7 +234,9 @@ class PlayServer:
                 await self._play(socket, request, index, seed)
             finally:
                 self.seats.leave()
-                _log(f"seat {index} left (seed {seed}); {self.seats.playing} playing")
+                saved = index in await asyncio.to_thread(self.saved)
+                _log(f"seat {index} left (seed {seed}): "
+                     f"{'episode saved' if saved else 'no episode saved (it was not finished)'}; {self.seats.playing} playing")
         finally:
             self._sockets.discard(socket)
         return socket
@@ -215,13 +249,36 @@ class PlayServer:
         height = _number(request.query.get("height"), 24, 1, MAX_SIZE[1])
         _log(f"seat {index}: episode play-{self.args.role}-{index:04d}, seed {seed}; {self.seats.playing} playing")
         await service.start(width, height)
+        clock = asyncio.get_running_loop()
+        heard = clock.time()  # the visitor's last key or click
+
+        async def give_up_when_idle() -> None:
+            while (left := heard + self.idle - clock.time()) > 0:
+                await asyncio.sleep(left)
+            _log(f"seat {index}: no key or click for {self.idle:g} s: the seat is given up")
+            await socket.close()  # ends the loop below: the app quits, and the page says the game has ended
+
+        idle = asyncio.create_task(give_up_when_idle())
         try:
             async for message in socket:
                 if message.type != WSMsgType.TEXT:
                     continue
-                await _relay(socket, service, message.data)
+                if await _relay(socket, service, message.data):
+                    heard = clock.time()
         finally:
+            idle.cancel()
             await service.stop()
+            await _release(service)
+
+    def saved(self) -> set[int]:
+        """The indices of this server's visitors whose episodes are in the trace (complete ones only)."""
+        first = self.seats.first_index
+        try:
+            complete = scan(self.trace).complete
+        except UserError as error:  # the file was damaged from outside: say so, count nothing
+            _log(f"cannot count the saved episodes: {error}")
+            return set()
+        return {e.index for e in complete if e.index is not None and first <= e.index < first + self.seats.given}
 
     async def _close_sockets(self, _app) -> None:
         for socket in list(self._sockets):
@@ -250,19 +307,36 @@ class PlayServer:
             signum = await stop
         finally:
             await runner.cleanup()  # closes every websocket: each visitor's app quits (an unfinished episode is not saved)
-        print(f"negotiate play --web: stopped; {self.seats.given} visitors played", flush=True)
+        print(f"negotiate play --web: stopped; {self.summary(len(self.saved()))}", flush=True)
         return 128 + signum
 
+    def summary(self, saved: int) -> str:
+        """The visitors, and the episodes saved apart from those left unfinished.
 
-async def _relay(socket, service, data: str) -> None:
-    """One message from the page: keys, a new size, a ping, focus. Anything else is dropped."""
+        >>> server = PlayServer(argparse.Namespace(role="buyer", out=Path("o")), Seats(8, 0))
+        >>> server.seats.given = 9
+        >>> server.summary(4)
+        '9 visitors; 4 finished and saved an episode, 5 left before the end (nothing saved)'
+        >>> server.seats.given = 1
+        >>> server.summary(1)
+        '1 visitor; 1 finished and saved an episode'
+        """
+        given = self.seats.given
+        line = f"{given} visitor{'s' if given != 1 else ''}; {saved} finished and saved an episode"
+        return line + (f", {given - saved} left before the end (nothing saved)" if given > saved else "")
+
+
+async def _relay(socket, service, data: str) -> bool:
+    """One message from the page: keys, a new size, a ping, focus. Anything else is dropped. True for what the
+    visitor typed or clicked (the terminal's input: keys, the mouse, a paste), which keeps the seat theirs."""
     try:
         kind, *rest = json.loads(data)
     except (ValueError, TypeError):
-        return
+        return False
     payload = rest[0] if rest else None
     if kind == "stdin" and isinstance(payload, str):
         await service.send_bytes(payload.encode("utf-8", "replace"))
+        return True
     elif kind == "resize" and isinstance(payload, dict):
         await service.set_terminal_size(_number(payload.get("width"), 80, 1, MAX_SIZE[0]),
                                         _number(payload.get("height"), 24, 1, MAX_SIZE[1]))
@@ -272,6 +346,23 @@ async def _relay(socket, service, data: str) -> None:
         await service.blur()
     elif kind == "focus":
         await service.focus()
+    return False
+
+
+async def _release(service) -> None:
+    """Reap a visitor's process once it has quit and close its pipes: textual-serve does neither, so each of them
+    held three file descriptors until the garbage collector closed them, with a ResourceWarning each."""
+    process = getattr(service, "_process", None)
+    if process is None:
+        return
+    try:
+        await asyncio.wait_for(process.wait(), timeout=10)
+    except TimeoutError:  # it did not quit when asked: it goes now
+        process.kill()
+        await process.wait()
+    transport = getattr(process, "_transport", None)  # asyncio's own: Process has no public close
+    if transport is not None:
+        transport.close()
 
 
 def _number(value, default: int, low: int, high: int) -> int:

@@ -305,3 +305,15 @@ async def test_tab_moves_the_cursor_before_the_keys_typed_after_it(tmp_path):
         assert composer.kind == "reject" and composer.query_one("#talk").value == "hiok"  # ^r's cursor too: on the talk
         await pilot.press("ctrl+q", "ctrl+q")
 
+
+
+# -- the screenshots script -----------------------------------------------------------------------------------------
+
+
+async def test_the_screenshots_script_draws_every_screen(tmp_path):
+    # It waited for a turn's cursor on the talk field, where a turn no longer puts it, and timed out.
+    from negotiate.tui import screenshots
+
+    shots = await screenshots.main(tmp_path)
+    assert [path.name for path in shots] == ["play-buyer.svg", "play-seller.svg", "play-seller-results.svg", "replay.svg"]
+    assert "the market waits for you" in (tmp_path / "play-buyer.svg").read_text(encoding="utf-8").replace("&#160;", " ")

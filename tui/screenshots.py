@@ -36,7 +36,9 @@ async def _wait(pilot, condition, timeout: float = 10.0) -> None:
 
 async def _turn(pilot, session: PlaySession) -> None:
     app = pilot.app
-    await _wait(pilot, lambda: session.result is not None or (session.human.waiting and app.focused is not None and app.focused.id == "talk"))
+    # The turn's cursor is placed (on the composer's first field, the price) one refresh after the turn starts.
+    await _wait(pilot, lambda: session.result is not None or (session.human.waiting and not app.screen.focus_pending
+                                                             and app.focused is not None))
 
 
 async def buyer(folder: Path, traces: Path) -> Path:

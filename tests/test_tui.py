@@ -527,3 +527,25 @@ def test_transcript_survives_odd_events_and_failed_episodes(trace):
     out = plain_transcript(Recorded(events))
     assert "END failed (RuntimeError: boom)" in out and "(surprise event)" in out and "? -> ?" in out
     assert ReplayScreen._label(Recorded(events)).plain.endswith("failed")
+
+
+def test_one_screen_per_module_and_no_module_over_800_lines():
+    """Textual's shape (issue 50): each screen in a module of its own (the two confirmations are one modal with two sets
+    of words, so they share one), and no module of tui/ over 800 lines (play.py held three screens and three modals in
+    841)."""
+    import importlib
+    import inspect
+    from pathlib import Path
+
+    from textual.screen import Screen
+
+    folder = Path(commands.__file__).parent
+    screens = {}
+    for path in sorted(folder.glob("*.py")):
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 800, path.name
+        module = importlib.import_module(f"negotiate.tui.{path.stem}")
+        screens[path.stem] = sorted(name for name, value in vars(module).items() if inspect.isclass(value)
+                                    and issubclass(value, Screen) and value.__module__ == module.__name__)
+    assert {stem: names for stem, names in screens.items() if names} == {
+        "play": ["PlayScreen"], "buyer": ["BuyerScreen"], "seller": ["SellerScreen"], "results": ["ResultScreen"],
+        "confirm": ["ConfirmEnd", "ConfirmLeave"], "replay": ["ReplayScreen"]}

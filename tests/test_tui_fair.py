@@ -317,3 +317,17 @@ async def test_the_screenshots_script_draws_every_screen(tmp_path):
     shots = await screenshots.main(tmp_path)
     assert [path.name for path in shots] == ["play-buyer.svg", "play-seller.svg", "play-seller-results.svg", "replay.svg"]
     assert "the market waits for you" in (tmp_path / "play-buyer.svg").read_text(encoding="utf-8").replace("&#160;", " ")
+
+
+async def test_a_web_visitor_is_warned_before_an_idle_seat_is_given_up(tmp_path):
+    play = session(tmp_path, "buyer")
+    app = NegotiateApp.play(play, idle_warning=0.4)  # play --web: IDLE_S less a minute
+    async with app.run_test(size=SMALL, notifications=True) as pilot:
+        await my_turn(pilot, play)
+        await until(pilot, lambda: any("Still there?" in str(toast.render()) for toast in app.screen.query(Toast)))
+        await pilot.press("escape")  # any key keeps the seat, and the warning goes
+        await until(pilot, lambda: not app.screen.query(Toast))
+        assert not app._warned
+        await pilot.press("ctrl+q", "ctrl+q")
+    quiet = NegotiateApp.play(session(tmp_path, "buyer"))  # in a terminal: no seat to give up, no warning
+    assert quiet.idle_warning is None

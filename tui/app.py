@@ -2,8 +2,10 @@
 
 App -> Screens -> widgets. The app holds what every screen shares: the stylesheet
 (``app.tcss``), the size breakpoints that swap any layout for a "terminal too
-small" message below 80x24, and quitting (twice, while a played episode is
-unfinished, since an unfinished episode is not saved).
+small" message below 80x24, quitting (twice, while a played episode is
+unfinished, since an unfinished episode is not saved; one quit key listed per
+footer), and, behind ``play --web``, the warning a minute before the server gives
+up the seat of a visitor who sends no key or click.
 
 While "terminal too small" is shown, the layout is hidden but still focused and
 bound: the app drops every key (but ctrl+q) and paste before a screen sees it,
@@ -50,7 +52,7 @@ class NegotiateApp(App[None]):
     ]
 
     def __init__(self, *, session: PlaySession | None = None, episodes: list[Recorded] | None = None,
-                 source: str = "", index: int = 0) -> None:
+                 source: str = "", index: int = 0, idle_warning: float | None = None) -> None:
         super().__init__()
         if (session is None) == (episodes is None):
             raise ValueError("give a play session or recorded episodes, not both")
@@ -58,11 +60,16 @@ class NegotiateApp(App[None]):
         self.episodes = episodes
         self.source = source
         self.index = index
+        self.idle_warning = idle_warning
+        """Seconds without a key or a click after which the person is told their seat will soon be given up (``play
+        --web``, a minute before the server does); None: never."""
+        self._heard = time.monotonic()
+        self._warned = False
         self._quit_asked = 0.0
 
     @classmethod
-    def play(cls, session: PlaySession) -> NegotiateApp:
-        return cls(session=session)
+    def play(cls, session: PlaySession, idle_warning: float | None = None) -> NegotiateApp:
+        return cls(session=session, idle_warning=idle_warning)
 
     @classmethod
     def replay(cls, episodes: list[Recorded], source: str, index: int = 0) -> NegotiateApp:
@@ -74,6 +81,11 @@ class NegotiateApp(App[None]):
         return self.size.width < MIN_SIZE[0] or self.size.height < MIN_SIZE[1]
 
     async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, (events.Key, events.MouseEvent, events.Paste)) and not event.is_forwarded:
+            self._heard = time.monotonic()  # the person is there (the server counts the same input)
+            if self._warned:
+                self._warned = False
+                self.clear_notifications()  # the warning is void
         if (isinstance(event, (events.Key, events.Paste)) and not event.is_forwarded and self.too_small
                 and getattr(event, "key", None) != "ctrl+q"):
             event.stop()
@@ -85,6 +97,15 @@ class NegotiateApp(App[None]):
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminated)
         except (NotImplementedError, RuntimeError, ValueError):  # no signals here (Windows, or not the main thread)
             pass
+        if self.idle_warning is not None:
+            self._heard = time.monotonic()
+            self.set_interval(min(5.0, self.idle_warning / 4), self._idle_check)
+
+    def _idle_check(self) -> None:
+        if not self._warned and time.monotonic() - self._heard >= self.idle_warning:
+            self._warned = True
+            self.notify("Still there? Without a key or a click in the next minute, this game ends (unsaved if "
+                        "unfinished) and its seat goes to the next visitor.", severity="warning", timeout=60)
 
     def on_unmount(self) -> None:
         try:

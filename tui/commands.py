@@ -36,11 +36,14 @@ from negotiate.runner import preload_models, run_async
 from negotiate.tui.session import PlaySession, fresh_seed
 from negotiate.tui.transcript import find_episode, load_trace, plain_transcript
 
-__all__ = ["play", "replay", "prepare", "exit_summary", "web_driven", "WEB_DRIVER"]
+__all__ = ["play", "replay", "prepare", "exit_summary", "web_driven", "WEB_DRIVER", "IDLE_S"]
 
 
 WEB_DRIVER = "textual.drivers.web_driver:WebDriver"
 """Textual's driver for an app run behind a web page; textual-serve names it in ``TEXTUAL_DRIVER`` for each visitor's process."""
+IDLE_S = 600
+"""``play --web`` gives up a seat whose visitor sends no key or click for this long (seconds); the visitor's app warns
+a minute before."""
 
 
 def web_driven() -> bool:
@@ -70,7 +73,7 @@ def play(settings, *, index: int | None = None) -> int:
     _need_terminal()
     from negotiate.tui.app import NegotiateApp  # Textual loads only once the arguments are good
 
-    app = NegotiateApp.play(session)
+    app = NegotiateApp.play(session, idle_warning=IDLE_S - 60 if web_driven() else None)
     app.run()
     if session.result is None:
         say(f"negotiate play: seed {seed}; {session.abandon_note()}")

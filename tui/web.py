@@ -27,10 +27,10 @@ route: the app delivers no files).
 * **The keyboard goes to the game.** The page gives the terminal the keyboard as soon as
   the app has drawn (a visitor's first keys used to reach nothing until they clicked,
   and the app's footer showed no keys until then).
-* **An idle seat is given up** after :data:`IDLE_S` without a key or a click from the
-  visitor (the person's deadline is an hour, so an idle visitor held a seat that long):
-  the app quits (an unfinished episode is not saved, as when the visitor leaves), and
-  the page says the game has ended. The market waits for a person whose turn it is
+* **An idle seat is given up** after :data:`~negotiate.tui.commands.IDLE_S` without a key
+  or a click from the visitor (the person's deadline is an hour, so an idle visitor held a
+  seat that long): the app warns a minute before, then quits (an unfinished episode is not
+  saved, as when the visitor leaves), and the page says the game has ended. The market waits for a person whose turn it is
   (:mod:`negotiate.tui.session`), so only the visitor's own time runs out.
 * **What the log counts.** Each seat's line says whether its episode was saved (read
   from ``OUT/play.jsonl``), and the last line counts the visitors and the episodes
@@ -61,7 +61,7 @@ from pathlib import Path
 from negotiate.errors import UserError
 from negotiate.trace import scan
 
-from negotiate.tui.commands import prepare
+from negotiate.tui.commands import IDLE_S, prepare
 from negotiate.tui.session import TRACE_NAME, fresh_seed
 
 try:
@@ -84,8 +84,6 @@ MAX_SIZE = (400, 150)
 time for nothing a person could read."""
 FULL_RETRY_S = 30
 """How often the "every seat is taken" page reloads itself."""
-IDLE_S = 600
-"""A seat whose visitor sends no key or click for this long is given up (seconds)."""
 
 
 class Seats:

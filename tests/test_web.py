@@ -365,6 +365,8 @@ def test_a_visitor_plays_a_whole_episode_as_the_buyer_in_the_browser(browser, se
     assert shot.stat().st_size > 10_000
     if os.environ.get(SCREENSHOT_ENV):
         shutil.copyfile(shot, os.environ[SCREENSHOT_ENV])
+    visitor.page.keyboard.press("q")  # the results' footer lists q as Quit: it quits, and the page says the game ended
+    visitor.page.wait_for_selector("body.-closed .ended", state="visible", timeout=30_000)
     visitor.context.close()
     assert server.stop() == 128 + signal.SIGINT
     assert any(line.endswith("stopped; 1 visitor; 1 finished and saved an episode\n") for line in server.log), server.log

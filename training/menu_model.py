@@ -152,10 +152,11 @@ def sft_loss(logp, batch: Sequence[MenuExample]) -> tuple:
     return -picked.mean(), {"agree": agree.item()}
 
 
-def replay_loss(logp, batch: Sequence[MenuExample], *, regret_floor: float = 0.005, pg: float = 10.0, kl: float = 0.5) -> tuple:
+def replay_loss(logp, batch: Sequence[MenuExample], *, regret_floor: float = 0.005, ce_weight: float = 1.0, pg: float = 10.0,
+                kl: float = 0.5) -> tuple:
     """The replay round's loss: (loss, stats).
 
-    - cross-entropy toward each state's best replayed options (all those within :data:`TIE` of the best, as one set),
+    - ``ce_weight`` x cross-entropy toward each state's best replayed options (all those within :data:`TIE` of the best, as one set),
       weighted by the regret of the option the policy chose when it played (the best value less the chosen one's, plus
       ``regret_floor`` so a state already played well still counts a little);
     - ``pg`` x a policy-gradient step over every option at once: minus the policy's expected advantage, the advantage of
@@ -185,7 +186,9 @@ def replay_loss(logp, batch: Sequence[MenuExample], *, regret_floor: float = 0.0
     chosen = torch.tensor([e.chosen if e.chosen is not None else -1 for e in batch], device=device)
     baseline = (old * values).sum(-1)
     chosen_value = torch.where(chosen >= 0, values.gather(1, chosen.clamp(min=0)[:, None])[:, 0], baseline)
-    weight = (best_value.values - chosen_value).clamp(min=0) + regret_floor
+    weight = (best_value.values - chosen_value).clamp(min=0) + regret_floor  # the best in hindsight: biased toward
+    # what a seller who saw the values would do (the highest price a threshold buyer takes); the policy-gradient term is
+    # the unbiased one (the options' values averaged over the states' worlds), the cross-entropy speeds it
     # Toward the best options as a set: several often make the same profit (three prices a threshold buyer takes alike),
     # and a single argmax would teach the menu's order (the first of them), not the market.
     best = known & (values >= best_value.values[:, None] - TIE)
@@ -195,7 +198,7 @@ def replay_loss(logp, batch: Sequence[MenuExample], *, regret_floor: float = 0.0
     expected = (probs * advantage).sum(-1).mean()
     safe = torch.where(old > 0, old, torch.ones_like(old))
     divergence = (old * (safe.log() - torch.where(old > 0, logp, torch.zeros_like(logp)))).sum(-1).mean()
-    loss = ce - pg * expected + kl * divergence
+    loss = ce_weight * ce - pg * expected + kl * divergence
     stats = {"ce": ce.item(), "advantage": expected.item(), "kl": divergence.item(),
              "best": best.gather(1, logp.argmax(-1)[:, None]).float().mean().item()}
     return loss, stats

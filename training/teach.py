@@ -89,6 +89,7 @@ class TeachConfig:
     start: str | None = _key(None, "a menu policy folder to start the rounds from instead of imitating the planner", kind="path",
                              shown="none: imitate the planner")
     regret_floor: float = _key(0.005, "replay loss: weight of a state whose chosen option was the best", kind="number")
+    ce: float = _key(1.0, "replay loss (regret-pg): weight of the cross-entropy toward the best options", kind="number")
     pg: float = _key(10.0, "replay loss: weight of the policy-gradient term", kind="number")
     kl: float = _key(0.5, "replay loss: weight of the KL to the playing policy", kind="number")
     eval_seed: int = _flag(1_000_003, "run seed of the held-out markets (no training stage plays them)", kind="int")
@@ -278,7 +279,8 @@ def teach(config: TeachConfig, *, say=print) -> dict:
         if config.objective == "values":
             loss = lambda logits, batch: value_loss(logits, batch)
         else:
-            loss = lambda logp, batch: replay_loss(logp, batch, regret_floor=config.regret_floor, pg=config.pg, kl=config.kl)
+            loss = lambda logp, batch: replay_loss(logp, batch, regret_floor=config.regret_floor, ce_weight=config.ce, pg=config.pg,
+                                                   kl=config.kl)
         fit(model, examples, loss, letters=letters, pad=pad, epochs=config.round_epochs, lr=config.lr, batch_size=config.batch_size,
             seed=config.seed + r, progress=tick(f"round {r}"), raw=config.objective == "values")
         stages[f"round-{r}"] = time.perf_counter() - t
@@ -357,11 +359,11 @@ def results_table(results: dict) -> str:
                   f"({', '.join(f'{k} {v:.0f} s' for k, v in results['seconds'].items() if k != 'all')}).", ""]
     stages = list(results["stages"])
     for buyers in config["buyers"]:
-        lines += [f"## {buyers} buyers", "", "| seller | profit/OPT | − planner | − best baseline | − SFT |", "|---|---|---|---|---|"]
+        lines += [f"## {buyers} buyers", "", "| seller | profit/OPT | − planner | − best baseline | − first stage |", "|---|---|---|---|---|"]
         table = {f"policy after {name}": _pooled(results["stages"][name]["ratios"][buyers]) for name in stages}
         base = {seller: _pooled(by[buyers]) for seller, by in results["baselines"].items()}
         best_name = max(base, key=lambda s: sum(base[s]) / len(base[s])) if base else None
-        sft = table.get("policy after sft")
+        sft = table.get(f"policy after {stages[0]}")
         for name, values in {**table, **base}.items():
             row = [name, "%.3f ± %.3f" % _ci(values)]
             for other in (base.get("planner"), base.get(best_name), sft):

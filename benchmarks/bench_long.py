@@ -21,14 +21,17 @@ Two measurements, both on the real async runtime (:func:`negotiate.episode.run_e
 Both run with ``gc.set_threshold(50_000, 20, 20)``, as ``run_batch`` does.
 
 * **Memory** (``--rss``). ``negotiate serve`` of one episode of a 1x1 spec with ``budget = B`` (run seed 3: no
-  deal, so the whole budget is spent), each budget in a fresh process: its wall time, peak RSS (``ru_maxrss``
-  from ``wait4``), RSS per turn above the smallest budget's, and the trace's size. An episode holds its history
-  until it ends, so the peak grows with B; the spec caps B at 10^6 (``negotiate.market.MAX_BUDGET``).
+  deal, so the whole budget is spent), each budget in a fresh process: its wall and CPU time, peak RSS (``ru_maxrss``
+  from ``wait4``: the run and its end-of-run table, which reads the trace back), RSS per turn above the smallest
+  budget's, and the trace's size. The spec caps B at 10^6 (``negotiate.market.MAX_BUDGET``); issue 51's target is a
+  peak flat in B, under 300 MB at the cap. ``--batch N`` serves N episodes of the train split's shape (2-4 buyers x
+  2-4 products) with ``budget = B`` instead, 256 in flight (``serve``'s default): ordinary episodes that may run long.
 
     python benchmarks/bench_long.py                            # budgets 10,000 / 20,000 / 40,000, then --stall
     python benchmarks/bench_long.py --budgets 10000,20000,100000 --no-stall
     python benchmarks/bench_long.py --budgets 100000 --short 200 --json long.json
     python benchmarks/bench_long.py --rss --budgets 1000,10000,100000,1000000   # peak RSS of `serve` per budget
+    python benchmarks/bench_long.py --rss --batch 2000 --seller greedy --budgets 1000000   # 2,000 train-shaped episodes
 """
 
 from __future__ import annotations
@@ -123,14 +126,16 @@ def stall(budget: int, short: int) -> dict:
     return {"budget": budget, "short": short, "short_before_long": before, "long_s": at["long"], "last_short_s": last_short}
 
 
-def rss(budget: int, seller_spec: str = "concession") -> dict:
-    """``negotiate serve`` of one episode with this budget in a fresh process: wall time, peak RSS, trace size."""
+def rss(budget: int, seller_spec: str = "concession", batch: int = 0) -> dict:
+    """``negotiate serve`` of one 1x1 episode with this budget (or ``batch`` episodes of the train split's shape) in a
+    fresh process: wall time, peak RSS, trace size."""
     with tempfile.TemporaryDirectory() as folder:
         spec = Path(folder) / "long.toml"
-        spec.write_text(f'name = "long"\nbuyers = 1\nproducts = 1\nbudget = {budget}\n')
+        shape = "" if batch else "buyers = 1\nproducts = 1\n"  # a batch: the train split's shape, MarketSpec's default
+        spec.write_text(f'name = "long"\n{shape}budget = {budget}\n')
         out = Path(folder) / "out"
-        command = [sys.executable, "-m", "negotiate", "serve", "--seller", seller_spec, "--split", str(spec), "--episodes", "1",
-                   "--seed", "3", "--out", str(out), "--quiet"]
+        command = [sys.executable, "-m", "negotiate", "serve", "--seller", seller_spec, "--split", str(spec),
+                   "--episodes", str(batch or 1), "--seed", "3", "--out", str(out), "--quiet"]
         t0 = time.perf_counter()
         child = subprocess.Popen(command, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         _, status, usage = os.wait4(child.pid, 0)
@@ -142,22 +147,26 @@ def rss(budget: int, seller_spec: str = "concession") -> dict:
         turns = 0
         for path in traces:
             with open(path, "rb") as lines:
-                turns = sum(1 for line in lines if b'"sender":"seller"' in line)
-    return {"budget": budget, "turns": turns, "wall_s": wall, "peak_mb": usage.ru_maxrss / 1024, "trace_mb": size / 1e6,
+                turns += sum(1 for line in lines if b'"sender":"seller"' in line)
+    return {"budget": budget, "episodes": batch or 1, "turns": turns, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak_mb": usage.ru_maxrss / 1024, "trace_mb": size / 1e6,
             "exit": os.waitstatus_to_exitcode(status), "error": error.splitlines()[-1] if error else ""}
 
 
-def rss_table(budgets: list[int], seller_spec: str) -> list[dict]:
-    print(f"negotiate serve, one episode of a 1x1 market (run seed 3, no deal), {seller_spec} seller, threshold buyer: peak RSS")
-    print(f"{'budget':>10} {'seller turns':>13} {'wall s':>8} {'peak RSS MB':>12} {'KB/turn':>8} {'trace MB':>9}  exit")
+def rss_table(budgets: list[int], seller_spec: str, batch: int = 0) -> list[dict]:
+    if batch:
+        print(f"negotiate serve, {batch:,} episodes of the train split's shape (run seed 3), {seller_spec} seller, threshold buyers: peak RSS")
+    else:
+        print(f"negotiate serve, one episode of a 1x1 market (run seed 3, no deal), {seller_spec} seller, threshold buyer: peak RSS")
+    print(f"{'budget':>10} {'seller turns':>13} {'wall s':>8} {'CPU s':>8} {'peak RSS MB':>12} {'KB/turn':>8} {'trace MB':>9}  exit")
     rows: list[dict] = []
     for budget in budgets:
-        row = rss(budget, seller_spec)
+        row = rss(budget, seller_spec, batch)
         base = rows[0] if rows else None
-        per_turn = ((row["peak_mb"] - base["peak_mb"]) * 1024 / (row["budget"] - base["budget"])
-                    if base and row["budget"] > base["budget"] else None)
+        per_turn = ((row["peak_mb"] - base["peak_mb"]) * 1024 / (row["turns"] - base["turns"])
+                    if base and row["turns"] > base["turns"] else None)
         rows.append(row)
-        print(f"{budget:>10,} {row['turns']:>13,} {row['wall_s']:>8.1f} {row['peak_mb']:>12,.0f} "
+        print(f"{budget:>10,} {row['turns']:>13,} {row['wall_s']:>8.1f} {row['cpu_s']:>8.1f} {row['peak_mb']:>12,.0f} "
               f"{'-' if per_turn is None else f'{per_turn:.2f}':>8} {row['trace_mb']:>9.1f}  {row['exit']} {row['error']}")
     return rows
 
@@ -182,6 +191,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--short", type=int, default=100, help="short episodes beside the long one with --stall (default: 100)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--rss", action="store_true", help="instead: peak RSS of `negotiate serve` of one episode per budget")
+    parser.add_argument("--batch", type=int, default=0, metavar="N",
+                        help="with --rss: N episodes of the train split's shape per budget instead of one 1x1 episode")
     parser.add_argument("--seller", default="concession", help="the long episode's seller spec (default: concession)")
     parser.add_argument("--buyer", default="threshold", help="the long episode's buyer spec (default: threshold)")
     return parser
@@ -190,7 +201,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.rss:
-        rows = rss_table(args.budgets, args.seller)
+        rows = rss_table(args.budgets, args.seller, args.batch)
         if args.json:
             Path(args.json).write_text(json.dumps({"python": platform.python_version(), "rss": rows}, indent=2))
         return 0 if all(row["exit"] == 0 for row in rows) else 1

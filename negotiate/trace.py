@@ -23,7 +23,7 @@ trace before the rest (so every trace file still holds whole episodes, one after
 ``episode_end`` written last). The system removes the file when it is closed, or when the
 process ends or is killed: an episode that never ends leaves nothing, in its trace or beside
 it. Measured (``benchmarks/bench_long.py --rss``): one 10**6-turn episode held 2.8 GB until it
-ended; spilled, it peaks at the figure in ``benchmarks/README.md``.
+ended; spilled, ``serve`` of it peaks at 130 MB, as at 10**4 turns.
 """
 
 from __future__ import annotations

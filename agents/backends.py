@@ -314,9 +314,16 @@ def parse_openai_spec(rest: str, *, field: str, text: str) -> OpenAIOptions:
 
 
 def _base_url(text: str, fail) -> str:
-    """One server's base URL of a spec, checked and without a trailing slash."""
-    url = urlsplit(text)
-    if url.scheme not in ("http", "https") or not url.netloc:
+    """One server's base URL of a spec, checked and without a trailing slash. A URL that ``urllib`` cannot read (an
+    IPv6 address without its closing bracket, ``http://[::1/v1``; a port that is no port) is refused here, in one line,
+    not in a traceback where the client first reads it."""
+    try:
+        url = urlsplit(text)
+        url.port  # noqa: B018 -- read for its check: a port out of range or not a number raises
+    except ValueError as error:
+        raise fail(f"base URL {text!r} is not a valid URL ({error}); write it like http://127.0.0.1:8000/v1, an IPv6 "
+                   "address in brackets: http://[::1]:8000/v1") from None
+    if url.scheme not in ("http", "https") or not url.hostname:
         raise fail(f"base URL {text!r} is not an http(s) URL like http://127.0.0.1:8000/v1")
     if re.search(r",\s*https?://", text):
         raise fail(f"base URL {text!r} holds several URLs; separate replicas with |, like http://a:8000/v1|http://b:8000/v1")

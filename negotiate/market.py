@@ -48,7 +48,7 @@ class MarketSpec(BaseModel):
     price_scale: float = Field(1.0, allow_inf_nan=False, gt=0.0, description="Multiplies the price range (prices-x10 uses 10).")
     cost_low: float = Field(0.0, ge=0.0, le=1.0, description="Lowest cost, as a fraction of the range above price_low.")
     cost_high: float = Field(0.5, ge=0.0, le=1.0, description="Highest cost, as a fraction of the range above price_low.")
-    budget: int | None = Field(None, ge=1, le=1_000_000, description="Absolute turn budget; overrides budget_per_pair.")
+    budget: StrictInt | None = Field(None, ge=1, le=1_000_000, description="Absolute turn budget; overrides budget_per_pair.")
     budget_per_pair: float = Field(1.5, allow_inf_nan=False, gt=0.0, description="Turn budget per buyer-product pair, rounded up.")
     personas: tuple[str, ...] = Field(("neutral",), description="Personas drawn for LLM buyers.")
 
@@ -60,6 +60,15 @@ class MarketSpec(BaseModel):
         if not name.isprintable():  # a newline or a tab would break every table's rows
             raise ValueError("must be one line of printable text: it labels the split in every trace and report")
         return name
+
+    @field_validator("correlation", "price_low", "price_high", "price_scale", "cost_low", "cost_high", "budget_per_pair",
+                     mode="before")
+    @classmethod
+    def _not_a_switch(cls, value: object) -> object:
+        # pydantic reads true as 1.0 in a float field (and budget = true, before StrictInt, as a budget of 1 turn)
+        if isinstance(value, bool):
+            raise ValueError("must be a number, not true or false")
+        return value
 
     @field_validator("personas", mode="before")
     @classmethod

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from negotiate.agents.pools import Pools, use_pools
@@ -41,7 +41,7 @@ from negotiate.agents.scripted import BUYERS, SELLERS
 from negotiate.episode import Episode, run_episode
 from negotiate.errors import UserError
 from negotiate.market import SPLITS, Market, MarketSpec, generate, resolve_spec
-from negotiate.settings import setting
+from negotiate.settings import read_shard, read_value, setting
 from negotiate.trace import TraceWriter
 
 __all__ = [
@@ -188,9 +188,27 @@ class RunConfig:
             data = dict(data)
             data["sellers"] = tuple(data["sellers"])
             data["shard"] = tuple(data["shard"])
-            return cls(**data)
+            config = cls(**data)
         except (KeyError, TypeError, ValueError) as error:
             raise UserError(f"not a run config ({error})", source=source) from None
+        config.check_counts(source)
+        return config
+
+    def check_counts(self, source: str) -> None:
+        """The counts a run is made of, each a whole number its flag would take (a ``run.json`` edited by hand, say):
+        episodes and group from 1 to :data:`~negotiate.settings.COUNT_MOST`, the seed a 64-bit one, the shard K/N with
+        1 <= K <= N <= ``COUNT_MOST``; one line naming ``source``, the key and the value otherwise (``episodes`` of
+        2**63 was an ``OverflowError`` traceback on ``--resume``)."""
+        for name in ("episodes", "group", "seed"):
+            value = getattr(self, name)
+            try:
+                read_value(_FLAGS[name], value)
+            except ValueError as error:
+                raise UserError(str(error), source=source, field=name, value=value) from None
+        try:
+            read_shard("/".join(map(str, self.shard)) if len(self.shard) == 2 and all(type(v) is int for v in self.shard) else "")
+        except ValueError as error:
+            raise UserError(str(error), source=source, field="shard", value=list(self.shard)) from None
 
     def trace_name(self, seller: str) -> str:
         k, n = self.shard
@@ -220,6 +238,9 @@ class RunOptions:
     fsync: bool = _flag(False, "fsync after every episode (survives power loss, slower)", commands=("serve", "collect"),
                         kind="switch", shown="")
 
+
+_FLAGS = {item.name: item.metadata["flag"] for item in fields(RunConfig)}
+"""Each :class:`RunConfig` field's :class:`~negotiate.settings.Flag`: how its value is read."""
 
 RUN_SETTINGS = (RunConfig, RunOptions)
 """The settings of ``serve``, ``collect`` and ``eval``: what a run is, and how it is played."""

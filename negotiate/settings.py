@@ -32,11 +32,21 @@ from negotiate.errors import UserError
 
 __all__ = [
     "Flag", "setting", "Settings", "KINDS", "items_of", "read_value", "add_command_settings", "read_command", "read_file",
-    "command_flags", "flag_help", "shown_default", "keys_lines", "spelling", "to_keys", "to_toml", "read_shard",
+    "command_flags", "flag_help", "shown_default", "keys_lines", "spelling", "to_keys", "to_toml", "read_shard", "COUNT_MOST",
+    "INT_MOST",
 ]
 
+COUNT_MOST = 10**9
+"""The most a count (``kind="count"``: episodes, markets, a group, workers...) and a shard's N may be, after scaling
+(collect's markets times its group). Far past any run (10**9 episodes of a seller are days of play and terabytes of
+trace), and far enough below 2**63 that what a run computes from counts (its jobs: sellers times episodes) stays a
+machine integer: ``serve --episodes 2**63`` was an ``OverflowError`` traceback."""
+INT_MOST = 2**63 - 1
+"""The largest whole number a setting of ``kind="int"`` takes (the least is its negative): what a machine integer
+holds, as numpy, torch and the JSON written back (orjson) need."""
+
 KINDS = {
-    "text": "text", "path": "a path", "list": "a list", "int": "a whole number", "count": "a whole number, 1 or more",
+    "text": "text", "path": "a path", "list": "a list", "int": "a whole number", "count": f"a whole number, 1 to {COUNT_MOST:,}",
     "seed": "a seed, 0 to 2**64 - 1", "number": "a number", "seconds": "seconds", "shard": "K/N", "switch": "true or false",
 }
 """How a setting's value is read (:func:`read_value`), and how ``--keys`` names it."""
@@ -155,13 +165,23 @@ def _items(text: str) -> list[str]:
 
 
 def read_shard(text: str) -> tuple[int, int]:
-    """``K/N``: the K-th of N slices, 1 <= K <= N (a ValueError saying what is wrong otherwise)."""
+    """``K/N``: the K-th of N slices, 1 <= K <= N <= :data:`COUNT_MOST` (a ValueError saying what is wrong otherwise).
+
+    >>> read_shard("2/8")
+    (2, 8)
+    >>> read_shard("1/99999999999999999999")
+    Traceback (most recent call last):
+    ...
+    ValueError: need N <= 1,000,000,000
+    """
     try:
         k, n = (int(part) for part in str(text).split("/"))
     except ValueError:
         raise ValueError("expected K/N, like 2/8") from None
     if not 1 <= k <= n:
         raise ValueError("need 1 <= K <= N")
+    if n > COUNT_MOST:
+        raise ValueError(f"need N <= {COUNT_MOST:,}")
     return k, n
 
 
@@ -219,8 +239,10 @@ def read_value(flag: Flag, value, *, typed: bool = False):
     if kind in ("int", "count", "seed"):
         if not (isinstance(value, int) and not isinstance(value, bool)):
             raise ValueError("must be a whole number")
-        if kind == "count" and value < 1:
-            raise ValueError("must be at least 1")
+        if kind == "count" and not 1 <= value <= COUNT_MOST:
+            raise ValueError("must be at least 1" if value < 1 else f"must be at most {COUNT_MOST:,}")
+        if kind == "int" and not -INT_MOST <= value <= INT_MOST:
+            raise ValueError(f"must be from {-INT_MOST:,} to {INT_MOST:,}")
         if kind == "seed" and not 0 <= value < 2**64:
             raise ValueError(f"must be from 0 to {2**64 - 1}")
         return value

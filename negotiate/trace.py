@@ -781,15 +781,36 @@ class ScanResult:
     """Id of a half-written trailing episode, if any."""
 
 
+_TEXT_LABELS = ("run", "seller", "buyers", "play", "split", "shape", "tier")
+_WHOLE_LABELS = ("run_seed", "index", "seed", "group", "repeat")
+_TABLES = ("spec", "market", "agents")
+
+
 def _check_start(event: dict, path: Path, line_no: int) -> None:
+    """An ``episode_start`` every reader can take (``report``, ``replay``, ``--resume``, training): a schema this package
+    reads, an episode id that is text, and each label, where given, of its kind (text, a whole number, a JSON object).
+    ``"market": 5`` printed as ``budget ? turns`` in ``replay --text`` where ``report`` refused it, an ``episode`` of null
+    was reported, and a label that was a list or an object stopped ``report`` with a traceback."""
+    where = f"{path}:{line_no}"
     schema = event.get("schema")
     if not isinstance(schema, int):
-        raise UserError("missing or not an integer", source=f"{path}:{line_no}", field="schema", value=schema)
+        raise UserError("missing or not an integer", source=where, field="schema", value=schema)
     if schema > SCHEMA_VERSION:
         raise UserError(
             f"trace schema is newer than this negotiate reads ({SCHEMA_VERSION}); upgrade negotiate",
-            source=f"{path}:{line_no}", field="schema", value=schema,
+            source=where, field="schema", value=schema,
         )
+    episode = event.get("episode")
+    if episode is None:
+        raise UserError("missing or null; every episode has an id, a non-empty string", source=where, field="episode")
+    if not isinstance(episode, str) or not episode:
+        raise UserError("every episode has an id, a non-empty string", source=where, field="episode", value=episode)
+    for names, kind, problem in ((_TEXT_LABELS, str, "must be a string"), (_TABLES, dict, "must be a JSON object"),
+                                 (_WHOLE_LABELS, int, "must be a whole number")):
+        for name in names:
+            value = event.get(name)
+            if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+                raise UserError(problem, source=where, field=name, value=value)
 
 
 def _lines(path: Path) -> Iterator[tuple[int, int, bytes]]:

@@ -54,6 +54,13 @@ def test_defaults_and_every_key():
         ("openai:m@http://h/v1?key=sk-123", "never goes in a spec"),
         ("openai:m@http://h/v1?key_env=NEGOTIATE_SURELY_UNSET", "not set"),
         ("openai:m@http://h/v1?key_env=1BAD", "not an environment variable name"),
+        # issue 51: what urllib cannot read was a 34-line traceback
+        ("openai:m@http://[::1/v1", r"base URL 'http://\[::1/v1' is not a valid URL \(Invalid IPv6 URL\); write it like "
+                                    r"http://127.0.0.1:8000/v1, an IPv6 address in brackets: http://\[::1\]:8000/v1"),
+        ("openai:m@http://[zz]/v1", r"base URL 'http://\[zz\]/v1' is not a valid URL \('zz' does not appear to be an IPv4"),
+        ("openai:m@http://h:99999/v1", r"base URL 'http://h:99999/v1' is not a valid URL \(Port out of range 0-65535\)"),
+        ("openai:m@http://h:port/v1", r"base URL 'http://h:port/v1' is not a valid URL \(Port could not be cast"),
+        ("openai:m@http://:8000/v1", "base URL 'http://:8000/v1' is not an http"),
     ],
 )
 @pytest.mark.parametrize("role", ["seller", "buyer"])

@@ -225,6 +225,14 @@ def test_split_base_with_overrides(tmp_path):
         ('personas = ["neutral", ""]\n', "personas: ['neutral', '']: a persona must not be blank"),
         ("personas = []\n", "personas: []: give at least one persona (neutral, "),
         ('personas = "begging"\n', "personas: 'begging': a list of personas: personas = [\"begging\"]"),
+        # issue 51: true read as 1 (budget = true played with a budget of 1 turn) and as 1.0 in the number fields
+        ("budget = true\n", "bad.toml: budget: True: must be a whole number"),
+        ("budget = 6.0\n", "bad.toml: budget: 6.0: must be a whole number"),  # as stock: a budget is a count of turns
+        ("correlation = true\n", "bad.toml: correlation: True: must be a number, not true or false"),
+        ("price_low = false\n", "bad.toml: price_low: False: must be a number, not true or false"),
+        ("budget_per_pair = true\n", "bad.toml: budget_per_pair: True: must be a number, not true or false"),
+        ("cost_high = true\n", "bad.toml: cost_high: True: must be a number, not true or false"),
+        ("price_scale = true\n", "bad.toml: price_scale: True: must be a number, not true or false"),
     ],
 )
 def test_bad_spec_is_a_user_error_naming_file_and_field(tmp_path, text, field):
@@ -262,6 +270,11 @@ def test_invalid_toml_and_missing_file(tmp_path):
 def test_boolean_count_is_rejected(tmp_path):
     with pytest.raises(UserError):
         load_spec(_write(tmp_path, "buyers = true\n"))
+
+
+def test_whole_numbers_still_read_as_prices_and_budgets(tmp_path):
+    spec = load_spec(_write(tmp_path, "budget = 6\nprice_low = 200\nprice_high = 2000\ncost_high = 1\n"))
+    assert (spec.budget, spec.price_low, spec.price_high, spec.cost_high) == (6, 200.0, 2000.0, 1.0)
 
 
 def test_the_example_spec_in_the_repository_loads():

@@ -84,6 +84,7 @@ def test_a_spec_names_replicas_joined_by_a_bar():
     ("openai:m@http://a/v1|", "base URL '' is not an http(s) URL"),
     ("openai:m@http://a/v1|http://a/v1/", "base URL http://a/v1 is given twice"),
     ("openai:m@http://a/v1|http://u:p@b/v1", "put no credentials in the base URL"),
+    ("openai:m@http://a/v1|http://[::1/v1", "base URL 'http://[::1/v1' is not a valid URL (Invalid IPv6 URL)"),  # a traceback
 ])
 def test_a_bad_replica_url_is_one_line_naming_it(text, problem):
     with pytest.raises(UserError, match="--seller") as caught:

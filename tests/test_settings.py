@@ -99,6 +99,7 @@ def test_bad_input_is_one_line_naming_where_it_came_from(tmp_path, argv, text, m
 @pytest.mark.parametrize("kind, typed, toml, value", [
     ("int", "-3", -3, -3), ("count", "3", 3, 3), ("seed", "5", 5, 5), ("number", "2.5", 2.5, 2.5), ("number", "2", 2, 2.0),
     ("seconds", "0.5", 0.5, 0.5), ("shard", "2/3", "2/3", (2, 3)), ("list", " a, b", ["a", "b"], ("a", "b")),
+    ("count", "1000000000", 10**9, 10**9), ("shard", "1/1000000000", "1/1000000000", (1, 10**9)),  # the bounds themselves
     ("path", "x/y", "x/y", Path("x/y")), ("text", " hi ", "hi", "hi"),
 ])
 def test_one_reader_reads_a_value_typed_and_the_same_value_from_a_file(kind, typed, toml, value):
@@ -111,6 +112,10 @@ def test_one_reader_reads_a_value_typed_and_the_same_value_from_a_file(kind, typ
     ("seed", 2**64, "must be from 0 to 18446744073709551615"), ("seconds", math.inf, "must be a positive, finite number of seconds"),
     ("seconds", 0, "must be a positive, finite number of seconds"), ("shard", "3/2", "need 1 <= K <= N"),
     ("shard", 2, "must be K/N, like 2/8"), ("number", True, "must be a number"), ("switch", "yes", "must be true or false"),
+    # issue 51: past a machine integer, an OverflowError or TypeError traceback (serve, eval, collect; --shard)
+    ("count", 2**63, "must be at most 1,000,000,000"), ("count", 10**9 + 1, "must be at most 1,000,000,000"),
+    ("int", 2**63, "must be from -9,223,372,036,854,775,807 to 9,223,372,036,854,775,807"),
+    ("shard", "1/99999999999999999999", "need N <= 1,000,000,000"), ("count", True, "must be a whole number"),
 ])
 def test_the_reader_says_what_a_value_is_not(kind, toml, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -132,6 +132,38 @@ def test_malformed_events_are_user_errors(tmp_path, events, match):
     assert f"{path}:1" in str(caught.value)
 
 
+@pytest.mark.parametrize(("labels", "line"), [
+    ({"episode": None}, "episode: missing or null; every episode has an id, a non-empty string"),
+    ({"episode": ""}, "episode: '': every episode has an id, a non-empty string"),
+    ({"episode": 5}, "episode: 5: every episode has an id, a non-empty string"),
+    ({"market": 5}, "market: 5: must be a JSON object"),  # replay --text printed it as "budget ? turns"
+    ({"spec": [1]}, "spec: [1]: must be a JSON object"),
+    ({"split": {}}, "split: {}: must be a string"),  # report: TypeError: unhashable type
+    ({"run": [1]}, "run: [1]: must be a string"),
+    ({"seller": 5}, "seller: 5: must be a string"),
+    ({"index": "x"}, "index: 'x': must be a whole number"),
+    ({"run_seed": True}, "run_seed: True: must be a whole number"),
+    ({"seed": 1.5}, "seed: 1.5: must be a whole number"),
+])
+def test_an_episode_start_whose_id_or_labels_are_of_another_kind_is_refused_where_it_is(tmp_path, labels, line):
+    """Issue 51: what every reader (report, replay, --resume, training) takes from an episode_start is checked once, as the
+    file is read: an episode of null id was reported, a market of 5 replayed."""
+    path = tmp_path / "t.jsonl"
+    first = tiny("a")
+    first[0] |= labels
+    _write_lines(path, tiny("z") + first)
+    for read in (lambda: list(read_episodes(path)), lambda: list(read_records(path)), lambda: scan(path)):
+        with pytest.raises(UserError) as caught:
+            read()
+        assert str(caught.value) == f"{path}:4: {line}"
+
+
+def test_labels_that_are_absent_or_null_are_no_error(tmp_path):
+    path = tmp_path / "t.jsonl"
+    _write_lines(path, tiny("a", run=None, market=None, index=None, split=None))
+    assert [events[0]["episode"] for events in read_episodes(path)] == ["a"]
+
+
 def test_a_newer_schema_is_a_user_error(tmp_path):
     path = tmp_path / "t.jsonl"
     _write_lines(path, tiny("a") + tiny("b", schema=SCHEMA_VERSION + 1))

@@ -43,11 +43,11 @@ from negotiate.market import SPLITS, MarketSpec
 from negotiate.plots import write_plots
 from negotiate.report import (
     GROUP_KEYS, agreement_csv, baseline_of, agreement_markdown, agreement_tables, overlapping_runs, paired_csv, paired_differences, paired_markdown, paired_table, resolve_run, rows_from_traces, run_order,
-    summarize, summary_csv, summary_markdown, summary_table,
+    short_label, summarize, summary_csv, summary_markdown, summary_table,
 )
 from negotiate.agents.pools import Pools
 from negotiate.run import RUN_SETTINGS, RunConfig, RunOptions, default_timeout
-from negotiate.settings import Settings, add_command_settings, command_flags, items_of, read_command, setting, spelling
+from negotiate.settings import COUNT_MOST, Settings, add_command_settings, command_flags, items_of, read_command, setting, spelling
 from negotiate.runner import (
     Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug, take_failed,
 )
@@ -162,6 +162,8 @@ class ReplaySettings:
 
     episode: str | None = _setting(None, "episode id (the UI lets you pick)", shown="the first")
     text: bool = _setting(False, "print a plain transcript instead of opening the UI", kind="switch", shown="")
+    every: bool = _setting(False, "with --text: print every episode of the file, one after another (without it, one: --episode, "
+                                  "or the first)", kind="switch", shown="", name="--all")
     full: bool = _setting(False, "with --text: print long fields whole (cut at 4000 characters, with a marker, by default)",
                           kind="switch", shown="")
     allow_partial: bool = _setting(False, "skip a half-written trailing episode (a run still playing, or killed) instead of "
@@ -579,6 +581,9 @@ def _more_episodes(command: str, settings: Settings, config: RunConfig) -> RunCo
     flag = next(flag for name, flag, _ in command_flags(RunConfig, command) if name == "episodes")
     given = settings.given["episodes"][0]
     episodes = given * getattr(config, flag.scaled_by) if flag.scaled_by else given
+    if episodes > COUNT_MOST:  # collect's markets times the run's group
+        raise UserError(f"times the run's {flag.scaled_by} ({getattr(config, flag.scaled_by):,}) is {episodes:,} episodes; at "
+                        f"most {COUNT_MOST:,}", field=flag.spelled("episodes"), value=given)
     if episodes == config.episodes:
         return config
     if episodes < config.episodes:
@@ -598,6 +603,20 @@ def _resumed_config(command: str, settings: Settings, out: Path) -> RunConfig:
 TIMEOUTS = ("seller_timeout", "reply_timeout")
 
 
+def _check_scaled(command: str, settings: Settings, config: RunConfig) -> None:
+    """A new run's episodes given as a count times another (collect's --markets times --group) are no more than
+    :data:`~negotiate.settings.COUNT_MOST`, as each count is: one line naming where the count came from (the flag, or a
+    file or --set and its key) otherwise. (On --resume the run's own group scales it: :func:`_more_episodes`.)"""
+    for name, flag, _ in command_flags(RunConfig, command):
+        if not flag.scaled_by or getattr(config, name) <= COUNT_MOST:
+            continue
+        scale = getattr(config, flag.scaled_by)
+        value, source = settings.given.get(name, (getattr(config, name) // scale, flag.spelled(name)))
+        where = {"field": source} if source == flag.spelled(name) else {"source": source, "field": flag.key(name)}
+        raise UserError(f"times {flag.scaled_by} ({scale:,}) is {value * scale:,} episodes; at most {COUNT_MOST:,}", value=value,
+                        **where)
+
+
 def _new_config(command: str, settings: Settings) -> RunConfig:
     """The run the settings describe, a new one: its id made, and each agent deadline not given the command's default,
     longer where a local model plays (:func:`~negotiate.run.default_timeout`)."""
@@ -608,6 +627,7 @@ def _new_config(command: str, settings: Settings) -> RunConfig:
     if not config.sellers:
         raise UserError("names no seller; give one or more seller specs, comma-separated, like greedy,posted", field="--seller",
                         value=",".join(config.sellers))
+    _check_scaled(command, settings, config)
     specs = (*config.sellers, config.buyers)
     deadlines = {name: default_timeout(getattr(config, name), specs) for name in TIMEOUTS if name not in settings.given}
     return dataclasses.replace(config, run_id=new_run_id(command), **deadlines)
@@ -666,10 +686,20 @@ def _serve(args: argparse.Namespace, settings: Settings, console: Console) -> in
         return _stopped(console, [(prepared, out)], out, args.command, interrupted, done, elapsed)
     log.info("done", played=done, seconds=round(elapsed, 2), out=str(out))
     rows = rows_from_traces([out], compact=True)
-    console.print(summary_table(summarize(rows, by, {"seller": config.sellers}), by))
+    console.print(summary_table(summarize(rows, by, {"seller": config.sellers}), by, title=run_title(args.command, config)))
     console.print(f"traces: {out}  ·  {done} episode{'' if done == 1 else 's'} in {elapsed:.1f}s", highlight=False, soft_wrap=True)
     _print_command(console, "report again", "negotiate", "report", out)
     return _failures(console, rows, log_file, args.command)
+
+
+def run_title(command: str, config: RunConfig) -> str:
+    """The title of a run's table: the command, and the buyers and split every row played (a row's seller and split are
+    its own columns, the buyers were in no column).
+
+    >>> run_title("serve", RunConfig(buyers="openai:m@http://h:8000/v1?temperature=0", split="specs/compact.toml"))
+    'negotiate serve: openai:m buyers on specs/compact.toml'
+    """
+    return f"negotiate {command}: {short_label(config.buyers)} buyers on {config.split}"
 
 
 def _eval_settings(path: Path) -> dict:
@@ -762,10 +792,25 @@ def _eval(args: argparse.Namespace, settings: Settings, console: Console) -> int
     (out / "results.csv").write_text(summary_csv(summaries, by))
     (out / "paired.csv").write_text(paired_csv(paired, baseline))
     plots = write_plots(rows, out / "plots", sellers, splits, baseline=baseline)
-    console.print(f"results: {out}/results.md, results.csv, paired.csv; plots: {', '.join(p.name for p in plots)}  ·  "
-                  f"{done} episode{'' if done == 1 else 's'} in {elapsed:.1f}s", highlight=False, soft_wrap=True)
+    for line in _written(out, ["results.md", "results.csv", "paired.csv"], plots, done, elapsed):
+        console.print(Text(line), soft_wrap=True, highlight=False)
     _print_command(console, "report again", "negotiate", "report", out, "--baseline", baseline)
     return _failures(console, rows, log_file, args.command)
+
+
+def _written(out: Path, files: list[str], plots: list[Path], done: int, elapsed: float) -> list[str]:
+    """What eval says it wrote: the episodes and time, then each file as a path to open, one a line (it was one line of 165
+    columns that named the plots without their folder).
+
+    >>> print("\\n".join(_written(Path("ev"), ["results.md"], [Path("ev/plots/a.png")], 2, 0.25)))
+    2 episodes in 0.2s; written:
+      results: ev/results.md
+      plots:   ev/plots/a.png
+    """
+    lines = [f"{done} episode{'' if done == 1 else 's'} in {elapsed:.1f}s; written:"]
+    lines += [f"  {'results:' if k == 0 else '':9}{out / name}" for k, name in enumerate(files)]
+    lines += [f"  {'plots:' if k == 0 else '':9}{path}" for k, path in enumerate(plots)]
+    return lines
 
 
 def _report(args: argparse.Namespace, settings: Settings, console: Console) -> int:

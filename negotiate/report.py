@@ -380,9 +380,34 @@ def summary_table(summaries: list[Summary], by: Sequence[str], title: str = "neg
         table.add_row(*(labels[i][str(value)] for i, value in enumerate(s.key)), f"{s.episodes}{failed}",
                       *(_short(*s.stats[name][:2], name, name in _HEADLINE) for name, _ in RATIO_METRICS))
         overruns += s.budget_overruns
-    table.caption = f"budget overruns: {overruns}" + ("  ·  n/k✗: k episodes failed" if any(s.failed for s in summaries) else "")
+    notes = [*LEGEND, f"budget overruns: {overruns}"] + (["n/k✗: k episodes failed"] if any(s.failed for s in summaries) else [])
+    table.caption = "\n".join(_packed(notes, LEGEND_WIDTH))
     table.caption_justify = "left"
     return table
+
+
+def _packed(items: Sequence[str], width: int) -> list[str]:
+    """``items`` joined by `` · `` into lines of at most ``width`` columns, none split (one longer stands alone).
+
+    >>> _packed(["a: one", "b: two", "c: three"], 15)
+    ['a: one · b: two', 'c: three']
+    """
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + 3 + len(item) <= width:
+            lines[-1] += " · " + item
+        else:
+            lines.append(item)
+    return lines
+
+
+LEGEND = ("±: 95% CI of the mean", "viol/ep: seller violations an episode", "capt: capture, a deal's (price - cost) / (value - cost)",
+          "welf/OPT: welfare (value - cost over the deals) / OPT", "OPT: the best matching's welfare",
+          "OPT pairs: share of OPT's buyer-product pairs made", "regret: OPT - welfare, in the market's $")
+"""What the terminal table's short column titles mean, and their units: its caption, under every such table (``serve``,
+``collect``, ``eval``, ``report``)."""
+LEGEND_WIDTH = 66
+"""The columns a line of the legend takes: the narrowest table (one short seller, at 80 columns) is about as wide."""
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:

@@ -1179,3 +1179,106 @@ def test_the_progress_line_counts_model_requests_that_keep_the_run_waiting(monke
     requests.end(second)
     requests.end(second)  # ended twice (a cancel after a failure): no harm
     assert column.render(None).plain == "" and requests.slow() == (0, 0.0)
+
+
+# -- issue 51, item 6: each bad input one line, exit 2, nothing written ----------------------------------------------------
+
+BIG = str(2**63)
+"""A count past a machine integer: an OverflowError traceback and exit 1 before."""
+IPV6 = ("base URL 'http://[::1/v1' is not a valid URL (Invalid IPv6 URL); write it like http://127.0.0.1:8000/v1, an IPv6 address "
+        "in brackets: http://[::1]:8000/v1")
+
+
+@pytest.mark.parametrize(("argv", "file", "line"), [
+    (["serve", "--episodes", BIG], None, f"negotiate serve: error: --episodes: '{BIG}': must be at most 1,000,000,000"),
+    (["serve", "--set", f"episodes={BIG}"], None, f"negotiate serve: error: --set: episodes: {BIG}: must be at most 1,000,000,000"),
+    (["serve", "--config", "FILE"], f"episodes = {BIG}\n", f"negotiate serve: error: FILE: episodes: {BIG}: must be at most 1,000,000,000"),
+    (["eval", "--episodes", BIG], None, f"negotiate eval: error: --episodes: '{BIG}': must be at most 1,000,000,000"),
+    (["collect", "--seller", "greedy", "--markets", BIG], None,
+     f"negotiate collect: error: --markets: '{BIG}': must be at most 1,000,000,000"),
+    (["collect", "--seller", "greedy", "--markets", "200000000"], None,  # under the bound, but not times its group of 8
+     "negotiate collect: error: --markets: 200000000: times group (8) is 1,600,000,000 episodes; at most 1,000,000,000"),
+    (["collect", "--seller", "greedy", "--group", "100000000"], None,  # the default markets (32) said so
+     "negotiate collect: error: --markets: 32: times group (100,000,000) is 3,200,000,000 episodes; at most 1,000,000,000"),
+    (["collect", "--seller", "greedy", "--config", "FILE"], "markets = 200000000\n",
+     "negotiate collect: error: FILE: markets: 200000000: times group (8) is 1,600,000,000 episodes; at most 1,000,000,000"),
+    (["serve", "--concurrency", BIG], None, f"negotiate serve: error: --concurrency: '{BIG}': must be at most 1,000,000,000"),
+    (["serve", "--shard", "1/99999999999999999999"], None,  # a TypeError traceback, and an empty folder left
+     "negotiate serve: error: --shard: '1/99999999999999999999': need N <= 1,000,000,000"),
+    (["serve", "--seller", "openai:m@http://[::1/v1"], None, f"negotiate serve: error: --seller: 'openai:m@http://[::1/v1': {IPV6}"),
+    (["serve", "--seller", "openai:m@http://127.0.0.1:9/v1|http://[::1/v1"], None,
+     f"negotiate serve: error: --seller: 'openai:m@http://127.0.0.1:9/v1|http://[::1/v1': {IPV6}"),
+    (["serve", "--buyers", "openai:m@http://[::1/v1"], None, f"negotiate serve: error: --buyers: 'openai:m@http://[::1/v1': {IPV6}"),
+    (["serve", "--split", "FILE"], "budget = true\n", "negotiate serve: error: FILE: budget: True: must be a whole number"),
+])
+def test_a_bad_count_url_or_spec_is_one_line_exit_2_and_no_folder(tmp_path, capsys, argv, file, line):
+    """Issue 51, item 6: 12 of 159 bad inputs were a traceback (a count of 2**63, a shard of 10**20 slices, a malformed
+    IPv6 URL) or played (a spec's budget = true: a budget of 1 turn). Each is one line naming where the value came from,
+    with the bound, exit 2, and no run folder."""
+    if file is not None:
+        path = tmp_path / "given.toml"
+        path.write_text(file)
+        argv, line = [str(path) if word == "FILE" else word for word in argv], line.replace("FILE", str(path))
+    out = tmp_path / "run"
+    assert main([*argv, "--out", str(out), "--quiet"]) == 2
+    assert error_line(capsys) == line
+    assert not out.exists()
+
+
+def test_a_run_json_past_the_bounds_is_one_line_on_resume(tmp_path, capsys):
+    """A run.json edited by hand (or written by another tool) is read with the bounds of the flags; collect's --resume
+    may extend a run only within them (markets times the run's group)."""
+    out = tmp_path / "c"
+    assert main(["collect", "--seller", "greedy", "--markets", "1", "--group", "2", "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    saved, files = (out / "run.json").read_bytes(), {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.json"}
+    assert main(["collect", "--resume", str(out), "--markets", "600000000", "--quiet"]) == 2
+    assert error_line(capsys) == ("negotiate collect: error: --markets: 600000000: times the run's group (2) is 1,200,000,000 "
+                                  "episodes; at most 1,000,000,000")
+    for key, value, problem in (("episodes", 2**63 - 1, "must be at most 1,000,000,000"),
+                                ("shard", [1, 10**12], "need N <= 1,000,000,000"), ("group", 0, "must be at least 1")):
+        (out / "run.json").write_bytes(orjson.dumps(orjson.loads(saved) | {key: value}))
+        assert main(["collect", "--resume", str(out), "--quiet"]) == 2
+        assert error_line(capsys) == f"negotiate collect: error: {out / 'run.json'}: {key}: {value!r}: {problem}"
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.json"} == files  # nothing written
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"market": 5}, "1: market: 5: must be a JSON object"),
+    ({"episode": None}, "1: episode: missing or null; every episode has an id, a non-empty string"),
+    ({"market": {}}, " episode greedy-000000: the market lacks 'seed'"),
+])
+def test_report_and_replay_text_refuse_the_same_episode_start_in_the_same_line(tmp_path, capsys, change, problem):
+    """Issue 51: replay --text printed an episode_start whose market was 5 (``budget ? turns``), which report refused;
+    report took an episode id of null. Both commands now read an episode_start the same way, and refuse with one line."""
+    assert main(["serve", "--seller", "greedy", "--episodes", "1", "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    capsys.readouterr()
+    events = next(read_episodes(tmp_path / "r" / "greedy.jsonl"))
+    events[0] |= change
+    trace = tmp_path / "odd.jsonl"
+    trace.write_bytes(b"".join(orjson.dumps(event) + b"\n" for event in events))
+    for command in ("report", "replay"):
+        assert main([command, str(trace), *(["--text"] if command == "replay" else [])]) == 2
+        assert error_line(capsys) == f"negotiate {command}: error: {trace}:{problem}".replace(":" + " episode", ": episode")
+    assert capsys.readouterr().out == ""
+
+
+# -- issue 51, item 11: output a person reads -------------------------------------------------------------------------------
+
+
+def test_the_run_table_names_its_buyers_and_split_and_says_what_each_short_title_means(tmp_path, capsys, monkeypatch):
+    """The table's title named neither the buyers every row played nor the split; capt, welf /OPT and regret had no
+    legend and no unit. At 80 columns the legend's lines fit, none of its entries split across two."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["serve", "--seller", "greedy", "--buyers", "concession?patience=5", "--split", "shapes", "--episodes", "2",
+                 "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].strip() == "negotiate serve: concession?patience=5 buyers on shapes"
+    assert all(len(line) <= 80 for line in lines if str(tmp_path) not in line)  # a path is never cut
+    legend = [line.strip() for line in lines[lines.index(next(line for line in lines if line.startswith("±"))):]][:6]
+    assert legend == ["±: 95% CI of the mean · viol/ep: seller violations an episode",
+                      "capt: capture, a deal's (price - cost) / (value - cost)",
+                      "welf/OPT: welfare (value - cost over the deals) / OPT",
+                      "OPT: the best matching's welfare",
+                      "OPT pairs: share of OPT's buyer-product pairs made",
+                      "regret: OPT - welfare, in the market's $ · budget overruns: 0"]

@@ -149,6 +149,23 @@ def test_csv_files_and_plots_are_written(evaluation):
         assert width >= 400 and height >= 300
 
 
+def test_the_last_lines_name_each_file_written_with_its_folder_and_fit_80_columns(tmp_path, capsys, monkeypatch):
+    """Issue 51, item 11: eval's last line was 165 columns and named the plots without their folder. Each file is now a
+    path on a line of its own, one that opens."""
+    monkeypatch.setenv("COLUMNS", "80")
+    out = tmp_path / "e"
+    assert main(["eval", "--seller", "greedy,posted", "--split", "train", "--episodes", "2", "--out", str(out), "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.endswith("; written:"))
+    assert re.fullmatch(r"4 episodes in \d+\.\ds; written:", lines[start])
+    named = [line[11:] for line in lines[start + 1:start + 7]]
+    assert [line[:11] for line in lines[start + 1:start + 7]] == ["  results: ", *["           "] * 2, "  plots:   ", *["           "] * 2]
+    assert named == [str(out / name) for name in ("results.md", "results.csv", "paired.csv", "plots/profit_welfare_by_split.png",
+                                                   "plots/violations_by_type.png", "plots/paired_profit_by_split.png")]
+    assert all((out / path).is_file() for path in named) and lines[start + 7] == "report again:"
+    assert all(len(line) <= 80 for line in lines if str(out) not in line)  # a path is never cut
+
+
 def test_resume_of_a_finished_evaluation_runs_nothing(evaluation):
     sizes = {p: p.stat().st_size for p in evaluation.rglob("*.jsonl") if "log" not in p.name}
     assert main(["eval", "--resume", str(evaluation), "--quiet"]) == 0

@@ -34,7 +34,7 @@ from negotiate.market import resolve_spec
 from negotiate.agents.pools import Pools
 from negotiate.runner import preload_models, run_async
 from negotiate.tui.session import PlaySession, fresh_seed
-from negotiate.tui.transcript import find_episode, load_trace, plain_transcript
+from negotiate.tui.transcript import check_scorable, find_episode, load_trace, plain_transcript
 
 __all__ = ["play", "replay", "prepare", "exit_summary", "web_driven", "WEB_DRIVER", "IDLE_S"]
 
@@ -148,20 +148,29 @@ def _r(value) -> str:
 
 
 def replay(trace: Path, settings) -> int:
-    """Step through the episodes of ``trace`` in the UI, or print one as plain text with ``--text``. ``settings``:
-    replay's (:class:`negotiate.cli.ReplaySettings`)."""
+    """Step through the episodes of ``trace`` in the UI, or print one (``--all``: every one) as plain text with
+    ``--text``. ``settings``: replay's (:class:`negotiate.cli.ReplaySettings`)."""
     if settings.full and not settings.text:
         raise UserError("prints whole fields with --text only (the viewer cuts them to stay quick)", field="--full")
+    every = getattr(settings, "every", False)
+    if every and not settings.text:
+        raise UserError("prints every episode with --text only (the viewer steps through them all: n and p)", field="--all")
+    if every and settings.episode is not None:
+        raise UserError("prints every episode, --episode one of them: give one of the two", field="--all")
     skipped: list[str] = []
     episodes = load_trace(trace, allow_partial=settings.allow_partial, on_skip=skipped.append)
     if skipped:
         print(f"negotiate replay: --allow-partial skipped {'; '.join(skipped)}", file=sys.stderr)
     index = find_episode(episodes, settings.episode, source=str(trace))
     if settings.text:
+        printed = episodes if every else [episodes[index]]
+        for episode in printed:  # what report would refuse is refused before a line is printed
+            check_scorable(episode, source=str(trace))
         if hasattr(sys.stdout, "reconfigure"):
             sys.stdout.reconfigure(errors="replace")  # a talk in any script still prints under an ASCII locale
         try:
-            sys.stdout.write(plain_transcript(episodes[index], full=settings.full))
+            for k, episode in enumerate(printed):
+                sys.stdout.write(("\n" if k else "") + plain_transcript(episode, full=settings.full))
             sys.stdout.flush()
         except BrokenPipeError:  # `| head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -17,14 +17,14 @@ from pathlib import Path
 
 from negotiate.errors import UserError
 from negotiate.market import Market, MarketSpec
-from negotiate.metrics import opt
+from negotiate.metrics import metrics_from_events, opt
 from negotiate.trace import (
     DealEvent, EpisodeEnd, EpisodeRecord, Event, MessageEvent, NoticeEvent, Outcome, ViolationEvent, parse_event, read_episodes,
 )
 
 from negotiate.tui.text import action_label, clean, money, ratio
 
-__all__ = ["FIELD_MAX", "cut", "Recorded", "load_trace", "find_episode", "event_lines", "hang_width", "market_lines", "end_lines", "plain_transcript",
+__all__ = ["FIELD_MAX", "cut", "Recorded", "load_trace", "check_scorable", "find_episode", "event_lines", "hang_width", "market_lines", "end_lines", "plain_transcript",
            "price_points"]
 
 Line = tuple[str, str]
@@ -117,6 +117,18 @@ def load_trace(path: str | Path, *, allow_partial: bool = False, on_skip=None) -
     if not episodes:
         raise UserError("holds no complete episode", source=str(path))
     return episodes
+
+
+def check_scorable(episode: Recorded, source: str) -> None:
+    """Refuse what ``report`` refuses: an episode that did not fail but whose metrics cannot be recomputed from its events
+    (no spec, a market that is not one, a deal naming a buyer its market lacks), in report's line: ``FILE: episode ID:
+    problem``. ``replay --text`` printed such an episode as ``budget ? turns``."""
+    if episode.failed:  # report scores no failed episode either
+        return
+    try:
+        metrics_from_events(episode.events)
+    except (ValueError, UserError) as error:
+        raise UserError(f"episode {episode.id}: {error}", source=source) from None
 
 
 def find_episode(episodes: list[Recorded], episode_id: str | None, source: str = "") -> int:

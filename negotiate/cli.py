@@ -174,12 +174,14 @@ def command_settings() -> dict[str, tuple]:
     """Each command that has settings, and its settings' classes: the one table :func:`main` reads them by. (The
     training configs are imported here, not at the top: their modules load no torch, but this one loads for every
     command.)"""
+    from negotiate.training.export import ExportConfig
     from negotiate.training.loop.config import LoopConfig
     from negotiate.training.teach import TeachConfig
     from negotiate.training.trainer import TrainConfig
 
     return {**dict.fromkeys(("serve", "collect", "eval"), RUN_SETTINGS), "play": (PlaySettings,), "report": (ReportSettings,),
-            "replay": (ReplaySettings,), "train": (TrainConfig,), "loop": (LoopConfig,), "teach": (TeachConfig,)}
+            "replay": (ReplaySettings,), "train": (TrainConfig,), "loop": (LoopConfig,), "teach": (TeachConfig,),
+            "export": (ExportConfig,)}
 
 
 def _output_arguments(parser: argparse.ArgumentParser, log_file: str = "the run's *.log.jsonl file") -> None:
@@ -240,6 +242,18 @@ def _teach(args: argparse.Namespace, settings: Settings, console: Console) -> in
     return EXIT_OK
 
 
+def _export(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from negotiate.training.export import ExportConfig, export
+
+    config = settings.of(ExportConfig)
+    wrote = export(config)
+    console.print(f"wrote {wrote['rows']} decisions of {wrote['episodes']} episodes ({wrote['markets']} markets) to {config.out}",
+                  highlight=False, soft_wrap=True)
+    _print_command(console, "load it with", "python", "-c", 'import datasets; print(datasets.load_dataset("parquet", '
+                   f'data_files={json.dumps(str(config.out))}, split="train"))')
+    return EXIT_OK
+
+
 def _play(args: argparse.Namespace, settings: Settings, _console: Console) -> int:
     play = settings.of(PlaySettings)
     if play.web:
@@ -276,6 +290,7 @@ def _parser() -> argparse.ArgumentParser:
     _batch_arguments(collect, "collect")
     collect.set_defaults(run=_serve)
 
+    from negotiate.training.export import INSTALL as EXPORT_INSTALL  # no pyarrow: it loads when export runs
     from negotiate.training.trainer import FROM_TRACES  # no torch: the flags come from the config dataclass
 
     settings = command_settings()
@@ -305,6 +320,15 @@ def _parser() -> argparse.ArgumentParser:
                     "beside scripted baselines. Needs the hf extra: pip install 'negotiate[hf]'.")
     add_command_settings(teach, "teach", settings["teach"])
     teach.set_defaults(run=_teach)
+
+    export = sub.add_parser(
+        "export", help="write the seller's decisions in traces as a Parquet file for other RL stacks (TRL, verl, OpenRLHF)",
+        description="One row per seller decision, as negotiate train builds it: the prompt and the completion as chat messages, "
+                    "the reward, the return and the group-relative advantage, the episode and market ids, and the token ids "
+                    "and log-probs where the trace logged them. datasets.load_dataset('parquet', data_files=OUT) loads it. "
+                    f"Needs pyarrow, which the train extra brings: {EXPORT_INSTALL}.")
+    add_command_settings(export, "export", settings["export"])
+    export.set_defaults(run=_export)
 
     report = sub.add_parser("report", help="metrics table from trace files or folders alone",
                             description="Recompute every episode's metrics from its trace; merge shards; print a table. Separate "

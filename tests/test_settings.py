@@ -29,7 +29,8 @@ from negotiate.training.learning import LearningConfig
 from negotiate.training.loop import LoopConfig
 from negotiate.training.trainer import TrainConfig
 
-COMMANDS = ("serve", "collect", "eval", "play", "report", "replay", "train", "loop", "teach")
+COMMANDS = tuple(command_settings())
+"""Every command that has settings (export too, issue 51): each walk below takes each of them."""
 
 
 @dataclass
@@ -336,7 +337,7 @@ def test_every_run_flag_reaches_the_run_the_command_plays(command, tmp_path, mon
     configure(None, console_level=logging.WARNING)  # the log file the last run opened
 
 
-@pytest.mark.parametrize("command", ["play", "report", "replay", "train", "loop", "teach"])
+@pytest.mark.parametrize("command", [command for command in COMMANDS if command not in ("serve", "collect", "eval")])
 def test_every_flag_of_the_other_commands_reaches_its_setting(command, monkeypatch):
     """Each flag typed alone sets its field of the instance main() hands the command, and nothing else."""
     handed = {}
@@ -360,19 +361,22 @@ def test_main_hands_each_command_the_settings_it_read(monkeypatch):
     """main() reads the settings once and hands the command the instances (it rebuilt a RunConfig field by field)."""
     from negotiate.cli import PlaySettings, ReplaySettings, ReportSettings
     from negotiate.settings import Settings
+    from negotiate.training.export import ExportConfig
     from negotiate.training.teach import TeachConfig
 
     handed = {}
-    for command in ("train", "loop", "teach", "play", "report", "replay"):
+    for command in ("train", "loop", "teach", "play", "report", "replay", "export"):
         monkeypatch.setattr(cli, f"_{command}", lambda args, settings, console, command=command: handed.setdefault(command, settings)
                             and 0)
     monkeypatch.setattr(Settings, "check", lambda self, instance: None)
     for argv in (["train", "--lr", "0.5"], ["loop", "--rounds", "5"], ["teach", "--rounds", "5"], ["play", "--role", "seller"],
-                 ["report", "traces", "--format", "csv"], ["replay", "trace.jsonl", "--text"]):
+                 ["report", "traces", "--format", "csv"], ["replay", "trace.jsonl", "--text"],
+                 ["export", "--traces", "t", "--reward", "profit"]):
         assert main(argv) == 0
     assert handed["train"].of(TrainConfig) == TrainConfig(lr=0.5) and handed["loop"].of(LoopConfig) == LoopConfig(rounds=5)
     assert handed["teach"].of(TeachConfig) == TeachConfig(rounds=5) and handed["play"].of(PlaySettings) == PlaySettings(role="seller")
     assert handed["report"].of(ReportSettings).format == "csv" and handed["replay"].of(ReplaySettings).text is True
+    assert handed["export"].of(ExportConfig) == ExportConfig(traces=("t",), reward="profit")
 
 
 def test_to_keys_gives_back_what_the_reader_reads():

@@ -142,10 +142,11 @@ class PlannerSeller(_Follower):
     name = "planner"
     defaults = {"patience": 1, "reasons": 0}
     _STATE = ("lo", "hi", "last", "bids", "sent", "rejected", "stubborn", "_seen_lo", "_seen_hi", "_depth", "_worth", "_first",
-              "_prices", "_stale", "_row_depth")
+              "_prices")
     """What a decision changes (``_Follower.__deepcopy__``); the prior, costs and correlation factors are set once, the
-    ladder programme's scratch (``_firsts``, ``_rest``) is replaced, never changed, and the generator is never drawn
-    from (it is kept for the spec's sake)."""
+    ladder programme's scratch (``_firsts``, ``_rest``), the buyers active (``_active``) and the ladders kept per buyer
+    (``_planned``) are replaced, never changed, and the generator is never drawn from (it is kept for the spec's
+    sake)."""
 
     def __init__(self, spec: str, params: dict | None, market_spec: MarketSpec, rng: np.random.Generator):
         super().__init__(spec, params)
@@ -164,11 +165,12 @@ class PlannerSeller(_Follower):
         self._active: list[int] | None = None
         """The buyers active at the last decision (a new list each decision: never changed in place, so shared by a
         copy)."""
-        self._stale: list[bool] | None = None
-        """Each buyer whose bounds may have moved since its ladders were planned: it has spoken since (:meth:`_learn`)."""
-        self._row_depth: np.ndarray | None = None
-        """The shortest ladder kept on any pair of each buyer; ``_shallowest`` is the least of them."""
-        self._shallowest = 0
+        self._planned: list[int] | None = None
+        """The shortest ladder kept on any pair of each buyer, -1 where the buyer has spoken since its ladders were
+        planned (its bounds may have moved: :meth:`_learn`); :meth:`_refresh` looks at the buyers below the length
+        it needs. A new list at each change, never changed in place: a copy of the seller shares it (a copy of n
+        items at each change costs less than one at every ``deepcopy``, which the menu and the rollouts make at
+        every decision)."""
         self.reasons = bool((params or {}).get("reasons", self.defaults["reasons"]))
         """``reasons=1``: each message carries, as its thought, the facts its choice turned on (:meth:`_why`)."""
 
@@ -209,12 +211,15 @@ class PlannerSeller(_Follower):
         if self.lo is None:
             self._setup(obs)
         lo, hi = self.lo, self.hi
+        planned = None
         for item in obs.new:
             if not isinstance(item, Message):
                 continue
             i = int(item.sender[1:]) - 1
-            if self._stale is not None:
-                self._stale[i] = True
+            if self._planned is not None:
+                if planned is None:
+                    self._planned = planned = self._planned.copy()
+                planned[i] = -1
             last = self.last.pop(i, None)
             action = item.action
             if action.kind == "reject" and last is not None:
@@ -387,9 +392,9 @@ class PlannerSeller(_Follower):
         every pair (at 200 x 200, 40,000 times the work). A pair's programme reads its own bounds alone (its row's,
         where correlated), so what is kept is what planning it again would give.
 
-        Only the buyers that spoke since they were planned (``_stale``) are looked at, and every free buyer only when
-        ``need`` outgrows the shortest ladder kept (``_shallowest``): comparing every free buyer's bounds at each
-        decision cost O(n^2) a turn. The pairs planned are those comparing would find."""
+        Only the buyers that spoke since they were planned, or keep a ladder shorter than ``need``, are looked at
+        (``_planned``): comparing every free buyer's bounds at each decision cost O(n^2) a turn. The pairs planned are
+        those comparing them all would find."""
         if self._seen_lo is None:
             n, m = self.lo.shape
             self._seen_lo, self._seen_hi = np.full((n, m), np.nan), np.full((n, m), np.nan)
@@ -397,13 +402,8 @@ class PlannerSeller(_Follower):
             self._worth = np.zeros((LONGEST + 1, n, m))
             self._first = np.zeros((LONGEST + 1, n, m), dtype=np.intp)
             self._prices = np.zeros((n, m, CELLS))
-            self._stale, self._row_depth, self._shallowest = [True] * n, np.zeros(n, dtype=np.intp), 0
-        spoke = self._stale
-        if need > self._shallowest:
-            shallow = self._row_depth < need
-            rows = [i for i in rows if spoke[i] or shallow[i]]
-        else:
-            rows = [i for i in rows if spoke[i]]
+            self._planned = [-1] * n
+        rows = [i for i in rows if self._planned[i] < need]
         if not rows:
             return
         moved = (self.lo[rows] != self._seen_lo[rows]) | (self.hi[rows] != self._seen_hi[rows]) | (self._depth[rows] < need)
@@ -425,10 +425,9 @@ class PlannerSeller(_Follower):
             self._prices[at] = ladder["prices"].reshape(self._prices[at].shape)
             self._seen_lo[at], self._seen_hi[at] = self.lo[at], self.hi[at]
             self._depth[at] = need
-        for i in rows:
-            spoke[i] = False
-        self._row_depth[rows] = self._depth[rows].min(axis=1)
-        self._shallowest = int(self._row_depth.min())
+        self._planned = planned = self._planned.copy()
+        for i, depth in zip(rows, self._depth[rows].min(axis=1).tolist()):
+            planned[i] = depth
 
     def _why(self, facts: str, left: int, active: int, verdict: str) -> str:
         """The thought of a message under ``reasons=1`` ("" otherwise): what the choice turned on, in words a

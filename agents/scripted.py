@@ -63,6 +63,9 @@ def _tries_values(low: np.ndarray, high: np.ndarray, cost: np.ndarray, tries: in
     return worth, price.astype(np.int64)
 
 
+_MOVED = object()
+"""What greedy keeps, in place of the standing bid a row was valued with, for a row to value again."""
+
 VECTOR_PAIRS = 64
 """Free buyers times products in stock from which greedy values its pairs as arrays: below it, a Python loop over
 plain lists is faster (markets of 2-4 buyers and products); above, the loop built a message for every pair at every
@@ -90,13 +93,13 @@ class _Learner(_Follower):
     def _learn(self, obs: SellerObservation) -> None:
         if not hasattr(self, "low"):
             self._setup(obs)
-        stale = self.__dict__.get("_stale")  # greedy on a large market: the rows whose bounds may move
+        valued = self.__dict__.get("_valued_with")  # greedy on a large market: its rows kept, to value again
         for item in obs.new:
             if not isinstance(item, Message):
                 continue
             i = int(item.sender[1:]) - 1
-            if stale is not None:
-                stale[i] = True
+            if valued is not None:
+                valued[i] = _MOVED
             last = self.last.pop(i, None)
             action = item.action
             low, high = self.low[i], self.high[i]
@@ -130,7 +133,7 @@ class GreedySeller(_Learner):
     """
 
     name = "greedy"
-    _STATE = _Learner._STATE + ("_value", "_price", "_bidcol", "_bids", "_stale")
+    _STATE = _Learner._STATE + ("_value", "_price", "_bidcol", "_valued_with")
     """What a decision changes: the learner's bounds and counts, and on large markets the values kept per buyer
     (:meth:`_revalue`)."""
 
@@ -207,16 +210,16 @@ class GreedySeller(_Learner):
             self._value, self._price = np.zeros((n, m)), np.zeros((n, m), dtype=np.int64)
             self._bidcol = np.full(n, -1, dtype=np.intp)
             """Each buyer's standing bid's product where the seller would take it (-1: none)."""
-            self._bids: list = [None] * n
-            """The standing bid each buyer's row was valued with."""
-            self._stale = [True] * n
+            self._valued_with: list = [_MOVED] * n
+            """The standing bid each buyer's row was valued with (None: none), or ``_MOVED``: its bounds may have moved
+            since, or the turns each buyer may hear have changed."""
             self._costs = np.array([p.cost for p in obs.products], dtype=float)
             self._valued_at = None
         if tries != self._valued_at:
             self._valued_at = tries
-            self._stale = [True] * len(self._stale)
-        stale, bids, buyers = self._stale, self._bids, obs.buyers
-        rows = [i for i in free if stale[i] or buyers[i].bid != bids[i]]
+            self._valued_with = [_MOVED] * len(self._valued_with)
+        bids, buyers = self._valued_with, obs.buyers
+        rows = [i for i in free if buyers[i].bid != bids[i]]
         if not rows:
             return
         worth, price = _tries_values(self.low[rows], self.high[rows], self._costs, tries)
@@ -235,8 +238,6 @@ class GreedySeller(_Learner):
                 value[r, j] = sure + 1e-6
                 self._bidcol[i] = j
         self._value[rows], self._price[rows] = value, price
-        for i in rows:
-            stale[i] = False
 
 
 class PostedSeller(_Learner):

@@ -152,17 +152,17 @@ def export(config: ExportConfig) -> dict:
     """Write ``config.traces``' decisions to ``config.out`` (made whole in a file beside it, then renamed: a run that
     stops leaves no half file); returns what was written: ``rows``, ``episodes`` and ``markets``. A one-line
     :class:`UserError` when pyarrow is missing (naming the extra) or no episode is left to write."""
+    config.check()  # the input first: a bad file is named whatever is installed
+    episodes = scored_episodes(config)
+    if not episodes:
+        raise UserError("no episode to export (each needs an episode_end and a reward; check split, seller and min_group "
+                        "against the traces)", source=", ".join(config.traces))
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise UserError(f"writes Parquet with pyarrow, which is not installed; it comes with the train extra: {INSTALL}",
                         field="export") from None
-    config.check()
-    episodes = scored_episodes(config)
-    if not episodes:
-        raise UserError("no episode to export (each needs an episode_end and a reward; check split, seller and min_group "
-                        "against the traces)", source=", ".join(config.traces))
     schema = _schema(pa, config)
     table = pa.Table.from_pylist(list(decision_rows(episodes, scale_advantages=config.scale_advantages)), schema=schema)
     out = config.out

@@ -70,7 +70,7 @@ try:
     from textual_serve.app_service import AppService
     from textual_serve.download_manager import DownloadManager
 except ImportError:  # the extra is missing: serve() says so in one line
-    web = None
+    web = DownloadManager = None
 
 __all__ = ["serve", "Seats", "child_command", "PlayServer", "DEFAULT_HOST", "DEFAULT_PORT", "DEFAULT_MAX_PLAYERS"]
 
@@ -195,7 +195,7 @@ class PlayServer:
         self.seat = "the seller" if args.role == "seller" else "a buyer"
         self.title = f"negotiate: bargain as {self.seat}"
         self._sockets: set = set()
-        self._downloads = DownloadManager()  # AppService wants one; the play app delivers no files
+        self._downloads = DownloadManager() if DownloadManager else None  # AppService wants one; the play app delivers no files
 
     def application(self) -> web.Application:
         static = Path(textual_serve.__file__).parent / "static"  # its terminal script, styles and font

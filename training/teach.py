@@ -16,7 +16,7 @@ The recipe (issue 49), each stage written under ``--out``:
 
 The replays read the buyers' values and strategies (training-time privilege); the policy reads its prompt alone, and
 the evaluation plays markets no replay saw. ``results.md`` and ``results.json`` hold the table, ``curve.png`` the
-profit/OPT of each stage per buyer kind with the baselines, ``policy/`` the last stage's model (``hf:OUT/policy?prompt=menu``
+profit/OPT of each stage per buyer kind with the baselines, ``policy/`` the kept stage's model (``keep``: the best on the eval markets, or the last) (``hf:OUT/policy?prompt=menu``
 plays it; ``learned`` is one such folder shipped in the package).
 """
 
@@ -27,6 +27,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass, fields
@@ -35,9 +36,11 @@ from pathlib import Path
 from negotiate.errors import UserError
 from negotiate.settings import setting
 
-__all__ = ["TeachConfig", "teach", "COMPACT", "OBJECTIVES"]
+__all__ = ["TeachConfig", "teach", "keep_stage", "COMPACT", "OBJECTIVES", "KEEP"]
 
 OBJECTIVES = ("regret-pg", "values")
+KEEP = ("best", "last")
+"""Which stage ``policy/`` holds (:func:`keep_stage`)."""
 """The replay rounds' losses (``negotiate.training.menu_model``: ``replay_loss``, ``value_loss``)."""
 
 COMPACT = ("specs/compact.toml", "specs/compact-correlated.toml", "specs/compact-shapes.toml")
@@ -97,6 +100,8 @@ class TeachConfig:
     baselines: tuple[str, ...] = _key(BASELINES, "scripted sellers played on the held-out markets beside each stage", kind="list")
     threads: int | None = _flag(None, "torch threads", kind="int", shown="torch's choice")
     play_batch: int = _key(64, "policy decisions read in one forward pass when it plays", kind="int")
+    keep: str = _key("best", "which stage policy/ holds: best (the highest held-out profit/OPT, averaged over the buyer kinds; "
+                             "eval_seed's markets choose it, so report the result on other run seeds) or last", choices=KEEP)
 
     def check(self) -> None:
         for name in ("sft_markets", "eval_markets", "batch_size", "play_batch", "hidden", "layers", "heads"):
@@ -106,6 +111,8 @@ class TeachConfig:
             raise UserError("rounds must be 0 or more and round_markets at least 1", field="rounds", value=self.rounds)
         if self.eval_seed == self.seed:
             raise UserError("is the training markets' run seed; held-out markets need their own", field="eval_seed", value=self.eval_seed)
+        if self.keep not in KEEP:
+            raise UserError(f"choose from {', '.join(KEEP)}", field="keep", value=self.keep)
         if self.objective not in OBJECTIVES:
             raise UserError(f"choose from {', '.join(OBJECTIVES)}", field="objective", value=self.objective)
         if self.start is not None and not (Path(self.start) / "config.json").is_file():
@@ -287,7 +294,13 @@ def teach(config: TeachConfig, *, say=print) -> dict:
         folder = out / f"stage-{r:02d}-round"
         results["stages"][f"round-{r}"] = _evaluate(config, model, tokenizer, folder, log)
         save_model(model, tokenizer, folder / "policy")
-    save_model(model, tokenizer, out / "policy")
+    kept = keep_stage(results["stages"], config.keep)
+    results["kept"] = kept
+    if kept == list(results["stages"])[-1]:
+        save_model(model, tokenizer, out / "policy")
+    else:
+        shutil.copytree(out / _stage_folder(list(results["stages"]).index(kept), kept) / "policy", out / "policy", dirs_exist_ok=True)
+    log(f"policy/: the policy after {kept} ({config.keep})")
 
     # 3. The baselines on the same held-out markets.
     t = time.perf_counter()
@@ -304,6 +317,31 @@ def teach(config: TeachConfig, *, say=print) -> dict:
     _curve(results, out / "curve.png")
     log(f"done: {out / 'results.md'}")
     return results
+
+
+def keep_stage(stages: dict, keep: str) -> str:
+    """The stage ``policy/`` holds: the last, or the best by held-out profit/OPT averaged over the buyer kinds (the
+    first of equals).
+
+    >>> stages = {"sft": {"ratios": {"a": {"s": [0.5]}, "b": {"s": [0.7]}}},
+    ...           "round-1": {"ratios": {"a": {"s": [0.6]}, "b": {"s": [0.7]}}},
+    ...           "round-2": {"ratios": {"a": {"s": [0.7]}, "b": {"s": [0.5]}}}}
+    >>> keep_stage(stages, "best"), keep_stage(stages, "last")
+    ('round-1', 'round-2')
+    """
+    names = list(stages)
+    if keep == "last":
+        return names[-1]
+
+    def score(name):
+        kinds = stages[name]["ratios"].values()
+        return sum(sum(r for split in kind.values() for r in split) / sum(len(split) for split in kind.values())
+                   for kind in kinds) / len(kinds)
+    return max(names, key=score)
+
+
+def _stage_folder(index: int, name: str) -> str:
+    return f"stage-{index:02d}-{'round' if name.startswith('round') else name}"
 
 
 def _evaluate(config: TeachConfig, model, tokenizer, folder: Path, log) -> dict:
@@ -372,6 +410,9 @@ def results_table(results: dict) -> str:
         lines += ["", f"Best baseline: `{best_name}`. n = {len(next(iter(table.values())))} markets.", ""]
     valid = {name: stage["valid"] for name, stage in results["stages"].items()}
     lines += ["Valid seller messages: " + ", ".join(f"{name} {v:.4f}" for name, v in valid.items()), ""]
+    if results.get("kept"):
+        lines += [f"`policy/` holds the policy after {results['kept']} (keep = {config.get('keep', 'last')}: chosen on these "
+                  "markets, so its figure here is optimistic; held-out figures need other run seeds).", ""]
     return "\n".join(lines)
 
 

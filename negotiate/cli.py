@@ -926,7 +926,7 @@ def _agents(_args: argparse.Namespace, _settings: None, console: Console) -> int
         table.add_column("what it does")
         table.add_column("parameters")
         for name, doc, params in describe_agents(role):
-            table.add_row(name, doc, params)
+            table.add_row(Text(name), Text(doc), Text(params))  # text, not markup: 'negotiate[hf]' stays whole
         console.print(table)
     from negotiate.agents.backends import OPENAI_KEYS
     from negotiate.agents.local import HF_KEYS, VLLM_KEYS

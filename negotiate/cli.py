@@ -238,7 +238,7 @@ def _teach(args: argparse.Namespace, settings: Settings, console: Console) -> in
     missing = [name for name in ("torch", "transformers", "tokenizers") if importlib.util.find_spec(name) is None]
     if missing:
         raise UserError(f"{', '.join(missing)} not installed; teach needs them: pip install 'negotiate[hf]'", field="teach", value=None)
-    teach(config, say=lambda line: console.print(line, highlight=False, markup=False))
+    teach(config, say=lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True))  # a log line stays one line
     return EXIT_OK
 
 

@@ -14,8 +14,9 @@ menu), and every evaluation plays markets the teacher never replayed. The contin
 kind (``continuation`` maps a buyer spec to a seller), a privilege of the same sort: it fixes whose moves the labels
 improve on, one step each.
 
-The labels feed the menu trainer (``negotiate.training.menu_train``): cross-entropy toward the best option weighted by
-what the chosen one gives up (regret), and a policy-gradient step over the options with the values as advantages.
+The labels feed the menu trainer (``negotiate.training.teach``; its losses are in ``negotiate.training.menu_model``):
+cross-entropy toward the best option weighted by what the chosen one gives up (regret), and a policy-gradient step over
+the options with the values as advantages.
 """
 
 from __future__ import annotations

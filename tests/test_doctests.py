@@ -13,7 +13,7 @@ import pytest
                                   "negotiate.report", "negotiate.plots", "negotiate.agents.planner", "negotiate.agents.llm",
                                   "negotiate.agents.views.text", "negotiate.agents.views.advice", "negotiate.agents.views.tools",
                                   "negotiate.training.loop", "negotiate.agents.policy", "negotiate.tui.transcript", "negotiate.tui.replay",
-                                  "negotiate.training.ranks", "negotiate.agents.rule"])
+                                  "negotiate.training.ranks", "negotiate.agents.rule", "negotiate.trace_schema", "negotiate.trace_read"])
 def test_doctests_pass(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False, report=False)

@@ -17,8 +17,9 @@ import pytest
 
 import negotiate
 
-ENGINE = ["protocol", "market", "rules", "regulator", "bus", "episode", "trace", "metrics", "errors"]
-"""The engine modules, under negotiate/."""
+ENGINE = ["protocol", "market", "rules", "regulator", "bus", "episode", "trace", "trace_schema", "trace_store", "trace_read",
+          "metrics", "errors"]
+"""The engine modules, under negotiate/ (``trace`` re-exports ``trace_schema``, ``trace_store`` and ``trace_read``)."""
 FORBIDDEN = ["negotiate.agents", "negotiate.training", "negotiate.tui", "negotiate.cli", "negotiate.runner",
              "negotiate.workers", "negotiate.report", "negotiate.plots"]
 """What the engine may not import: the layers above it."""

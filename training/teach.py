@@ -77,6 +77,9 @@ class TeachConfig:
                                                                 "own markets", kind="list")
     splits: tuple[str, ...] = _key(COMPACT, "market specs of the training and evaluation markets", kind="list")
     seed: int = _flag(7, "run seed of the training markets", kind="int")
+    teacher: str = _key("menu", "the seller whose menu choices the policy imitates first: menu (the planner's option on the "
+                                "menu) or another seller that picks menu options, such as rollout?worlds=8&buyers=mixed (no "
+                                "private information: it plans on worlds drawn from the spec's prior)")
     sft_markets: int = _key(300, "markets per split and buyer kind the planner's menu rule plays for imitation", kind="int")
     sft_epochs: float = _key(3.0, "passes over the imitation decisions", kind="number")
     rounds: int = _flag(3, "replay rounds after imitation", kind="int")
@@ -130,6 +133,7 @@ class TeachConfig:
             parse_agent(buyers, "buyer", field_name="buyers")
         for seller in self.baselines:
             parse_agent(seller, "seller", field_name="baselines")
+        parse_agent(self.teacher, "seller", field_name="teacher")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -240,9 +244,9 @@ def teach(config: TeachConfig, *, say=print) -> dict:
         sft_labels = []
         for buyers in config.buyers:
             for split in config.splits:
-                for episode in _play("menu", buyers, split, config.seed, range(config.sft_markets)):
+                for episode in _play(config.teacher, buyers, split, config.seed, range(config.sft_markets)):
                     sft_labels += label_episode(episode, value=False)
-        log(f"imitation data: {len(sft_labels)} planner decisions on {config.sft_markets * len(config.splits) * len(config.buyers)} markets")
+        log(f"imitation data: {len(sft_labels)} {config.teacher} decisions on {config.sft_markets * len(config.splits) * len(config.buyers)} markets")
         if config.model == "tiny":
             corpus = [m["content"] for label in sft_labels[:4000] for m in label.prompt]
             model, tokenizer = build_tiny(corpus, hidden=config.hidden, layers=config.layers, heads=config.heads, vocab=config.vocab,
@@ -252,8 +256,10 @@ def teach(config: TeachConfig, *, say=print) -> dict:
         letters, pad = letter_ids(tokenizer), tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         parameters = sum(p.numel() for p in model.parameters())
         log(f"model: {config.model}, {parameters:,} parameters ({sum(p.numel() for p in model.parameters() if p.requires_grad):,} trained)")
-        sft = [MenuExample(encode(tokenizer, label.prompt), len(label.options), target=label.planner) for label in sft_labels
-               if label.planner is not None]
+        # the planner's option on its own menu; another teacher's, the option its message is
+        targets = [label.planner if config.teacher == "menu" else label.chosen for label in sft_labels]
+        sft = [MenuExample(encode(tokenizer, label.prompt), len(label.options), target=target)
+               for label, target in zip(sft_labels, targets) if target is not None]
         stages["data"] = time.perf_counter() - began
 
         t = time.perf_counter()

@@ -2,8 +2,8 @@
 
 :class:`LLMSeller` and :class:`LLMBuyer` render their prompt from the observation
 alone (the seller through its prompt view, ``negotiate.agents.views``; the buyer with :func:`render_buyer`; the
-text lives in data files under ``agents/prompts/``), ask their backend (``negotiate.agents.backends``) for a
-completion, and turn the model's text into a message with :func:`parse_reply`,
+text lives in data files under ``agents/prompts/``), ask their backend (``negotiate.agents.contract``; the table of
+backends is ``negotiate.agents.backends``) for a completion, and turn the model's text into a message with :func:`parse_reply`,
 which validates and clamps on our side (control characters stripped, over-long
 talk truncated to ``TALK_MAX``, prices rounded, a ``<think>`` block set apart)
 and otherwise yields a :class:`~negotiate.protocol.ParseFailure` with the reason.
@@ -33,12 +33,11 @@ import numpy as np
 from negotiate.protocol import BUYER, SELLER, Generated, Message, ParseFailure, parse_lenient
 from negotiate.regulator import ACTIVE, SellerObservation
 
-from negotiate.agents.backends import Completion, openai_options
-from negotiate.agents.replicas import openai_backend  # one server's backend, or its replicas' (URL|URL)
+from negotiate.agents.backends import backend_of  # one server's backend, or its replicas' (URL|URL)
+from negotiate.agents.contract import Completion
 from negotiate.agents.moves import Adviser, units_left
 from negotiate.agents.planner import bid_in_play, turn_facts
 from negotiate.agents.policy import Policy
-from negotiate.agents.pools import current_pools
 from negotiate.agents.views import ADVISER, TOOLS, advice_line, render_buyer, render_seller, render_seller_compact, tool_lines
 from negotiate.agents.views.compact import _buyer_facts
 from negotiate.agents.views.text import PERSONAS, PromptTemplate, _template
@@ -204,8 +203,7 @@ def request_seed(seed) -> int | None:
 async def preflight(spec, pools=None) -> None:
     """Ask the server of a parsed ``openai:`` spec for its models before a run; raises
     :class:`LLMError` when it is down, refuses the key or lacks the model."""
-    pools = pools or current_pools()
-    await openai_backend(pools, openai_options(pools, spec.params)).preflight()
+    await backend_of(spec, pools).preflight()
 
 
 class LLMAgent:

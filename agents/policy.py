@@ -16,12 +16,10 @@ from dataclasses import asdict, dataclass, fields
 
 from negotiate.errors import UserError
 
+from negotiate.agents.contract import FORMATS
 from negotiate.agents.views import PROMPTS, VIEWS, View
 
 __all__ = ["Policy", "FORMATS"]
-
-FORMATS = ("json", "tagged")
-"""How a model writes its message: a JSON object under the four-part schema, or tagged text."""
 
 
 @dataclass(frozen=True)

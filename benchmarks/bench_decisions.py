@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from negotiate.agents.backends import PROMPTS
+from negotiate.agents.views import PROMPTS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -83,7 +83,7 @@ def time_training(model, examples, micro: int, repeat: int, device: str) -> floa
 def time_generation(model, tokenizer, examples, batch: int, max_tokens: int, device: str) -> tuple[float, int]:
     """(seconds per batch, tokens generated) of the hf backend decoding ``batch`` prompts at once (``model``
     in eval mode, with its KV cache on)."""
-    from negotiate.agents.local import _Job, _LocalModel
+    from negotiate.agents.hf import _Job, _LocalModel
 
     local = _LocalModel.in_memory(model, tokenizer, name="bench")
     local.encode = lambda ids: list(ids)  # the jobs carry the decisions' prompt ids, already rendered by the chat template

@@ -172,7 +172,7 @@ _CALLS = [0]
 
 def _no_http(latency: float):
     """``client=none``: no HTTP at all, the reply computed here after ``latency`` (the runtime's floor)."""
-    from negotiate.agents.backends import OpenAIBackend
+    from negotiate.agents.openai_server import OpenAIBackend
 
     sys.path.insert(0, str(TESTS))
     from fake_openai import scripted_reply

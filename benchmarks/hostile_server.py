@@ -133,7 +133,8 @@ async def serve(case: str, seconds: float) -> None:
 
 def child(url: str, client: str, timeout: float) -> None:
     """The client side: 4 requests at once (16 in turn each for ``late``); prints one JSON line."""
-    from negotiate.agents.backends import LLMError, LLMTimeout, OpenAIBackend, OpenAIOptions
+    from negotiate.agents.contract import LLMError, LLMTimeout
+    from negotiate.agents.openai_server import OpenAIBackend, OpenAIOptions
     from negotiate.agents.pools import Pools
 
     imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

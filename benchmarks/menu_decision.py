@@ -49,7 +49,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     import torch
 
-    from negotiate.agents.local import _Job, _LocalModel
+    from negotiate.agents.hf import _Job, _LocalModel
     from negotiate.agents.registry import learned_path
 
     if args.threads:

@@ -20,7 +20,7 @@ def openai_client_missing() -> str | None:
     try:
         import openai  # noqa: F401
 
-        from negotiate.agents.backends import _openai_httpx
+        from negotiate.agents.clients import _openai_httpx
 
         if _openai_httpx().__name__ == "httpx":
             import httpx_aiohttp  # noqa: F401

@@ -9,7 +9,7 @@ from __future__ import annotations
 import anyio
 import orjson
 
-from negotiate.agents.backends import Completion
+from negotiate.agents.contract import Completion
 from negotiate.agents.llm import LLMSeller
 from negotiate.agents.registry import parse_agent
 from negotiate.episode import run_episode

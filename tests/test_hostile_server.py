@@ -24,9 +24,9 @@ import pytest
 
 pytest.importorskip("aiohttp", reason="the aiohttp client needs aiohttp")
 
-from negotiate.agents.backends import (  # noqa: E402
-    DOWN_AFTER, REPLY_MAX, Completion, LLMError, LLMTimeout, OpenAIBackend, OpenAIOptions, aclose_clients,
-)
+from negotiate.agents.clients import aclose_clients  # noqa: E402
+from negotiate.agents.contract import Completion, LLMError, LLMTimeout  # noqa: E402
+from negotiate.agents.openai_server import DOWN_AFTER, REPLY_MAX, OpenAIBackend, OpenAIOptions  # noqa: E402
 from negotiate.agents.http1 import INFORMATIONAL_MAX, MAX_ANSWER, BrokenAnswer, HTTP1Pool, _Connection  # noqa: E402
 from negotiate.agents.registry import parse_agent  # noqa: E402
 from negotiate.errors import UserError  # noqa: E402
@@ -651,7 +651,7 @@ def test_the_openai_clients_errors_are_unwrapped_to_what_happened():
     import anyio as anyio_
     import openai
 
-    from negotiate.agents.backends import _broken, _openai_httpx, _under
+    from negotiate.agents.clients import _broken, _openai_httpx, _under
 
     httpx2 = _openai_httpx()
     request = httpx2.Request("POST", "http://127.0.0.1:9/v1/chat/completions")

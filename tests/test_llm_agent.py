@@ -19,7 +19,8 @@ pytest.importorskip("aiohttp", reason="the fake server and the openai backend's 
 
 from fake_openai import FakeOpenAI, Fault, free_port  # noqa: E402
 
-from negotiate.agents.backends import LLMTimeout, _shared, aclose_clients  # noqa: E402
+from negotiate.agents.clients import _shared, aclose_clients  # noqa: E402
+from negotiate.agents.contract import LLMTimeout  # noqa: E402
 from negotiate.agents.llm import legal_pattern, render_seller_compact  # noqa: E402
 from negotiate.agents.registry import parse_agent  # noqa: E402
 from negotiate.episode import run_episode  # noqa: E402

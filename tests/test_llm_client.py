@@ -19,9 +19,9 @@ pytest.importorskip("aiohttp", reason="the aiohttp client and the fake server ne
 from fake_openai import FakeOpenAI, Fault, free_port  # noqa: E402
 from tiny_model import small_market  # noqa: E402
 
-from negotiate.agents.backends import (  # noqa: E402
-    LLMError, LLMTimeout, OpenAIBackend, OpenAIOptions, _backoff, _Limiter, _retry_after, _shared, aclose_clients,
-)
+from negotiate.agents.clients import _Limiter, _shared, aclose_clients  # noqa: E402
+from negotiate.agents.contract import LLMError, LLMTimeout  # noqa: E402
+from negotiate.agents.openai_server import OpenAIBackend, OpenAIOptions, _backoff, _retry_after  # noqa: E402
 from negotiate.agents.pools import current_pools  # noqa: E402
 from negotiate.agents.registry import parse_agent  # noqa: E402
 from negotiate.errors import UserError  # noqa: E402
@@ -106,7 +106,7 @@ async def test_one_client_per_server_and_key_closed_at_the_end(server, ours):
 
 
 async def test_a_runs_pools_are_its_own_and_close_with_it(server):
-    from negotiate.agents.backends import shared_clients
+    from negotiate.agents.clients import shared_clients
     from negotiate.agents.pools import Pools, use_pools
 
     pools = Pools(max_inflight=5)
@@ -150,13 +150,13 @@ async def test_without_retry_after_the_backoff_is_exponential_with_jitter(server
 def test_backoff_and_retry_after_rules(monkeypatch):
     from types import SimpleNamespace
 
-    from negotiate.agents import backends
+    from negotiate.agents import openai_server
 
     assert _retry_after(None) is None and _retry_after({}) is None
     assert _retry_after({"retry-after-ms": "250"}) == 0.25 and _retry_after({"retry-after": "3"}) == 3.0
     # an HTTP date (whole seconds) 2 s after the clock's now (it was the real clock's: a now late in its second,
     # or read a moment later, made it less than the 1 s asserted)
-    monkeypatch.setattr(backends, "time", SimpleNamespace(time=lambda: 1_800_000_000.0))
+    monkeypatch.setattr(openai_server, "time", SimpleNamespace(time=lambda: 1_800_000_000.0))
     assert _retry_after({"retry-after": formatdate(1_800_000_002, usegmt=True)}) == 2.0
     monkeypatch.undo()
     assert _retry_after({"retry-after": "soon"}) is None
@@ -321,18 +321,19 @@ async def test_a_waiter_cancelled_after_its_grant_passes_the_slot_on():
 
 
 async def test_the_max_inflight_flag_overrides_every_spec():
-    from negotiate.agents import backends
-    from negotiate.agents.backends import parse_openai_spec, set_max_inflight
+    from negotiate.agents import clients
+    from negotiate.agents.clients import set_max_inflight
+    from negotiate.agents.openai_server import parse_openai_spec
 
     options = parse_openai_spec("m@http://127.0.0.1:9/v1?max_inflight=50", field="--seller", text="x")
     set_max_inflight(3)
     try:
-        assert backends._shared(options).limiter.total_tokens == 3
+        assert clients._shared(options).limiter.total_tokens == 3
     finally:
         set_max_inflight(None)
-        await backends.aclose_clients()
-    assert backends._shared(options).limiter.total_tokens == 50
-    await backends.aclose_clients()
+        await clients.aclose_clients()
+    assert clients._shared(options).limiter.total_tokens == 50
+    await clients.aclose_clients()
 
 
 def test_the_max_inflight_flag_reaches_the_runs_pools_and_ends_with_the_command(tmp_path, monkeypatch):
@@ -458,3 +459,11 @@ def test_eval_names_its_own_flag(tmp_path, capsys):
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("negotiate eval: error: --seller: ") and "cannot reach the server" in last, last  # one spelling (--sellers: an alias)
     assert not (tmp_path / "e").exists()
+
+
+def test_revive_takes_the_server_for_up_again():
+    # What a replica set calls when a drained replica answers or is tried again (it no longer writes the fields itself).
+    backend = OpenAIBackend(OpenAIOptions("m", "http://127.0.0.1:9/v1"))
+    backend.down, backend.timeouts_in_a_row = "the server at http://127.0.0.1:9/v1 is down", 3
+    backend.revive()
+    assert (backend.down, backend.timeouts_in_a_row) == (None, 0)

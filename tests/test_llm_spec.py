@@ -94,7 +94,9 @@ def test_build_makes_llm_agents_that_describe_themselves_without_the_key(monkeyp
     assert isinstance(buyer.backend, OpenAIBackend)
 
 
-@pytest.mark.parametrize("module", ["negotiate.agents.llm", "negotiate.agents.backends"])
+@pytest.mark.parametrize("module", ["negotiate.agents.llm", "negotiate.agents.backends", "negotiate.agents.contract",
+                                    "negotiate.agents.openai_server", "negotiate.agents.clients", "negotiate.agents.hf",
+                                    "negotiate.agents.vllm_engine", "negotiate.agents.devices", "negotiate.agents.local"])
 def test_module_all_names_exist(module):
     import importlib
 
@@ -126,3 +128,36 @@ def test_seller_only_keys_are_refused_in_one_line_naming_the_spec(text, role, ma
     with pytest.raises(UserError, match=match) as caught:
         parse_agent(text, role)
     assert repr(text) in str(caught.value)
+
+
+def test_the_grammar_is_written_once_and_names_every_key_and_value():
+    # registry.GRAMMAR is the one description (negotiate agents prints it): every backend's keys, every server kind
+    # (auto included) and every prompt view are in it, each line fits 100 columns, and the backends point to it.
+    import importlib
+    import re
+
+    from negotiate.agents.backends import BACKENDS, SERVERS
+    from negotiate.agents.hf import HF_KEYS
+    from negotiate.agents.openai_server import OPENAI_KEYS
+    from negotiate.agents.registry import GRAMMAR
+    from negotiate.agents.views import PROMPTS
+    from negotiate.agents.vllm_engine import VLLM_KEYS
+
+    words = set(re.findall(r"[\w.]+", GRAMMAR))
+    assert [key for key in (*OPENAI_KEYS, *HF_KEYS, *VLLM_KEYS, *SERVERS, *PROMPTS) if key not in words] == []
+    assert "auto" in SERVERS and all(f"{name}:" in GRAMMAR for name in BACKENDS)
+    assert max(len(line) for line in GRAMMAR.splitlines()) <= 100
+    for module in ("openai_server", "hf", "vllm_engine", "backends", "contract"):
+        assert "negotiate.agents.registry.GRAMMAR" in importlib.import_module(f"negotiate.agents.{module}").__doc__, module
+
+
+def test_the_table_chooses_each_backend_from_the_parsed_spec():
+    from negotiate.agents.backends import BACKENDS, backend_of, options_of
+    from negotiate.agents.replicas import ReplicaBackend
+
+    assert set(BACKENDS) == {"openai", "hf", "vllm"}
+    single = parse_agent("openai:m@http://127.0.0.1:9/v1", "buyer")
+    assert isinstance(backend_of(single), OpenAIBackend) and backend_of(single) is backend_of(single)
+    assert options_of(single) == OpenAIOptions(**single.params)
+    several = parse_agent("openai:m@http://127.0.0.1:9/v1|http://127.0.0.1:10/v1", "buyer")
+    assert isinstance(backend_of(several), ReplicaBackend)

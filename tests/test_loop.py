@@ -219,13 +219,13 @@ def test_a_rerun_with_other_settings_is_refused_naming_the_flag(world):
 def test_a_run_started_where_bf16_is_fast_resumes_in_bf16_where_it_is_not(world, monkeypatch):
     # Killed in SFT on a CPU with bf16 instructions (bf16 left unset: decided there, True), rerun on an AVX2-only one: it
     # resumes in bf16, as it began; asked explicitly for fp32 there, it is refused, naming the flag.
-    import negotiate.agents.local as local
+    import negotiate.agents.devices as devices
 
     config, calls, crash, out = world
     monkeypatch.setattr("negotiate.training.server.detect_device", lambda: "cpu")
-    monkeypatch.setattr(local, "cpu_bf16", lambda: True)
+    monkeypatch.setattr(devices, "cpu_bf16", lambda: True)
     assert cut(world, "round 0 sft")["config"]["bf16"] is True
-    monkeypatch.setattr(local, "cpu_bf16", lambda: False)
+    monkeypatch.setattr(devices, "cpu_bf16", lambda: False)
     with pytest.raises(UserError, match=r"has bf16 True; rerun with the same value"):
         run_loop(config(bf16=False), echo=lambda line: None)
     data = run_loop(config(), echo=lambda line: None)
@@ -834,9 +834,9 @@ def test_round_action_weights_equal_to_the_sfts_are_stored_as_the_default(tmp_pa
 @pytest.mark.parametrize(("has_bf16", "given", "expected"), [(True, None, True), (False, None, False), (False, True, True),
                                                              (True, False, False)])
 def test_bf16_left_unset_follows_the_cpu_and_is_kept_as_decided(monkeypatch, tmp_path, has_bf16, given, expected):
-    import negotiate.agents.local as local
+    import negotiate.agents.devices as devices
 
-    monkeypatch.setattr(local, "cpu_bf16", lambda: has_bf16)
+    monkeypatch.setattr(devices, "cpu_bf16", lambda: has_bf16)
     monkeypatch.setattr("negotiate.training.server.detect_device", lambda: "cpu")
     argv = ["--split", "train", "--eval-splits", "train", *([] if given is None else ["--set", f"bf16={str(given).lower()}"])]
     config = _config_from(argv)

@@ -55,9 +55,9 @@ def test_a_taken_port_is_named(vllm_found, model_folder, tmp_path):
 
 
 def test_on_cpu_the_server_runs_eager_without_chunked_prefill_and_with_a_kv_cache_in_gib(tmp_path, monkeypatch):
-    import negotiate.agents.local as local
+    import negotiate.agents.devices as devices
 
-    monkeypatch.setattr(local, "cpu_bf16", lambda: True)  # a CPU with bf16 instructions
+    monkeypatch.setattr(devices, "cpu_bf16", lambda: True)  # a CPU with bf16 instructions
     spec = ServerSpec(model="m", name="round-2", device="cpu", enable_lora=True, max_lora_rank=8, max_model_len=2048, kv_cache_gib=3)
     command = spec.command(8123)
     assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # never `vllm serve`: the CPU build's name breaks it
@@ -70,7 +70,7 @@ def test_on_cpu_the_server_runs_eager_without_chunked_prefill_and_with_a_kv_cach
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["HF_HUB_OFFLINE"] == "1"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == os.environ.get("VLLM_CPU_KVCACHE_SPACE", "3")
     gpu = " ".join(ServerSpec(model="m", device="cuda", gpu_memory_utilization=0.4).command(1))
-    monkeypatch.setattr(local, "cpu_bf16", lambda: False)  # an AVX2-only CPU: float32 (bf16 was 4.8x slower there)
+    monkeypatch.setattr(devices, "cpu_bf16", lambda: False)  # an AVX2-only CPU: float32 (bf16 was 4.8x slower there)
     assert "--dtype float32" in " ".join(ServerSpec(model="m", device="cpu").command(1))
     assert "--dtype bfloat16" in " ".join(ServerSpec(model="m", device="cpu", dtype="bfloat16").command(1))
     assert "--dtype bfloat16" in gpu and "--dtype bfloat16" in " ".join(ServerSpec(model="m", device="cuda").command(1))

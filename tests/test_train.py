@@ -624,7 +624,7 @@ def test_dagger_learns_the_teachers_labels_on_the_random_sellers_states(tiny, tr
     model, tokenizer = load_policy(cfg)
     examples, counts = build_examples(cfg, episodes, model, tokenizer)
     assert counts["examples"] == len(examples) == len(labels)
-    from negotiate.agents.local import stop_tokens
+    from negotiate.agents.hf import stop_tokens
 
     stops = stop_tokens(model, tokenizer)
     assert [ex.completion_ids for ex in examples] == [encode_completion(tokenizer, d.prompt, d.completion, stops) for d in labels]

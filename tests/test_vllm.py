@@ -205,9 +205,9 @@ async def test_the_in_process_vllm_engine_plays_with_token_ids_and_logprobs(smol
         menu = await _play(f"vllm:{smollm2_folder}?prompt=menu&temperature=1&max_model_len=2048&kv_cache_gib=1", budget=3)
         _check_menu_messages(menu, "vllm")
     finally:
-        from negotiate.agents import local, pools
+        from negotiate.agents import pools, vllm_engine
 
-        local.shutdown_engines(local._engines(pools.current_pools()))  # the backends of the stopped engine go with it
+        vllm_engine.shutdown_engines(vllm_engine._engines(pools.current_pools()))  # the backends of the stopped engine go with it
         server.start()
 
 

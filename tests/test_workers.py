@@ -170,9 +170,9 @@ def test_every_worker_plays_every_seller(tmp_path):
 def test_workers_are_checked_before_a_local_models_packages(tmp_path, capsys, monkeypatch):
     """On a core install (no torch) `--workers 2` with hf: must say what --workers cannot do, not that torch is
     missing: the flag is checked on the specs as written, before parsing them checks the packages."""
-    from negotiate.agents import local
+    from negotiate.agents import hf
 
-    monkeypatch.setattr(local, "_installed", lambda name: False)  # as on `pip install negotiate`
+    monkeypatch.setattr(hf, "installed", lambda name: False)  # as on `pip install negotiate`
     assert main(["serve", "--seller", "hf:smollm2", "--episodes", "2", "--workers", "2", "--out", str(tmp_path / "r"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "--workers" in err and "'hf:smollm2'" in err and "--workers 1" in err and "torch" not in err

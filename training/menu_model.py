@@ -3,7 +3,7 @@
 A menu policy is a causal language model that reads the menu prompt (``negotiate.agents.menu.render_menu``, through the
 tokenizer's chat template) and answers with a letter: its distribution over the menu's options is the softmax of the
 letters' logits at the prompt's last position, over the menu's letters alone (:func:`option_logprobs`). Serving reads
-the same logits (``negotiate.agents.local``: ``HFBackend.choose``), so training and serving cannot disagree.
+the same logits (``negotiate.agents.hf``: ``HFBackend.choose``), so training and serving cannot disagree.
 
 Two kinds of model:
 
@@ -105,8 +105,8 @@ def letter_ids(tokenizer) -> list[int]:
 
 
 def encode(tokenizer, messages: list[dict]) -> list[int]:
-    """A chat prompt's ids as the ``hf:`` backend encodes them (``negotiate.agents.local.encode_chat``)."""
-    from negotiate.agents.local import encode_chat
+    """A chat prompt's ids as the ``hf:`` backend encodes them (``negotiate.agents.hf.encode_chat``)."""
+    from negotiate.agents.hf import encode_chat
 
     return encode_chat(tokenizer, messages)
 

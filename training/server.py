@@ -91,7 +91,7 @@ class ServerSpec:
     """``cpu``, ``cuda`` or ``auto`` (:func:`detect_device`)."""
     dtype: str = "auto"
     """``auto``: bf16 on a GPU and on a CPU with bf16 instructions (about 2x faster than fp32 there), float32 on
-    other CPUs (bf16 4.8x slower on an AVX2-only one); see ``negotiate.agents.local.auto_dtype``."""
+    other CPUs (bf16 4.8x slower on an AVX2-only one); see ``negotiate.agents.devices.auto_dtype``."""
     max_model_len: int = 4096
     """Context per request; our prompts for compact markets are 500-900 tokens."""
     kv_cache_gib: int = 2
@@ -111,7 +111,7 @@ class ServerSpec:
         return detect_device() if self.device == "auto" else self.device
 
     def resolved_dtype(self) -> str:
-        from negotiate.agents.local import auto_dtype
+        from negotiate.agents.devices import auto_dtype
 
         return auto_dtype(self.resolved_device()) if self.dtype == "auto" else self.dtype
 

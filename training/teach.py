@@ -146,7 +146,7 @@ class _Weights:
     """The model being taught as a seller spec a run builds episodes with: the menu seller on an in-memory backend."""
 
     def __init__(self, model, tokenizer, temperature: float, batch: int, label: str):
-        from negotiate.agents.local import HFBackend, HFOptions, _LocalModel
+        from negotiate.agents.hf import HFBackend, HFOptions, _LocalModel
         from negotiate.agents.policy import Policy
 
         local = _LocalModel.in_memory(model, tokenizer, label)

@@ -232,7 +232,7 @@ def _spelled(name: str) -> str:
 
 def resolve_model(name: str) -> tuple[str, str | None]:
     """(folder, gguf file or None) for ``--model``, resolved exactly as the ``hf:`` backend resolves it."""
-    from negotiate.agents.local import parse_hf_spec
+    from negotiate.agents.hf import parse_hf_spec
 
     options = parse_hf_spec(name, field="--model", text=name)
     return options.path, options.gguf_file
@@ -365,7 +365,7 @@ def group_best(episodes: list[Episode]) -> list[Episode]:
 
 def build_examples(config: TrainConfig, episodes: list[Episode], model, tokenizer) -> tuple[list[Example], dict]:
     """Tokenized examples and counts of what was kept and why the rest was dropped."""
-    from negotiate.agents.local import encode_chat, stop_tokens
+    from negotiate.agents.hf import encode_chat, stop_tokens
 
     stops = stop_tokens(model, tokenizer)
     out: list[Example] = []
@@ -533,7 +533,7 @@ def play_episodes(model, tokenizer, config: TrainConfig, jobs: list[tuple[int, i
     only once every scripted buyer has answered its last message (as ``serve --fresh``)."""
     import anyio
 
-    from negotiate.agents.local import HFBackend, HFOptions, _LocalModel
+    from negotiate.agents.hf import HFBackend, HFOptions, _LocalModel
     from negotiate.agents.registry import policy_seller
     from negotiate.run import LOCAL_TIMEOUT, Run, RunConfig
 

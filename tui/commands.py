@@ -120,7 +120,10 @@ def prepare(settings, seed: int, *, index: int | None = None, say=print) -> Play
 def check_models(specs, pools: Pools, say=print) -> None:
     """Ask each ``openai:`` server for its models and load each ``hf:`` model into the session's ``pools``,
     before the UI opens; a UserError naming the flag (``--seller``, ``--buyers``) if one cannot play."""
-    wanted = [spec for spec in specs if spec.backend in ("openai", "hf")]
+    from negotiate.agents.backends import BACKENDS
+
+    # A vLLM engine serves the loop that started it: it is not loaded here, on a loop of its own.
+    wanted = [spec for spec in specs if spec.backend in BACKENDS and not BACKENDS[spec.backend].loop_bound]
     if not wanted:
         return
 

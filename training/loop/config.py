@@ -115,7 +115,7 @@ class LoopConfig(LearningConfig):
 
     def check(self) -> None:
         if self.bf16 is None:  # decided once, on the machine the run starts on, and kept in loop.json
-            from negotiate.agents.local import auto_dtype
+            from negotiate.agents.devices import auto_dtype
             from negotiate.training.server import detect_device
 
             self.bf16 = auto_dtype(detect_device()) == "bfloat16"

@@ -154,3 +154,45 @@ def test_the_project_has_no_import_cycle_lazy_imports_included():
     graph = _graph(modules)
     assert "negotiate.agents.backends" in graph["negotiate.agents.llm"]  # the reader sees the imports it judges
     assert _cycles(graph) == []
+
+
+AGENTS_MAY = [*ENGINE, "rollout", "logs"]
+"""What ``agents/`` may import of ``negotiate/``: the engine, its exact replays (``rollout``, itself on the engine) and
+the log setup (``logs``). Never training, the TUI or the application layer (cli, runner, workers, report, plots)."""
+
+
+def _agents_break(name: str) -> bool:
+    """An import ``agents/`` may not make: a ``negotiate`` module that is neither the agents' own nor one it may use."""
+    if name != "negotiate" and not name.startswith("negotiate."):
+        return False  # a third-party or standard module
+    allowed = ["negotiate.agents", *(f"negotiate.{module}" for module in AGENTS_MAY)]
+    return not any(name == ok or name.startswith(ok + ".") for ok in allowed)
+
+
+def test_the_agents_fence_refuses_what_it_should():
+    # Worked by hand: the engine and the agents' own modules pass; training, the TUI, the CLI and the runner do not.
+    passing = ["negotiate.protocol", "negotiate.regulator.observe", "negotiate.agents.hf", "negotiate.rollout", "orjson"]
+    failing = ["negotiate.training.trainer", "negotiate.tui.app", "negotiate.cli", "negotiate.runner", "negotiate"]
+    assert [name for name in passing if _agents_break(name)] == []
+    assert [name for name in failing if _agents_break(name)] == failing
+
+
+def test_agents_source_imports_only_the_engine_and_the_agents():
+    # As the engine is fenced: lazy imports inside functions included, so a backend cannot reach up into the runner.
+    folder = PACKAGES["negotiate.agents"]
+    broken = [f"{path.relative_to(folder).as_posix()}:{line}: {name}" for path in sorted(folder.rglob("*.py"))
+              for line, name in _imported(path) if _agents_break(name)]
+    assert broken == []
+
+
+def test_importing_every_agents_module_loads_no_training_tui_or_application_module():
+    folder = PACKAGES["negotiate.agents"]
+    names = sorted(name for name in _modules() if name.startswith("negotiate.agents"))
+    assert {"negotiate.agents.backends", "negotiate.agents.contract", "negotiate.agents.hf"} <= set(names)
+    code = "import sys\n" + "".join(f"import {name}\n" for name in names) + "print('\\n'.join(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=folder.parent)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.split()
+    assert "negotiate.agents.backends" in loaded
+    # the negotiate package itself is loaded as the agents' parent (its __init__ loads the engine's public names only)
+    assert [name for name in loaded if name != "negotiate" and _agents_break(name)] == []

@@ -40,7 +40,7 @@ except ModuleNotFoundError as error:  # pragma: no cover - the extra is there wh
 import orjson
 from verifiers.v1.dialects.chat import message_to_wire
 
-from negotiate.agents.backends import Completion, LLMError
+from negotiate.agents.contract import Completion, LLMError
 from negotiate.agents.policy import Policy
 from negotiate.agents.registry import parse_agent, policy_seller
 from negotiate.market import resolve_spec

@@ -224,6 +224,7 @@ def teach(config: TeachConfig, *, say=print) -> dict:
     stages: dict[str, float] = {}
 
     results = {"config": config.to_json(), "stages": {}, "baselines": {}}
+    made_by = _provenance()  # the tree as the run starts: what it ran
 
     def tick(name):
         def progress(step, total, row):
@@ -317,7 +318,7 @@ def teach(config: TeachConfig, *, say=print) -> dict:
     stages["baselines"] = time.perf_counter() - t
     results["parameters"] = sum(p.numel() for p in model.parameters())
     results["seconds"] = {name: round(value, 1) for name, value in stages.items()} | {"all": round(time.perf_counter() - began, 1)}
-    results["made_by"] = _provenance()
+    results["made_by"] = made_by | {"load": _provenance()["load"]}  # the commit as it started, the load as it ends
     (out / "results.json").write_text(json.dumps(results) + "\n")
     (out / "results.md").write_text(results_table(results))
     _curve(results, out / "curve.png")
@@ -432,11 +433,11 @@ def _curve(results: dict, path: Path) -> None:
     for ax, buyers in zip(axes[0], config["buyers"]):
         means = [sum(_pooled(results["stages"][s]["ratios"][buyers])) / len(_pooled(results["stages"][s]["ratios"][buyers])) for s in stages]
         ax.plot(range(len(stages)), means, marker="o", color="black", label="menu policy")
-        for seller, by in results["baselines"].items():
+        for i, (seller, by) in enumerate(results["baselines"].items()):
             values = _pooled(by[buyers])
-            ax.axhline(sum(values) / len(values), linestyle="--", linewidth=1, label=seller[:40])
+            ax.axhline(sum(values) / len(values), linestyle="--", linewidth=1, color=f"C{i}", label=seller[:40])
         ax.set_xticks(range(len(stages)), stages)
-        ax.set_title(f"{buyers} buyers (held out)")
+        ax.set_title(f"{buyers} buyers (run seed {config['eval_seed']})")
         ax.set_ylabel("profit / OPT")
     axes[0][-1].legend(fontsize=6, loc="lower right")
     fig.tight_layout()

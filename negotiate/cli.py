@@ -9,6 +9,8 @@ overwritten. The exit codes, for scripts and CI (also in ``negotiate --help``):
   the table counts them and a last line gives the commonest reason;
 - 2: bad input or a refused command: one line on stderr, nothing run;
 - 3: stopped because a trace took no more (a full disk): one line, the episodes before it kept;
+- 4: stopped because a worker died (``--workers``; a Ray task, after its reruns) or the Ray cluster did not answer:
+  one line, the finished episodes kept, ``--resume`` runs the rest;
 - 130: interrupted (Ctrl-C): every finished episode is kept, ``--resume`` runs the rest;
 - 143: stopped by SIGTERM (``kill``, a scheduler's time limit): as Ctrl-C.
 """
@@ -16,7 +18,9 @@ overwritten. The exit codes, for scripts and CI (also in ``negotiate --help``):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -49,16 +53,16 @@ from negotiate.agents.pools import Pools
 from negotiate.run import RUN_SETTINGS, RunConfig, RunOptions, default_timeout
 from negotiate.settings import COUNT_MOST, Settings, add_command_settings, command_flags, items_of, read_command, setting, spelling
 from negotiate.runner import (
-    Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug, take_failed,
+    Prepared, load_config, new_run_id, prepare, preload_models, run_async, run_batch, save_config, slug, take_failed, writing,
 )
 from negotiate.trace import TraceWriteError, count_complete
-from negotiate.workers import check_workers, models_play, run_workers
+from negotiate.workers import WorkerLost, check_workers, models_play, run_workers
 
-__all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_STOPPED", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
+__all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_STOPPED", "EXIT_LOST", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
 
 log = structlog.get_logger("negotiate.cli")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_LOST, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 4, 130, 143
 
 
 class Terminated(KeyboardInterrupt):
@@ -72,7 +76,7 @@ def _on_sigterm(signum, frame) -> None:
 
 EXIT_CODES = ("exit codes: 0 every episode finished; 1 one or more episodes failed (all written; the last line gives the "
               "commonest reason); 2 bad input, one line on stderr, nothing run; 3 a trace took no more (full disk; episodes kept); "
-              "130 interrupted (finished episodes kept, --resume runs the rest); 143 the same, stopped by SIGTERM")
+              "4 a worker died or the Ray cluster did not answer (episodes kept); 130 interrupted (finished episodes kept, --resume runs the rest); 143 the same, stopped by SIGTERM")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -567,6 +571,28 @@ def _make_out(out: Path) -> None:
         raise UserError(f"cannot be made ({error.strerror})", field="--out", value=str(out)) from None
 
 
+def _writes_runs(command):
+    """A command that writes run folders (serve, collect, eval): the writer locks it takes (:func:`_claim`) are held till
+    it returns."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+        with contextlib.ExitStack() as args.held:
+            return command(args, settings, console)
+
+    return run
+
+
+def _claim(out: Path, args: argparse.Namespace, *, new: bool) -> None:
+    """Make ``out`` and hold its writer lock till the command ends (:func:`~negotiate.runner.writing`: a second process
+    writing the same run is refused with one line); a ``new`` run's folder is checked again under the lock, in case
+    another run took it since the first check."""
+    _make_out(out)
+    args.held.enter_context(writing(out))
+    if new:
+        _check_new_out(out)
+
+
 # -- run settings: new, or resumed -----------------------------------------------------------------------
 
 
@@ -681,12 +707,14 @@ def _check_resume(args: argparse.Namespace) -> None:
         raise UserError("plays a run's failed episodes again: give the run with --resume DIR", field="--retry-failed", value=True)
 
 
+@_writes_runs
 def _serve(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     _check_resume(args)
     options = settings.of(RunOptions)
     if args.resume is not None:
         out = args.resume
         config = _resumed_config(args.command, settings, out)
+        _claim(out, args, new=False)  # before its traces are read, and a half-written tail cut off
     else:
         config = _new_config(args.command, settings)
         out = args.out or Path("traces") / time.strftime(f"{args.command}-%Y%m%d-%H%M%S")
@@ -697,7 +725,7 @@ def _serve(args: argparse.Namespace, settings: Settings, console: Console) -> in
     prepared = prepare(config, out, resume=args.resume is not None, retry_failed=args.retry_failed)
     pools = Pools(max_inflight=options.max_inflight)
     _check_models([(prepared, out)], pools)
-    _make_out(out)
+    _claim(out, args, new=args.resume is None)
     save_config(config, out)
     _take_failed(console, [prepared])
     log_file = out / "serve.log.jsonl"
@@ -737,6 +765,7 @@ def _eval_settings(path: Path) -> dict:
     return settings
 
 
+@_writes_runs
 def _eval(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     _check_resume(args)
     options = settings.of(RunOptions)
@@ -758,6 +787,8 @@ def _eval(args: argparse.Namespace, settings: Settings, console: Console) -> int
             _refuse_conflicts("eval", settings, {name: value for name, value in config.to_json().items() if name not in ("sellers", "split")},
                               out)
             configs.append(_more_episodes("eval", settings, config))
+        for folder in (out, *(out / split_dir(split) for split in splits)):  # before their traces are read
+            _claim(folder, args, new=False)
     else:
         template = _new_config("eval", settings)  # every split's run is this one, on its split
         sellers, splits = list(template.sellers), items_of(template.split, "--split")
@@ -779,7 +810,8 @@ def _eval(args: argparse.Namespace, settings: Settings, console: Console) -> int
     _distinct(splits, names.get, "are both named {!r}, the label of their episodes; set another name in one spec file")
     pools = Pools(max_inflight=options.max_inflight)  # the splits share the servers' clients and the loaded models
     _check_models(runs, pools)
-    _make_out(out)
+    for folder in (out, *(run_out for _, run_out in runs)):  # the evaluation's folder and each split's
+        _claim(folder, args, new=args.resume is None and folder == out)
     (out / "eval.json").write_text(json.dumps({"sellers": sellers, "splits": splits, "baseline": baseline}, indent=2))
     for (_, run_out), config in zip(runs, configs):
         save_config(config, run_out)
@@ -1002,7 +1034,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args, settings, console)
     except UserError as error:
         print(for_screen(f"negotiate {args.command}: error: {error}"), file=sys.stderr)
-        return EXIT_STOPPED if isinstance(error, TraceWriteError) else EXIT_USAGE
+        return EXIT_STOPPED if isinstance(error, TraceWriteError) else EXIT_LOST if isinstance(error, WorkerLost) else EXIT_USAGE
     except KeyboardInterrupt as stop:  # a command without its own interrupted line (loop, train, report): one line, no traceback
         print(f"negotiate {args.command}: {'stopped by SIGTERM' if isinstance(stop, Terminated) else 'interrupted'}", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED

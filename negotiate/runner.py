@@ -15,6 +15,15 @@ forgotten (the end-of-run table reads the traces back). Only resume holds the
 indices the traces already have. Nor does it grow with an episode's turns: a long
 episode spills its events to an unnamed file in the run's folder as it goes, and
 its trace is copied from there when it ends (:mod:`negotiate.trace`).
+
+A run folder has one writer at a time (:func:`writing`). Two processes playing the
+same missing episodes into one folder (``serve --out D`` and ``serve --resume D``
+4 s later; a scheduler starting a replacement before the old task has exited)
+wrote 1,459 of 1,500 episodes twice, and from then on ``report`` and ``--resume``
+refused the folder. The writer holds an OS lock (``flock``) on ``D/.writer.lock``,
+which the kernel releases when the process ends, even by SIGKILL, so a killed run
+leaves nothing to clear by hand; a second writer is refused with one line naming
+the first (its pid and host).
 """
 
 from __future__ import annotations
@@ -24,9 +33,11 @@ import gc
 import os
 import secrets
 import signal
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sized
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -46,7 +57,7 @@ from negotiate.run import Run, RunConfig, build_buyers, check_timeout, market_se
 from negotiate.trace import Outcome, drop_failed, scan
 
 __all__ = ["RunConfig", "new_run_id", "check_timeout", "market_seed", "prepare", "run_batch", "run_async", "slug", "play", "build_episode", "build_buyers",
-           "save_config", "load_config", "take_failed"]
+           "save_config", "load_config", "take_failed", "writing", "LOCK_FILE"]
 
 log = structlog.get_logger("negotiate.runner")
 
@@ -213,11 +224,12 @@ async def run_batch(
     """
     run = Run(prepared.config, spec=prepared.spec, buyers=prepared.buyers, pools=pools or Pools(),
               out=out if sink is None else None, fsync=fsync)
-    async with run:
-        if sink is None:
-            for seller in prepared.sellers:
-                run.trace(seller.text)  # every seller's file exists once the run starts, as resume expects
-        return await _play_all(run, prepared, concurrency, on_episode, sink)
+    with writing(out) if sink is None else nullcontext():  # a command that plays several batches holds it already
+        async with run:
+            if sink is None:
+                for seller in prepared.sellers:
+                    run.trace(seller.text)  # every seller's file exists once the run starts, as resume expects
+            return await _play_all(run, prepared, concurrency, on_episode, sink)
 
 
 async def _play_all(run: Run, prepared: Prepared, concurrency: int, on_episode, sink) -> int:
@@ -343,6 +355,85 @@ def run_async(main: Callable[[], Awaitable]):
     if stopped:
         previous(signal.SIGTERM, None)
     return result
+
+
+LOCK_FILE = ".writer.lock"
+"""The file in a run folder its writer holds a ``flock`` on (:func:`writing`); it names the writer (pid and host)."""
+
+_held: dict[str, list] = {}
+"""This process's writer locks: folder (resolved) -> [the lock file, how many blocks hold it]."""
+
+
+@contextmanager
+def writing(out: Path) -> Iterator[None]:
+    """Hold ``out``'s writer lock for the block, making the folder if need be: one process writes a run folder at a time.
+
+    Another process that holds it is refused with :class:`UserError` (one line naming it); this process may nest
+    blocks on one folder (a command holds it, and each batch it plays takes it again). The lock is ``flock`` on
+    :data:`LOCK_FILE`, released by the kernel when the process ends however it ends; at the end of the block the file is
+    removed (while still held: a process that opened it just before locks a file no longer there, sees so, and tries
+    again), so a finished run leaves nothing beside its traces. Where the file system has no locks, a warning says so
+    and the block runs unlocked.
+    """
+    key = str(Path(out).resolve())
+    held = _held.get(key)
+    if held is None:
+        held = _held[key] = [_lock(Path(out)), 0]
+    held[1] += 1
+    try:
+        yield
+    finally:
+        held[1] -= 1
+        if held[1] == 0:
+            del _held[key]
+            handle = held[0]
+            if handle is not None:
+                try:
+                    os.unlink(Path(out) / LOCK_FILE)
+                except OSError:
+                    pass
+                handle.close()
+
+
+def _lock(out: Path):
+    """Open and ``flock`` ``out``'s :data:`LOCK_FILE` (the file now at that path, not one its holder removed meanwhile),
+    and write this process into it; None where the file system cannot lock."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        return None
+    path = out / LOCK_FILE
+    while True:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            handle = open(path, "a+")  # not "w": the holder's line stays readable until the lock is ours
+        except OSError as error:
+            raise UserError(f"cannot be locked for writing ({error.strerror})", source=str(out)) from None
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read(200).strip() or "it has not said which yet"
+            handle.close()
+            raise UserError(f"another process is writing this run ({holder}); a run folder has one writer at a time: wait for "
+                            "it to end, or stop it (its finished episodes are kept) and try again", source=str(out)) from None
+        except OSError as error:  # ENOLCK, ENOSYS: a network file system mounted without locks
+            handle.close()
+            log.warning("cannot lock the run's folder; nothing stops a second process writing into it", folder=str(out),
+                        error=error.strerror)
+            return None
+        try:
+            current = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        handle.close()  # its holder removed it while this process opened it: lock the one there now
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    return handle
 
 
 def save_config(config: RunConfig, out: Path) -> None:

@@ -12,8 +12,10 @@ Children do not write traces: each finished episode comes back to the parent as 
 JSON lines, and the parent appends them to the run's usual trace files. The traces,
 ``--resume`` and ``report`` are therefore the same as with one process.
 
-A child that fails stops the run with its error; completed episodes are kept. On Ctrl-C the
-parent stops the children, keeps every episode they had finished and sent, and returns.
+A child that fails stops the run with its error; completed episodes are kept. A child that dies (killed, out
+of memory) stops it with :class:`WorkerLost` (exit code 4: nothing was wrong with the command, and ``--resume``
+plays the rest). On Ctrl-C the parent stops the children, keeps every episode they had finished and sent, and
+returns.
 """
 
 from __future__ import annotations
@@ -33,9 +35,15 @@ from negotiate.errors import UserError
 from negotiate.logs import configure, console_level
 from negotiate.trace import TraceWriteError, TraceWriter
 
-__all__ = ["run_workers", "check_workers", "models_play", "play_share", "EXECUTORS"]
+__all__ = ["run_workers", "check_workers", "models_play", "play_share", "EXECUTORS", "WorkerLost"]
 
 log = structlog.get_logger("negotiate.workers")
+
+
+class WorkerLost(UserError):
+    """A worker that died (a process killed or out of memory, a Ray task's node gone), or a Ray cluster that did not
+    answer: the run stops with one line (exit code 4, not 2: the command was not at fault), its finished episodes kept."""
+
 
 def _specs(runs: list):
     return [spec for prepared, _ in runs for spec in (*prepared.sellers, prepared.buyers)]
@@ -203,29 +211,31 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
                 fsync: bool = False, on_episode: Callable[[dict], None] | None = None) -> int:
     """Play every pending job of ``runs`` (``[(Prepared, out)]``) in ``workers`` processes.
 
-    Returns the episodes written. Raises :class:`UserError` if a worker fails (the episodes it and
-    the others finished are kept); KeyboardInterrupt stops the workers and is re-raised once every
+    Returns the episodes written. Raises :class:`UserError` if a worker fails, :class:`WorkerLost` if one dies (the
+    episodes it and the others finished are kept); KeyboardInterrupt stops the workers and is re-raised once every
     finished episode is written.
     """
     workers = worker_count(runs, workers, concurrency=concurrency, max_inflight=max_inflight)
     writers = trace_writers(runs, fsync=fsync)
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold threads or an event loop
     processes, conns = [], {}
-    written, failure, stopping = 0, None, False
+    written, failure, lost, stopping = 0, None, False, False
     base = shard_task(runs, workers, log_file=log_file)
 
     finished: set[Connection] = set()
 
     def receive(conn: Connection) -> bool:
         """Handle one message; False once the worker is finished (done, failed, or gone)."""
-        nonlocal written, failure
+        nonlocal written, failure, lost
         try:
             message = conn.recv()
         except Exception:  # noqa: BLE001 -- EOF, or a message cut off by a worker stopped mid-send
             if conn not in finished and failure is None and not stopping:
                 process = processes[conns[conn] - 1]
                 process.join(5)
-                failure = f"worker {conns[conn]} stopped (exit code {process.exitcode}) before finishing its episodes"
+                code = process.exitcode
+                how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+                failure, lost = f"worker {conns[conn]} died ({how}) before finishing its episodes", True
             return False
         if message[0] == "episode":
             _, k, seller, data, row = message
@@ -256,7 +266,8 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
                 if not receive(conn):
                     live.discard(conn)
         if failure is not None:
-            raise UserError(f"a worker failed: {failure}; the episodes finished so far are kept (--resume runs the rest)")
+            raise (WorkerLost if lost else UserError)(f"a worker failed: {failure}; the episodes finished so far are kept "
+                                                      "(--resume runs the rest)")
         for process in processes:
             process.join(10)
     finally:

@@ -1,8 +1,16 @@
-"""negotiate.runner and negotiate.report: batches, resume after an interruption, shards, merged reports."""
+"""negotiate.runner and negotiate.report: batches, resume after an interruption, shards, merged reports, one
+writer per run folder."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
 from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
 
 import anyio
 import orjson
@@ -12,7 +20,7 @@ from negotiate.agents.registry import parse_agent
 from negotiate.errors import UserError
 from negotiate.report import overlapping_runs, rows_from_traces, summarize, summary_csv, summary_markdown
 from negotiate.run import Run
-from negotiate.runner import RunConfig, load_config, market_seed, prepare, run_batch, save_config, slug
+from negotiate.runner import LOCK_FILE, RunConfig, load_config, market_seed, prepare, run_batch, save_config, slug, writing
 from negotiate.trace import encode, read_episodes
 
 
@@ -333,3 +341,113 @@ async def test_a_run_owns_its_pools_and_trace_files_for_its_duration(tmp_path):
     with pytest.raises(ValueError, match="closed file"):  # the run closed its trace file on the way out
         writer.write_encoded(b"")
     assert indices_in(tmp_path / "greedy.jsonl") == [0, 1]
+
+
+# -- one writer per run folder ----------------------------------------------------------------------------------------
+
+_HOLD = """
+import sys, time
+from pathlib import Path
+from negotiate.runner import writing
+with writing(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+@contextmanager
+def held_elsewhere(folder: Path):
+    """Another process holding ``folder``'s writer lock (making the folder), SIGKILLed at the end if still there."""
+    process = subprocess.Popen([sys.executable, "-c", _HOLD, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline() == "held\n"
+        yield process
+    finally:
+        process.kill()
+        process.wait(10)
+        process.stdout.close()
+
+
+def refusal(folder: Path, holder: subprocess.Popen, command: str = "serve") -> str:
+    return (f"negotiate {command}: error: {folder}: another process is writing this run (pid {holder.pid} on {socket.gethostname()}); "
+            "a run folder has one writer at a time: wait for it to end, or stop it (its finished episodes are kept) and try again")
+
+
+def test_one_process_may_nest_its_hold_on_a_folder_and_leaves_no_lock_file_behind(tmp_path):
+    folder = tmp_path / "f"
+    with writing(folder):
+        with writing(folder):  # a command holds it, and each batch it plays takes it again
+            assert (folder / LOCK_FILE).read_text() == f"pid {os.getpid()} on {socket.gethostname()}\n"
+        assert (folder / LOCK_FILE).exists()
+    assert list(folder.iterdir()) == []
+    with writing(folder):  # and it can be taken again
+        pass
+
+
+def test_a_second_writer_of_a_run_is_refused_with_one_line_and_writes_nothing(tmp_path, capsys):
+    from negotiate.cli import main
+
+    out = tmp_path / "run"
+    assert main(["serve", "--episodes", "2", "--seller", "greedy", "--out", str(out), "--quiet"]) == 0
+    assert LOCK_FILE not in {p.name for p in out.iterdir()}  # a finished run leaves nothing beside its traces
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with held_elsewhere(out) as holder:
+        for command in (["--episodes", "4"], ["--retry-failed"], []):
+            assert main(["serve", "--resume", str(out), *command, "--quiet"]) == 2
+            assert capsys.readouterr().err.strip() == refusal(out, holder)
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != LOCK_FILE} == before
+        holder.kill()  # SIGKILL: the kernel releases its lock; the file it leaves names a process that is gone
+        holder.wait(10)
+        assert main(["serve", "--resume", str(out), "--episodes", "4", "--quiet"]) == 0
+    assert sorted(indices_in(out / "greedy.jsonl")) == [0, 1, 2, 3]
+
+
+def test_a_new_run_into_a_folder_another_process_holds_is_refused(tmp_path, capsys):
+    from negotiate.cli import main
+
+    out = tmp_path / "new"
+    with held_elsewhere(out) as holder:  # made and locked, still empty: a run starting beside this one
+        assert main(["serve", "--episodes", "2", "--out", str(out), "--quiet"]) == 2
+        assert capsys.readouterr().err.strip() == refusal(out, holder)
+        assert main(["eval", "--episodes", "2", "--split", "train", "--out", str(out), "--quiet"]) == 2
+        assert capsys.readouterr().err.strip() == refusal(out, holder, "eval")
+        assert [p.name for p in out.iterdir()] == [LOCK_FILE]
+
+
+def test_an_evaluation_is_refused_while_another_process_writes_it_or_one_of_its_splits(tmp_path, capsys):
+    from negotiate.cli import main
+
+    out = tmp_path / "eval"
+    assert main(["eval", "--seller", "greedy,posted", "--split", "train,shapes", "--episodes", "2", "--out", str(out),
+                 "--quiet"]) == 0
+    for folder in (out, out / "shapes"):  # serve --resume eval/shapes is a writer of that split too
+        with held_elsewhere(folder) as holder:
+            assert main(["eval", "--resume", str(out), "--episodes", "3", "--quiet"]) == 2
+            assert capsys.readouterr().err.strip() == refusal(folder, holder, "eval")
+    assert main(["eval", "--resume", str(out), "--episodes", "3", "--quiet"]) == 0
+    assert sorted(indices_in(out / "shapes" / "posted.jsonl")) == [0, 1, 2]
+
+
+def test_serve_resume_beside_a_running_serve_is_refused_and_every_episode_is_written_once(tmp_path, capsys):
+    # The issue's case: serve --out D, and 4 s later serve --resume D, both played the missing markets (1,459 of 1,500
+    # episodes written twice), and report and --resume refused the folder from then on.
+    from fake_openai import serve_in_thread
+
+    from negotiate.cli import main
+
+    out = tmp_path / "run"
+    with serve_in_thread(latency=0.05) as server:
+        first = subprocess.Popen([sys.executable, "-m", "negotiate", "serve", "--episodes", "12", "--seller",
+                                  f"openai:fake-model@{server.url}?max_tokens=64", "--buyers", "concession", "--concurrency", "2",
+                                  "--out", str(out), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 90
+        while not any(b'"type":"episode_end"' in path.read_bytes() for path in out.glob("openai*.jsonl")):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1]
+            time.sleep(0.05)
+        assert main(["serve", "--resume", str(out), "--quiet"]) == 2
+        assert capsys.readouterr().err.strip() == refusal(out, first)
+        _, err = first.communicate(timeout=120)
+        assert first.returncode == 0, err
+    (trace,) = out.glob("openai*.jsonl")
+    assert sorted(indices_in(trace)) == list(range(12))  # each once
+    assert main(["report", str(out)]) == 0 and main(["serve", "--resume", str(out), "--quiet"]) == 0

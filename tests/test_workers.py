@@ -117,6 +117,41 @@ def test_a_worker_that_fails_stops_the_run_with_its_error(tmp_path):
     assert "market.toml" in str(raised.value)
 
 
+def test_a_worker_killed_mid_run_stops_it_with_exit_4_keeping_the_episodes_written(tmp_path, capsys):
+    # Exit 2 is bad input; a worker that dies (SIGKILL, as the out-of-memory killer sends) is no fault of the command.
+    import multiprocessing
+    import threading
+
+    out, killed = tmp_path / "run", {}
+
+    def kill_worker_1_once_an_episode_is_written() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            files = list(out.glob("openai*.jsonl"))
+            workers = [p for p in multiprocessing.active_children() if p.name == "negotiate-worker-1"]
+            if files and workers and b'"type":"episode_end"' in files[0].read_bytes():
+                os.kill(workers[0].pid, signal.SIGKILL)
+                killed["pid"] = workers[0].pid
+            time.sleep(0.02)
+
+    with fake_server(latency=0.05) as server:
+        spec = f"openai:fake-model@{server.url}?max_tokens=64"
+        watcher = threading.Thread(target=kill_worker_1_once_an_episode_is_written, daemon=True)
+        watcher.start()
+        code = main(["serve", "--episodes", "24", "--seller", spec, "--buyers", "concession", "--workers", "2",
+                     "--concurrency", "2", "--out", str(out), "--quiet"])
+        watcher.join(5)
+        error = capsys.readouterr().err.strip()
+        assert killed and code == 4, error
+        assert error.endswith("a worker failed: worker 1 died (killed by SIGKILL) before finishing its episodes; the episodes "
+                              "finished so far are kept (--resume runs the rest)") and "\n" not in error
+        (path,) = out.glob("openai*.jsonl")
+        kept = scan(path)
+        assert kept.good_bytes == path.stat().st_size and 1 <= len(kept.complete) < 24  # whole episodes only
+        assert main(["serve", "--resume", str(out), "--quiet"]) == 0
+    assert sorted(events[0]["index"] for events in read_episodes(path)) == list(range(24))
+
+
 def test_stopped_workers_keep_every_finished_episode_and_resume_finishes(tmp_path):
     out = tmp_path / "run"
     with fake_server(latency=0.05) as server:

@@ -18,6 +18,15 @@ bound, retries and timeouts, exactly as a single server has them, whichever ``cl
   not tried yet, with a deadline of its own there; a replica whose requests time out
   :data:`~negotiate.agents.backends.DOWN_AFTER` times in a row is drained too. Only a request that every live
   replica failed fails (with the last error), so an episode is lost only when every replica is.
+* **Requests on a drained replica.** Draining a replica also takes back this set's requests still on it, those
+  queued for its ``max_inflight`` slot and those sent and not answered: each is cancelled there (an
+  ``asyncio.timeout`` per request, with no deadline until the drain sets one: 2.4 us a request measured) and sent
+  to a live replica at once. A hung server (SIGSTOP) is drained after 3 timeouts; the requests queued behind them
+  used to take its slots in turn, a batch of ``max_inflight`` at a time, each batch waiting out its full ``timeout``
+  (400 episodes over two replicas, one hung: 135 s at ``timeout=5``, where the survivor alone took about 80; at the
+  default ``timeout=60``, 398 of 400 done after 480 s). Now (``benchmarks/replicas.py --hang --only-faults``, one of
+  two stand-in replicas stopped 25 s in, on a busy 2-core machine where the survivor alone took 100 s): 75 s at
+  ``timeout=5``, 93 s at ``timeout=60``, all 400 episodes each, none failed.
 * **Stall.** A replica with requests in flight that has neither answered nor been given its first of them for the
   spec's ``timeout`` (a hung server, whose requests count as timeouts only at their deadline, and never where the
   bus's deadline, ``--seller-timeout``, is the shorter) gets new requests only when every live replica is stalled.
@@ -72,6 +81,9 @@ class Replica:
     """A request is trying it again after :data:`REVIVE_S` (one at a time)."""
     checked: bool = False
     """It answered the check before a run (``GET /models``); one drained there is checked when it is tried again."""
+    attempts: set = dataclasses.field(default_factory=set)
+    """This set's requests on it (queued for its slot, or sent), each an ``asyncio.Timeout`` with no deadline: draining
+    it makes them expire, and each goes to another replica."""
 
 
 class ReplicaBackend:
@@ -137,16 +149,23 @@ class ReplicaBackend:
         return best
 
     def drain(self, replica: Replica, error: str) -> None:
-        """Take ``replica`` out of the set for :attr:`revive_s` seconds, for ``error`` (its error's text)."""
+        """Take ``replica`` out of the set for :attr:`revive_s` seconds, for ``error`` (its error's text), and send this
+        set's requests still on it (queued for its slot, or unanswered) to the others."""
         reason = error.removeprefix(f"{self.options.model} at {replica.url}: ")
+        moved = len(replica.attempts)
         if replica.drained is None:
             log.warning("replica drained", model=self.options.model, base_url=replica.url, reason=reason,
-                        live=sum(r.drained is None for r in self.replicas) - 1, replicas=len(self.replicas))
+                        live=sum(r.drained is None for r in self.replicas) - 1, replicas=len(self.replicas), moved=moved)
             requests = (self.pools.requests.logger if self.pools is not None else None)
             if requests is not None:
-                requests.warning("replica drained", backend="openai", model=self.options.model, base_url=replica.url, reason=reason)
+                requests.warning("replica drained", backend="openai", model=self.options.model, base_url=replica.url, reason=reason,
+                                 moved=moved)
         replica.drained = reason
         replica.drained_at = time.monotonic()
+        now = asyncio.get_running_loop().time() if replica.attempts else 0.0
+        for attempt in replica.attempts:
+            if not attempt.expired():  # drained twice before the first drain's requests moved on
+                attempt.reschedule(now)
 
     def _revive(self, replica: Replica) -> None:
         """``replica`` answered: it is live (again), its backend's count of timeouts in a row cleared."""
@@ -183,7 +202,9 @@ class ReplicaBackend:
                 if probing and not replica.checked:  # never asked before: its models and kind of server first
                     await replica.backend.preflight()
                     replica.checked = True
-                completion = await replica.backend.complete(messages, role=role, seed=seed, constraint=constraint)
+                completion = await self._attempt(replica, messages, role=role, seed=seed, constraint=constraint)
+                if completion is None:  # its replica was drained while it waited there: another one answers it
+                    continue
             except LLMTimeout as error:  # slow or hung: another replica may answer; DOWN_AFTER in a row drains it
                 if replica.backend.down is not None or probing:
                     self.drain(replica, replica.backend.down or str(error))
@@ -213,6 +234,21 @@ class ReplicaBackend:
             replica.progress_at = time.monotonic()
             self._revive(replica)
             return completion
+
+    async def _attempt(self, replica: Replica, messages: list[dict], **request) -> Completion | None:
+        """``replica``'s answer to one request, or None if the replica is drained before it answers (the request is
+        cancelled there, queued for its slot or sent: :meth:`drain`)."""
+        attempt = asyncio.timeout(None)
+        try:
+            async with attempt:
+                replica.attempts.add(attempt)
+                return await replica.backend.complete(messages, **request)
+        except TimeoutError:  # LLMTimeout is one: the replica's own answer unless the drain came first
+            if attempt.expired():
+                return None
+            raise
+        finally:
+            replica.attempts.discard(attempt)
 
     async def preflight(self) -> None:
         """Ask every replica (``GET /models``) at once: one that cannot be reached is drained (it rejoins when it

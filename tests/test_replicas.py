@@ -192,6 +192,33 @@ async def test_a_timeout_is_retried_on_another_replica_and_three_in_a_row_drain_
         assert backend.replicas[0].drained.endswith("is down: 3 requests in a row timed out")
 
 
+async def test_a_drained_replicas_queued_requests_go_to_the_live_one_without_reaching_it(closing, client):
+    # One slot each, 10 requests dealt 5 and 5 before any answer: the hung replica's 5 queue for its slot. Its first
+    # three time out in turn (0.3 s each) and drain it; the 2 still queued go to the other at once. (They used to take
+    # its slot in turn and wait out a timeout each: 5 requests reached it.)
+    async with FakeOpenAI(lambda body: ANSWER) as hung, FakeOpenAI(lambda body: ANSWER) as live:
+        hung.faults.extend(Fault(delay=30) for _ in range(10))
+        backend = replicas(hung.url, live.url, client=client, timeout=0.3, retries=0, max_inflight=1)
+        answers = await asyncio.gather(*(backend.complete(MESSAGES, role="seller") for _ in range(10)))
+        assert [a.text for a in answers] == [ANSWER] * 10
+        assert len(hung.requests) == 3 and len(live.requests) == 10  # 5 its own, 3 after their timeout, 2 moved
+        assert backend.replicas[0].drained.endswith("is down: 3 requests in a row timed out")
+        assert [r.in_flight for r in backend.replicas] == [0, 0] and backend.replicas[0].attempts == set()
+
+
+async def test_draining_a_replica_sends_its_unanswered_requests_to_another_at_once(closing):
+    async with FakeOpenAI(lambda body: ANSWER) as stuck, FakeOpenAI(lambda body: ANSWER) as live:
+        stuck.faults.extend(Fault(delay=30) for _ in range(2))  # sent, and held for 30 s
+        backend = replicas(stuck.url, live.url, timeout=30.0, retries=0)
+        requests = [asyncio.ensure_future(backend.complete(MESSAGES, role="seller")) for _ in range(4)]
+        while len(stuck.requests) < 2 or len(live.requests) < 2:
+            await asyncio.sleep(0.01)
+        backend.drain(backend.replicas[0], "taken out by hand")
+        answers = await asyncio.wait_for(asyncio.gather(*requests), 10)  # not the 30 s the stuck server holds them
+        assert [a.text for a in answers] == [ANSWER] * 4 and len(live.requests) == 4
+        assert backend.replicas[0].drained == "taken out by hand" and backend.replicas[0].answered == 0
+
+
 async def test_a_5xx_goes_to_another_replica_and_a_400_does_not(closing):
     async with FakeOpenAI(lambda body: ANSWER) as one, FakeOpenAI(lambda body: ANSWER) as two:
         backend = replicas(one.url, two.url, retries=0)

@@ -41,8 +41,9 @@ range, an unknown key or value is an error naming the flag, before anything runs
 Scripted: greedy, scripted:concession?beta=2, stubborn?share=0.8 (negotiate agents lists every
 agent and its parameters).
 
-openai: any OpenAI-compatible server (vLLM, SGLang, llama.cpp's server, OpenAI), e.g.
-openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1?format=json. BASE_URL ends in /v1; several
+openai: any OpenAI-compatible server (vLLM, SGLang, llama.cpp's server, OpenAI); needs pip install
+'negotiate[llm]'. E.g. openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1?format=json. BASE_URL ends
+in /v1; several
 BASE_URLs joined by | are replicas of one model: each request goes to the one with fewest in
 flight, and one that fails is drained and its requests sent to the others (docs/replicas.md);
 a router in front of them (vllm-router) is one URL. The API key is read from the environment,

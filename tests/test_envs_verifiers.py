@@ -30,12 +30,15 @@ from negotiate.training.rewards import profit_penalized  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def vf_eval(out: Path, model: str, base_url: str, *args: str, timeout: float = 300) -> list[dict]:
-    """Run vf-eval with the environment (a child process, as a user runs it) and return its episodes."""
-    command = [sys.executable, "-m", "negotiate.envs.verifiers_env", "--model", model, "--client.base-url", base_url,
-               "--client.api-key-var", "NEGOTIATE_TEST_KEY", "--no-push", "--no-rich", "-o", str(out), "--run.name", "run", *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env=dict(os.environ, NEGOTIATE_TEST_KEY="none"))
+def vf_eval(out: Path, model: str, base_url: str, *args: str, timeout: float = 300, command: list[str] | None = None,
+            cwd: Path = ROOT) -> list[dict]:
+    """Run vf-eval with the environment (a child process, as a user runs it; ``command`` in place of ``python -m
+    negotiate.envs.verifiers_env``) and return its episodes."""
+    command = [*(command or [sys.executable, "-m", "negotiate.envs.verifiers_env"]), "--model", model, "--client.base-url",
+               base_url, "--client.api-key-var", "NEGOTIATE_TEST_KEY", "--no-push", "--no-rich", "-o", str(out), "--run.name",
+               "run", *args]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=dict(env, NEGOTIATE_TEST_KEY="none"))
     assert done.returncode == 0, done.stderr[-4000:]
     return [json.loads(line) for line in (out / "run" / "traces.jsonl").read_text().splitlines()]
 
@@ -55,6 +58,39 @@ def test_load_environment_builds_the_taskset_of_the_runs_markets():
     assert isinstance(env, MarketEnv) and env.config.taskset.id == TASKSET_ID
     tasks = list(env.taskset)
     assert [t.data.info["index"] for t in tasks] == [0, 1, 2] and all(t.data.prompt is None for t in tasks)
+
+
+def test_negotiate_market_is_the_module_verifiers_loads_by_the_id_and_names_one_taskset_harness_and_env():
+    import negotiate_market
+    import verifiers.v1 as vf
+    from verifiers.v1.utils import loaders
+
+    import negotiate.envs.verifiers_env as module
+
+    assert negotiate_market.load_environment is module.load_environment and negotiate_market.TASKSET_ID == TASKSET_ID
+    assert loaders.import_taskset(TASKSET_ID) is negotiate_market
+    # What verifiers takes from the module: exactly one Taskset, Harness and Env subclass, the harness defaulting to ours.
+    assert loaders.taskset_class(TASKSET_ID) is module.MarketTaskset and loaders.harness_class(TASKSET_ID) is module.ViewHarness
+    assert loaders.environment_class(TASKSET_ID) is MarketEnv and loaders.default_harness_id(TASKSET_ID) == TASKSET_ID
+    env = vf.load_environment(vf.resolve_env_config({"taskset": {"id": TASKSET_ID, "markets": 2, "seed": 5}}))
+    assert isinstance(env, MarketEnv) and [t.data.info["index"] for t in env.taskset] == [0, 1]
+
+
+def test_vf_eval_loads_the_market_by_its_id_from_a_folder_outside_the_checkout(tmp_path):
+    """``vf-eval negotiate-market`` as a user types it: verifiers imports the installed ``negotiate_market`` (it exited 1,
+    "tried to import 'negotiate_market'", issue 51 item 13)."""
+    script = Path(sys.executable).with_name("vf-eval")
+    command = [str(script)] if script.exists() else [sys.executable, "-c",
+                                                     "import sys; from verifiers.v1.cli.eval.main import main; sys.exit(main())"]
+    (tmp_path / "cwd").mkdir()
+    with serve_in_thread() as server:
+        episodes = vf_eval(tmp_path / "vf", server.model, server.url, "-n", "1", "--env.taskset.markets", "1",
+                           "--env.taskset.buyers", "concession", command=[*command, TASKSET_ID], cwd=tmp_path / "cwd")
+    assert len(episodes) == 1 and episodes[0]["ok"] and not episodes[0]["errors"]
+    (trace,) = episodes[0]["traces"]
+    played = _played(trace)
+    assert played.outcome in ("terminated", "truncated")
+    assert trace["rewards"]["profit-penalized"]["score"] == pytest.approx(profit_penalized(played.events))
 
 
 def test_a_bad_setting_is_one_line_naming_the_field():

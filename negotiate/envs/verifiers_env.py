@@ -17,10 +17,11 @@ metrics (profit / OPT, welfare / OPT, valid-message rate, seller violations, dea
 (``trace.info["negotiate"]``: its events as ``negotiate serve`` writes them). An episode that fails (the model
 call failed, a limit ended the exchange) fails the verifiers episode: a crash is nobody's strategy.
 
-verifiers loads plugins by plain module name (the taskset id ``negotiate-market`` imports ``negotiate_market``), and
-negotiate installs no top-level module: importing this module registers itself under that name. So in Python,
-``load_environment(...)`` returns the environment, and from a shell ``python -m negotiate.envs.verifiers_env
-<vf-eval arguments>`` runs ``vf-eval`` with it loaded (``--env.taskset.*`` sets :class:`MarketTasksetConfig`).
+verifiers loads plugins by plain module name: the taskset id ``negotiate-market`` imports ``negotiate_market``, the
+top-level module negotiate installs, which re-exports this module's Taskset, Harness and Env. So in Python,
+``load_environment(...)`` returns the environment, and from a shell ``vf-eval negotiate-market <vf-eval arguments>``
+(or ``python -m negotiate.envs.verifiers_env <vf-eval arguments>``) runs ``vf-eval`` with it (``--env.taskset.*`` sets
+:class:`MarketTasksetConfig`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,7 @@ __all__ = ["MarketTasksetConfig", "MarketData", "MarketTask", "MarketTaskset", "
            "MarketEnvConfig", "MarketEnv", "InteractionBackend", "load_environment", "TASKSET_ID", "METRICS"]
 
 TASKSET_ID = "negotiate-market"
-"""The taskset (and harness) id verifiers knows this module by; it imports ``negotiate_market``."""
-if __name__ != "__main__":  # run as a script, the module registers when main() imports it by its name
-    sys.modules.setdefault(TASKSET_ID.replace("-", "_"), sys.modules[__name__])
+"""The taskset (and harness) id verifiers knows this module by; it imports ``negotiate_market``, which re-exports it."""
 
 METRICS = ("profit_ratio", "welfare_ratio", "valid_rate", "deals", "turns_used", "opt")
 """The episode metrics recorded on each verifiers trace (seller violations are recorded too, as ``violations``)."""
@@ -260,6 +259,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from negotiate.envs.verifiers_env import main as _main  # the module registered under TASKSET_ID, not __main__
+    from negotiate.envs.verifiers_env import main as _main  # the module negotiate_market re-exports, not __main__
 
     _main()

@@ -350,7 +350,7 @@ def test_a_second_ctrl_c_while_a_stopped_run_counts_its_traces_still_says_how_to
     resume hint and no 'interrupted' line in the run's log."""
     from rich.console import Console
 
-    import negotiate.cli as cli
+    import negotiate.cli_runs as runs
     from negotiate.logs import configure
     from negotiate.runner import load_config, prepare
 
@@ -360,11 +360,11 @@ def test_a_second_ctrl_c_while_a_stopped_run_counts_its_traces_still_says_how_to
     def pressed_again(runs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_kept", pressed_again)
+    monkeypatch.setattr(runs, "_kept", pressed_again)
     configure(out / "serve.log.jsonl")
     try:
         prepared = prepare(load_config(out), out, resume=True)
-        assert cli._stopped(Console(width=200), [(prepared, out)], out, "serve", cli.EXIT_INTERRUPTED, 3, 1.5) == 130
+        assert runs._stopped(Console(width=200), [(prepared, out)], out, "serve", runs.EXIT_INTERRUPTED, 3, 1.5) == 130
     finally:
         configure(None)  # the log file closed
     printed = capsys.readouterr().out
@@ -401,17 +401,17 @@ def test_a_trace_that_takes_no_more_stops_the_run_with_one_line_and_resume_finis
 
 
 def test_ctrl_c_or_sigterm_in_any_command_is_one_line_not_a_traceback(finished_run, capsys, monkeypatch):
-    from negotiate import cli
+    from negotiate import cli, cli_commands
 
     def stop(kind):
         def raise_it(*args, **kwargs):
             raise kind
         return raise_it
 
-    monkeypatch.setattr(cli, "rows_from_traces", stop(KeyboardInterrupt))
+    monkeypatch.setattr(cli_commands, "rows_from_traces", stop(KeyboardInterrupt))
     assert main(["report", str(finished_run)]) == 130
     assert capsys.readouterr().err == "negotiate report: interrupted\n"
-    monkeypatch.setattr(cli, "rows_from_traces", stop(cli.Terminated))
+    monkeypatch.setattr(cli_commands, "rows_from_traces", stop(cli.Terminated))
     assert main(["report", str(finished_run)]) == 143
     assert capsys.readouterr().err == "negotiate report: stopped by SIGTERM\n"
 
@@ -419,7 +419,8 @@ def test_ctrl_c_or_sigterm_in_any_command_is_one_line_not_a_traceback(finished_r
 def test_agent_deadlines_default_longer_when_a_local_model_plays(tmp_path):
     import json
 
-    from negotiate.cli import _new_config, _parser, command_settings
+    from negotiate.cli import _parser, command_settings
+    from negotiate.cli_runs import _new_config
     from negotiate.run import LOCAL_TIMEOUT
     from negotiate.settings import read_command
 
@@ -1160,7 +1161,7 @@ def test_the_progress_line_counts_model_requests_that_keep_the_run_waiting(monke
     is counted from when it goes out to when it ends (answered, failed or cancelled); the progress line shows those
     that have waited more than 5 s, and the longest wait, at every redraw."""
     from negotiate import logs
-    from negotiate.cli import SlowRequests
+    from negotiate.cli_runs import SlowRequests
 
     clock = [100.0]
     monkeypatch.setattr(logs.time, "monotonic", lambda: clock[0])

@@ -20,8 +20,8 @@ import negotiate
 ENGINE = ["protocol", "market", "rules", "regulator", "bus", "episode", "trace", "trace_schema", "trace_store", "trace_read",
           "metrics", "errors"]
 """The engine modules, under negotiate/ (``trace`` re-exports ``trace_schema``, ``trace_store`` and ``trace_read``)."""
-FORBIDDEN = ["negotiate.agents", "negotiate.training", "negotiate.tui", "negotiate.cli", "negotiate.runner",
-             "negotiate.workers", "negotiate.report", "negotiate.plots"]
+FORBIDDEN = ["negotiate.agents", "negotiate.training", "negotiate.tui", "negotiate.cli", "negotiate.cli_runs", "negotiate.cli_commands",
+             "negotiate.runner", "negotiate.workers", "negotiate.report", "negotiate.plots"]
 """What the engine may not import: the layers above it."""
 HEAVY = ["textual", "torch", "transformers", "trl", "peft", "openai", "aiohttp", "httpx", "matplotlib", "vllm"]
 """Third-party packages an engine import must not load (a core install, a fast start)."""

@@ -347,7 +347,7 @@ def test_the_max_inflight_flag_reaches_the_runs_pools_and_ends_with_the_command(
             super().__init__(**kwargs)
             made.append(self)
 
-    monkeypatch.setattr("negotiate.cli.Pools", Recorded)
+    monkeypatch.setattr("negotiate.cli_runs.Pools", Recorded)
     assert main(["serve", "--seller", "greedy", "--episodes", "1", "--max-inflight", "7", "--out", str(tmp_path / "r"), "--quiet"]) == 0
     assert [p.max_inflight for p in made] == [7]  # one pools object for the command, holding the flag
     assert pools.current_pools() is not made[0] and pools.current_pools().max_inflight is None  # nothing left behind

@@ -73,18 +73,18 @@ def _report(argv: list[str], capsys) -> tuple[int, str, str]:
     ["once", "shapes", "--baseline", "posted", "--format", "markdown"],
 ])
 def test_report_prints_the_same_from_compact_rows_as_from_rows_with_every_metric(runs, argv, capsys, monkeypatch):
-    from negotiate import cli
+    from negotiate import cli_commands
 
     argv = [str(runs / a) if a in ("grouped", "once", "shapes") else a for a in argv]
     monkeypatch.setenv("COLUMNS", "200")
     compact = _report(argv, capsys)
-    monkeypatch.setattr(cli, "rows_from_traces", lambda *args, **kwargs: rows_from_traces(*args, **kwargs | {"compact": False}))
+    monkeypatch.setattr(cli_commands, "rows_from_traces", lambda *args, **kwargs: rows_from_traces(*args, **kwargs | {"compact": False}))
     assert compact == _report(argv, capsys)
     assert compact[0] == 0 and compact[1]
 
 
 def test_compact_and_full_rows_give_equal_summaries_pairs_and_failures(runs):
-    from negotiate.cli import _failures
+    from negotiate.cli_runs import _failures
 
     paths = [runs / "grouped", runs / "once", runs / "shapes"]
     full, compact = rows_from_traces(paths), rows_from_traces(paths, compact=True)

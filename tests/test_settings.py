@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings as hypothesis_settings, strategies as st
 
 import negotiate.cli as cli
+import negotiate.cli_runs as cli_runs
 from negotiate.cli import command_settings, main
 from negotiate.errors import UserError
 from negotiate.logs import configure
@@ -313,8 +314,8 @@ def test_every_run_flag_reaches_the_run_the_command_plays(command, tmp_path, mon
         seen["configs"], seen["options"] = [prepared.config for prepared, _ in runs], options
         raise Played
 
-    monkeypatch.setattr(cli, "_run_all", run_all)
-    monkeypatch.setattr(cli, "check_workers", lambda *a, **k: None)  # a guard (ray, local models), not where a value goes
+    monkeypatch.setattr(cli_runs, "_run_all", run_all)
+    monkeypatch.setattr(cli_runs, "check_workers", lambda *a, **k: None)  # a guard (ray, local models), not where a value goes
     walked = 0
     for cls, name, argv, value in _walk(command):
         base = [] if name == "sellers" else ["--seller", "greedy"]

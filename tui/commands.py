@@ -59,7 +59,7 @@ def _need_terminal(hint: str = "") -> None:
 
 def play(settings, *, index: int | None = None) -> int:
     """Play one episode in the terminal UI as a buyer or as the seller; append it to OUT/play.jsonl. ``settings``: play's
-    (:class:`negotiate.cli.PlaySettings`, or anything with its attributes); ``index`` numbers a ``--web`` visitor's
+    (:class:`negotiate.cli_commands.PlaySettings`, or anything with its attributes); ``index`` numbers a ``--web`` visitor's
     episode."""
     if not getattr(settings, "web", False):
         for name in ("host", "port", "max_players"):
@@ -152,7 +152,7 @@ def _r(value) -> str:
 
 def replay(trace: Path, settings) -> int:
     """Step through the episodes of ``trace`` in the UI, or print one (``--all``: every one) as plain text with
-    ``--text``. ``settings``: replay's (:class:`negotiate.cli.ReplaySettings`)."""
+    ``--text``. ``settings``: replay's (:class:`negotiate.cli_commands.ReplaySettings`)."""
     if settings.full and not settings.text:
         raise UserError("prints whole fields with --text only (the viewer cuts them to stay quick)", field="--full")
     every = getattr(settings, "every", False)

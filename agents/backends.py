@@ -81,12 +81,16 @@ class Kind:
     loop_bound: bool = False
     """Its backend serves only the event loop that first used it (vLLM's engine): it is not checked ahead on a loop
     of its own (``negotiate play``)."""
+    local: bool = False
+    """Its model loads in this process (transformers, vLLM's engine): :func:`preload` loads it before a run's first
+    episode, and a run refuses it where every worker process or Ray task would load a copy
+    (``negotiate.workers.check_workers``). A backend that is not local is a server, asked for its models first."""
 
 
 BACKENDS: dict[str, Kind] = {
     "openai": Kind(parse_openai_spec, OpenAIOptions, openai_backend),
-    "hf": Kind(parse_hf_spec, HFOptions, hf_backend),
-    "vllm": Kind(parse_vllm_spec, VLLMOptions, vllm_backend, loop_bound=True),
+    "hf": Kind(parse_hf_spec, HFOptions, hf_backend, local=True),
+    "vllm": Kind(parse_vllm_spec, VLLMOptions, vllm_backend, loop_bound=True, local=True),
 }
 """Every model backend by the name a spec gives it: the one table that chooses a backend."""
 
@@ -106,7 +110,13 @@ def backend_of(spec, pools=None):
 
 
 async def preload(spec, pools=None) -> None:
-    """Load the model of a parsed ``hf:`` or ``vllm:`` spec now, before any episode's clock runs
-    (a load takes seconds to minutes). Raises :class:`LLMError` if it cannot load."""
+    """Ready the backend of a parsed model spec before any episode's clock runs: a local model (``hf:``, ``vllm:``;
+    :attr:`Kind.local`) is loaded now (a load takes seconds to minutes), a server (``openai:``) is asked for its
+    models (down, a bad key, a wrong model name; ``server=auto`` learns its kind). Raises :class:`LLMError` where it
+    cannot."""
+    backend = backend_of(spec, pools)
+    if not BACKENDS[spec.backend].local:
+        await backend.preflight()
+        return
     log.info("loading model", spec=spec.text)
-    await backend_of(spec, pools).warm()
+    await backend.warm()

@@ -295,16 +295,12 @@ async def preload_models(specs: list[AgentSpec], pools: Pools | None = None) -> 
     server that is down, a bad key or a wrong model name stops the run here, naming its spec,
     instead of failing every episode (and ``server=auto`` learns the kind of server)."""
     for spec in specs:
-        if spec.backend in ("hf", "vllm"):
-            from negotiate.agents.local import preload as check
-        elif spec.backend == "openai":
-            from negotiate.agents.llm import preflight as check
-        else:
+        if spec.backend == "scripted":  # no model: nothing to load or ask
             continue
-        from negotiate.agents.backends import LLMError
+        from negotiate.agents.backends import LLMError, preload  # the model half loads only where a spec names a model
 
         try:
-            await check(spec, pools or current_pools())
+            await preload(spec, pools or current_pools())
         except LLMError as error:
             field = "--seller" if spec.role == "seller" else "--buyers"
             raise UserError(str(error), field=field, value=spec.text) from None

@@ -65,7 +65,7 @@ def check_workers(workers: int, specs: Iterable[str], *, executor: str = "local"
         raise UserError(f"unknown executor; use {' or '.join(EXECUTORS)}", field="--executor", value=executor)
     if address and executor != "ray":
         raise UserError("names a Ray cluster: add --executor ray", field="--address", value=address)
-    local = [text.strip() for text in specs if text.strip().partition(":")[0] in ("hf", "vllm")]
+    local = _local_models(specs)
     if executor == "ray":
         if local:
             raise UserError(f"{local[0]!r} would load its model in a Ray task, which is lent a CPU; serve the model "
@@ -76,6 +76,19 @@ def check_workers(workers: int, specs: Iterable[str], *, executor: str = "local"
     if workers > 1 and local:
         raise UserError(f"{local[0]!r} loads its model in every worker process; local models batch inside one "
                         "process, so play them with --workers 1", field="--workers", value=str(workers))
+
+
+def _local_models(specs: Iterable[str]) -> list[str]:
+    """The specs, as written, whose backend loads its model in this process (``hf:``, ``vllm:``: ``Kind.local`` in the
+    backends' table), split by the spec grammar's one rule (:func:`~negotiate.agents.registry.split_backend`)."""
+    from negotiate.agents.registry import split_backend
+
+    backends = {text.strip(): split_backend(text.strip())[0] for text in specs}
+    if all(backend == "scripted" for backend in backends.values()):
+        return []  # the backends' table (and the model half it imports) loads only where a spec names a model
+    from negotiate.agents.backends import BACKENDS
+
+    return [text for text, backend in backends.items() if backend in BACKENDS and BACKENDS[backend].local]
 
 
 def _check_reachable(address: str) -> None:

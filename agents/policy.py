@@ -108,21 +108,24 @@ class Policy:
         if server not in (None, "vllm", "auto"):
             raise fail("legal", f"legal=1 needs a vLLM server (its structured_outputs regex); server={server}", True)
 
-    def query(self) -> str:
-        """The policy as agent-spec keys, defaults left out but the format (``format=tagged&prompt=facts&legal=1...``):
-        what the loop appends to the spec of the model its server serves.
+    def query(self, server: str | None = None, **client) -> str:
+        """The policy as agent-spec keys, with a client's where given (``server``, then the others in the order given):
+        what the loop appends to the spec of the model its server serves (``training/loop/stages.py``). The format, the
+        temperature and the token budget are always written; the decoding constraints, the prompt view and the re-asks
+        only where they are not the defaults, last. That is the order the loop has always written its specs in: they
+        name its trace files, which a resumed loop finds again.
 
-        >>> Policy(prompt="facts", format="tagged", legal=True, temperature=1.0, max_tokens=48).query()
-        'format=tagged&prompt=facts&legal=1&temperature=1.0&max_tokens=48'
+        >>> Policy(prompt="facts", format="tagged", legal=True, temperature=1.0, max_tokens=48).query("vllm", logprobs=1)
+        'format=tagged&server=vllm&temperature=1.0&max_tokens=48&logprobs=1&legal=1&prompt=facts'
+        >>> Policy().query()
+        'format=json&temperature=0.7&max_tokens=96'
         """
         default = Policy()
-        parts = [f"format={self.format}"]
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "format" or value == getattr(default, f.name):
-                continue
-            parts.append(f"{f.name}={int(value) if isinstance(value, bool) else value}")
-        return "&".join(parts)
+        keys = {"format": self.format, "server": server, "temperature": self.temperature, "max_tokens": self.max_tokens, **client}
+        keys |= {name: getattr(self, name) for name in ("legal", "grounded", "prompt", "reask")
+                 if getattr(self, name) != getattr(default, name)}
+        return "&".join(f"{name}={int(value) if isinstance(value, bool) else value}" for name, value in keys.items()
+                        if value is not None)
 
     def to_json(self) -> dict:
         return asdict(self)

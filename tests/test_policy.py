@@ -23,7 +23,7 @@ def test_a_spec_parses_into_its_policy_and_the_policy_writes_the_same_keys_back(
     # the loop appends query() to its server's spec: parsed again, the same policy
     again = parse_agent(f"{URL}?{policy.query()}", "seller")
     assert Policy.of(OpenAIOptions(**again.params)) == policy
-    assert Policy().query() == "format=json"  # the defaults are the spec's own
+    assert Policy().query() == "format=json&temperature=0.7&max_tokens=96"  # the sampling always written, the rest's defaults not
 
 
 def test_an_agent_built_from_a_spec_holds_its_policy_and_its_views_advisers():

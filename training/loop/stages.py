@@ -169,13 +169,11 @@ def run_stage(name: str, args: list[str], out_file: Path, *, tolerate_failed_epi
 
 
 def _policy_spec(url: str, name: str, config: LoopConfig, temperature: float) -> str:
-    """The agent spec of the policy the server serves as ``name``: the config's policy at ``temperature``, with the
-    loop's client settings (keys in the order the loop has always written them: the spec names the trace files)."""
-    p = replace(config.policy, temperature=temperature)
-    return (f"openai:{name}@{url}?format={p.format}&server=vllm&temperature={p.temperature}&max_tokens={p.max_tokens}"
-            f"&logprobs=1&timeout=1800&retries=2&max_inflight={config.concurrency}" + ("&legal=1" if p.legal else "")
-            + ("&grounded=1" if p.grounded else "")
-            + ("" if p.prompt == "full" else f"&prompt={p.prompt}"))
+    """The agent spec of the policy the server serves as ``name``: the config's policy at ``temperature``, as the policy
+    writes itself (:meth:`~negotiate.agents.policy.Policy.query`), with the loop's client settings (the keys in the
+    order the loop has always written them: the spec names the trace files)."""
+    policy = replace(config.policy, temperature=temperature)
+    return f"openai:{name}@{url}?" + policy.query("vllm", logprobs=1, timeout=1800, retries=2, max_inflight=config.concurrency)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ in subprocesses join it at its address.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import signal
@@ -191,6 +192,10 @@ def test_sigterm_stops_a_ray_run_as_a_local_one_exit_143_and_resume_plays_the_re
     assert sorted(orjson.loads(line)["index"] for line in starts) == list(range(24))  # each once
 
 
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs Ray (the ray extra)")
+
+
+@needs_ray
 def test_a_cluster_that_does_not_answer_stops_the_run_within_its_deadline(tmp_path):
     # An address that takes the connection and never answers: ray.init waits for minutes there.
     with socket.socket() as silent:
@@ -208,6 +213,7 @@ def test_a_cluster_that_does_not_answer_stops_the_run_within_its_deadline(tmp_pa
     assert seconds < 60, seconds
 
 
+@needs_ray
 def test_the_default_address_joining_a_cluster_that_has_gone_stops_within_its_deadline_and_says_why(tmp_path):
     # Ray's default joins the cluster `ray start` last started here, named in ray_current_cluster, which stays behind
     # when that cluster is killed: ray.init retried its address for over 5 minutes with no line of ours.
@@ -233,6 +239,7 @@ def test_the_default_address_joining_a_cluster_that_has_gone_stops_within_its_de
     assert seconds < 60, seconds
 
 
+@needs_ray
 def test_a_local_instance_listens_on_loopback_and_writes_no_token_file(tmp_path):
     # Ray writes ~/.ray/auth_token for every instance ray.init starts; a later run at --address auto sent it to a
     # cluster started without one, and hung. --address local keeps its token in its own environment.

@@ -59,3 +59,31 @@ def test_serve_compares_it_with_the_planner_every_message_valid(tmp_path, capsys
     assert len(episodes) == 8
     assert all(e.metrics["seller_invalid"] == 0 and e.metrics["seller_messages"] >= 1 for e in episodes)
     assert all(m.extra["format"] == "menu" for e in episodes for m in e.seller_messages())
+
+
+@needs_torch
+@pytest.mark.timeout(600)
+async def test_a_person_bargains_against_it_in_the_terminal_ui(tmp_path):
+    # negotiate play --role buyer --seller learned: the person's buyer rejects every offer (bids $1 where none stands) till
+    # the episode ends; each of learned's messages is a menu option, valid, addressed to the person (the only buyer).
+    from test_tui import SIZE, SOLO, my_turn, session, until
+
+    from negotiate.tui.app import NegotiateApp
+    from negotiate.tui.results import ResultScreen
+
+    play = session(tmp_path, "buyer", seller="learned")
+    app = NegotiateApp.play(play)
+    async with app.run_test(size=SIZE) as pilot:
+        for _ in range(SOLO.budget):
+            await my_turn(pilot, play)
+            if play.result is not None:
+                break
+            left = play.state.budget_left
+            if play.view().offer:
+                await pilot.press("ctrl+r", "enter")  # reject the standing offer
+            else:
+                await pilot.press("1", "enter")  # nothing to reject: bid $1 (the turn opens on a bid's price)
+            await until(pilot, lambda: play.state.budget_left < left or play.result is not None)  # the message went
+        await until(pilot, lambda: isinstance(app.screen, ResultScreen))
+    sent = [e for e in play.result.episode.events if e["type"] == "message" and e["sender"] == "seller"]
+    assert sent and all(e["valid"] and e["extra"]["format"] == "menu" and e["to"] == "b1" for e in sent)

@@ -113,8 +113,10 @@ prints it)."""
 LEARNED = "learned"
 """The seller taught by replaying the market and shipped in the package (docs/experiments/learned.md): a small model
 that picks among the menu's moves, played as ``hf:<its folder>?prompt=menu&temperature=0`` (the ``hf`` extra)."""
-LEARNED_KEYS = {"prompt": "menu", "temperature": "0", "batch": "64"}
-"""The keys ``learned`` is played with; a spec may change any but the prompt (``learned?temperature=1``)."""
+LEARNED_KEYS = {"prompt": "menu", "temperature": "0", "batch": "64", "threads": "1"}
+"""The keys ``learned`` is played with; a spec may change any but the prompt (``learned?temperature=1``). One torch
+thread: a decision of the 0.9M-parameter model took 10 ms of CPU on one thread and 352 ms on two, with another job on
+the 2 cores (``benchmarks/menu_decision.py``: two threads wait on each other)."""
 
 
 def learned_path():

@@ -5,8 +5,8 @@ the letters' logits. This script takes the menu prompts of real states (the plan
 conceding buyers), and times the policy deciding them one at a time, as ``negotiate play`` asks it (no batching), in
 process CPU seconds (user + system, all threads), and in wall seconds::
 
-    python benchmarks/menu_decision.py                          # the shipped policy, learned
-    python benchmarks/menu_decision.py --model PATH --threads 1 # any menu policy folder, SmolLM2 for scale
+    python benchmarks/menu_decision.py                          # the shipped policy, learned, on one thread as it plays
+    python benchmarks/menu_decision.py --model PATH --threads 2 # any menu policy folder, SmolLM2 for scale
 
 It prints the mean and the 95th percentile per decision over ``--states`` decisions (after ``--warmup`` untimed ones),
 the prompts' mean length in tokens, and the conditions (threads, torch's, and the 1-minute load average).
@@ -44,7 +44,7 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default=None, help="a menu policy folder (default: the shipped learned policy)")
     parser.add_argument("--states", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as learned plays; 0: torch's choice)")
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args(argv)
     import torch

@@ -438,13 +438,16 @@ def test_sft_lowers_the_loss_of_the_greedy_sellers_messages(tiny, traces, tmp_pa
 
 
 @needs_train
-def test_a_batch_sharing_its_prompt_prefix_gives_the_log_probs_and_gradients_of_separate_passes(tiny, tmp_path):
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_batch_sharing_its_prompt_prefix_gives_the_log_probs_and_gradients_of_separate_passes(tiny, tmp_path, checkpointing):
     import torch
 
-    from negotiate.training.trainer import Example, batch_logprobs, load_policy
+    from negotiate.training.trainer import Example, batch_logprobs, checkpoint_layers, load_policy
 
     cfg = config(tiny, tmp_path / "b", lora=True)
     model, tokenizer = load_policy(cfg)
+    checkpoint_layers(model, checkpointing)  # the layers recomputed in the backward pass still see the shared prefix once
+    model.train()  # checkpointing acts in training mode only
 
     def ids(text: str) -> list[int]:
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -477,6 +480,32 @@ def test_a_batch_sharing_its_prompt_prefix_gives_the_log_probs_and_gradients_of_
     got = grads(sum(w * lp.sum() for w, lp in zip(weights, batch_logprobs(model, examples))))
     assert all(torch.allclose(e, g, atol=1e-6, rtol=1e-4) for e, g in zip(expected, got))
     assert any(float(e.abs().max()) > 0 for e in expected)
+
+
+@needs_train
+@pytest.mark.parametrize("lora", [True, False])
+def test_gradient_checkpointing_keeps_the_loss_and_gradients_of_a_step(tiny, traces, tmp_path, lora):
+    import torch
+
+    from negotiate.training.trainer import batch_loss_backward, build_examples, checkpoint_layers, load_episodes as _le, load_policy
+
+    cfg = config(tiny, tmp_path / "c", lora=lora, micro_batch=3, traces=(str(traces / "run"),))
+    model, tokenizer = load_policy(cfg)
+    model.train()
+    examples, _ = build_examples(cfg, _le(cfg.traces), model, tokenizer)
+    batch = examples[:5]
+    tokens = sum(len(ex.completion_ids) for ex in batch)
+
+    def step(on: bool):
+        checkpoint_layers(model, on)
+        model.zero_grad(set_to_none=True)
+        loss = batch_loss_backward(cfg, model, batch, {}, tokens)
+        return loss, [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    plain, plain_grads = step(False)
+    kept, kept_grads = step(True)
+    assert kept == pytest.approx(plain, rel=1e-6) and plain > 0
+    assert all(torch.allclose(a, b, atol=1e-7, rtol=1e-5) for a, b in zip(plain_grads, kept_grads))
 
 
 @needs_train
@@ -880,3 +909,43 @@ def test_eval_splits_are_a_comma_separated_list_as_in_loop_and_eval_and_each_is_
     assert eval_splits_of(config) == ["train", "shapes"]
     with pytest.raises(UserError, match="^eval_splits: 'nosuch': unknown split"):  # a key of train, not a flag
         TrainConfig(traces=("x",), out=str(tmp_path / "o"), eval_splits="train,nosuch").check()
+
+
+@needs_train
+def test_ctrl_c_after_some_steps_saves_a_checkpoint_of_them_and_says_so(tiny, traces, tmp_path, monkeypatch, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from negotiate.training.trainer import MetricsLog
+
+    write = MetricsLog.write
+
+    def stop_at_three(self, row):
+        write(self, row)
+        if row.get("step") == 3:  # Ctrl-C once the third step's update is in the weights
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(MetricsLog, "write", stop_at_three)
+    out = tmp_path / "cut"
+    argv = ["train", "--model", str(tiny), "--traces", str(traces / "run"), "--out", str(out), "--max-steps", "5", "--batch-size", "2",
+            "--threads", "1"]
+    assert main(argv) == 130
+    printed = capsys.readouterr().out
+    # Output to a file or a pipe (here: captured) gets a line per step while steps take under 30 s only at the ends.
+    assert "train sft: step 1/5  loss " in printed and " s/step  eta 0:0" in printed
+    assert f"interrupted: after step 3 of 5; its checkpoint is saved in {out}" in printed
+    summary = orjson.loads((out / "train.json").read_bytes())
+    assert summary["steps"] == 3 and summary["interrupted"] is True
+    assert AutoModelForCausalLM.from_pretrained(out).config.vocab_size > 0  # a usable checkpoint: hf:OUT loads it
+
+
+@needs_train
+def test_ctrl_c_before_a_step_finishes_says_that_nothing_was_saved(tiny, traces, tmp_path, monkeypatch, capsys):
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("negotiate.training.trainer.batch_loss_backward", stop)
+    out = tmp_path / "cut"
+    argv = ["train", "--model", str(tiny), "--traces", str(traces / "run"), "--out", str(out), "--max-steps", "5", "--threads", "1"]
+    assert main(argv) == 130
+    assert f"interrupted: no checkpoint was saved in {out} (no step had finished)" in capsys.readouterr().out
+    assert not (out / "train.json").exists() and not (out / "config.json").exists()

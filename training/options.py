@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 import logging
 import shutil
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -18,6 +19,8 @@ __all__ = ["run_train", "TRAIN_INSTALL"]
 
 TRAIN_INSTALL = "pip install 'negotiate[train]'"
 _NEEDS = ("torch", "transformers", "peft")
+LINE_EVERY_S = 30.0
+"""Where the output is not a terminal: the longest wait between two progress lines (one at most per step)."""
 
 
 def run_train(args: argparse.Namespace, config: TrainConfig, console: Console) -> int:
@@ -28,7 +31,7 @@ def run_train(args: argparse.Namespace, config: TrainConfig, console: Console) -
     if missing:
         raise UserError(f"{', '.join(missing)} not installed; training needs them: {TRAIN_INSTALL}", field="--method", value=config.method)
     config.check_inputs()  # before the folder and its log are made: a wrong path leaves nothing behind
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from negotiate.logs import configure
     from negotiate.training.methods import train
@@ -49,21 +52,43 @@ def run_train(args: argparse.Namespace, config: TrainConfig, console: Console) -
         console_level = max(console_level, logging.ERROR)  # rank 0 says what every rank would
     configure(log_file if ranks.main else None, console_level=console_level)
     columns = (TextColumn(f"train {config.method}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-               TimeElapsedColumn(), TimeRemainingColumn())
+               TimeElapsedColumn())
+    shown = not args.quiet and ranks.main
+    # Into a file or a pipe rich draws the bar only at the end: there, a line at the first and last step and at least every
+    # LINE_EVERY_S seconds between, so a run of minutes per step is seen to move.
+    lines = shown and not console.is_terminal
+    if lines:
+        console.print(f"train {config.method}: loading the model and the traces", highlight=False, soft_wrap=True)
     try:
-        with Progress(*columns, console=console, disable=args.quiet or not ranks.main, transient=False) as progress:
+        with Progress(*columns, console=console, disable=not shown or lines, transient=False) as progress:
             task = progress.add_task("train", total=None, info="loading")
+            spent = [0.0, time.monotonic()]  # seconds in steps so far; when the last line was printed
 
             def tick(step: int, total: int, row: dict) -> None:
                 info = f"loss {row['loss']:.4f}" if "loss" in row else ""
                 if row.get("reward") is not None:
                     info += f"  reward {row['reward']:.3f}"
+                spent[0] += row.get("seconds", 0.0)
+                info += f"  {spent[0] / step:.1f} s/step  eta {_clock(spent[0] / step * (total - step))}"  # from step 1 on
                 progress.update(task, completed=step, total=total, info=info)
+                if lines and (step in (1, total) or time.monotonic() - spent[1] >= LINE_EVERY_S):
+                    spent[1] = time.monotonic()
+                    console.print(f"train {config.method}: step {step}/{total}  {info}", highlight=False, soft_wrap=True)
 
             summary = train(config, progress=tick)
     except UserError:  # refused once the traces were read (no usable episodes, say): take back what this run made
         configure(None, console_level=console_level)  # closes the log file
         _take_back(made, log_file, had_log)
+        raise
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: say whether what was learned is kept (the trainer saved it)
+        if ranks.main:
+            steps, where = getattr(stop, "steps", 0), getattr(stop, "checkpoint", None)
+            if where:
+                console.print(f"[yellow]interrupted:[/] after step {steps} of {stop.total_steps}; its checkpoint is saved in {where} "
+                              f"(play it: --seller hf:{where})", highlight=False, soft_wrap=True)
+            else:
+                before = " (no step had finished)" if not steps else ""  # else a second stop cut the saving short
+                console.print(f"[yellow]interrupted:[/] no checkpoint was saved in {config.out}{before}", highlight=False, soft_wrap=True)
         raise
     if not ranks.main:
         return 0
@@ -84,6 +109,12 @@ def _take_back(made: Path | None, log_file: Path, had_log: bool) -> None:
             log_file.unlink()
     elif all(p == log_file or p.is_dir() for p in made.rglob("*")):
         shutil.rmtree(made)
+
+
+def _clock(seconds: float) -> str:
+    """``H:MM:SS``, as rich's time columns show it."""
+    whole = int(round(seconds))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 def _fmt(value) -> str:

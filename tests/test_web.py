@@ -365,7 +365,12 @@ def test_a_visitor_plays_a_whole_episode_as_the_buyer_in_the_browser(browser, se
     assert shot.stat().st_size > 10_000
     if os.environ.get(SCREENSHOT_ENV):
         shutil.copyfile(shot, os.environ[SCREENSHOT_ENV])
-    visitor.page.keyboard.press("q")  # the results' footer lists q as Quit: it quits, and the page says the game ended
+    # the results' keys wait ResultScreen.GRACE after they appear (the person may still be typing): past it, q (which
+    # the footer lists as Quit) quits, and the page says the game ended
+    from negotiate.tui.results import ResultScreen
+
+    visitor.page.wait_for_timeout(int(ResultScreen.GRACE * 1000) + 300)
+    visitor.page.keyboard.press("q")
     visitor.page.wait_for_selector("body.-closed .ended", state="visible", timeout=30_000)
     visitor.context.close()
     assert server.stop() == 128 + signal.SIGINT

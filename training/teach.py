@@ -103,7 +103,7 @@ class TeachConfig:
     baselines: tuple[str, ...] = _key(BASELINES, "scripted sellers played on the held-out markets beside each stage", kind="list")
     threads: int | None = _flag(None, "torch threads", kind="int", shown="torch's choice")
     play_batch: int = _key(64, "policy decisions read in one forward pass when it plays", kind="int")
-    keep: str = _key("best", "which stage policy/ holds: best (the highest held-out profit/OPT, averaged over the buyer kinds; "
+    keep: str = _key("best", "which stage policy/ holds: best (the highest eval-market profit/OPT, averaged over the buyer kinds; "
                              "eval_seed's markets choose it, so report the result on other run seeds) or last", choices=KEEP)
 
     def check(self) -> None:
@@ -327,7 +327,7 @@ def teach(config: TeachConfig, *, say=print) -> dict:
 
 
 def keep_stage(stages: dict, keep: str) -> str:
-    """The stage ``policy/`` holds: the last, or the best by held-out profit/OPT averaged over the buyer kinds (the
+    """The stage ``policy/`` holds: the last, or the best by eval-market profit/OPT averaged over the buyer kinds (the
     first of equals).
 
     >>> stages = {"sft": {"ratios": {"a": {"s": [0.5]}, "b": {"s": [0.7]}}},
@@ -371,7 +371,7 @@ def _evaluate(config: TeachConfig, model, tokenizer, folder: Path, log) -> dict:
                     valid += episode.metrics.get("seller_messages", 0) - episode.metrics.get("seller_invalid", 0)
                 ratios[buyers][split] = [_ratio(e) for e in episodes]
     means = {b: sum(sum(v) for v in s.values()) / sum(len(v) for v in s.values()) for b, s in ratios.items()}
-    log(f"{folder.name}: held-out profit/OPT " + ", ".join(f"{b} {m:.3f}" for b, m in means.items()) +
+    log(f"{folder.name}: eval-market profit/OPT " + ", ".join(f"{b} {m:.3f}" for b, m in means.items()) +
         f"; valid {valid / max(1, sent):.4f} ({time.perf_counter() - t:.0f} s)")
     return {"ratios": ratios, "valid": valid / max(1, sent), "messages": sent}
 
@@ -394,7 +394,7 @@ def results_table(results: dict) -> str:
     recipe's targets are stated in."""
     config = results["config"]
     lines = ["# negotiate teach: results", "",
-             f"Held-out markets: run seed {config['eval_seed']}, {config['eval_markets']} per split "
+             f"Eval markets (no training stage plays them; they choose the kept stage): run seed {config['eval_seed']}, {config['eval_markets']} per split "
              f"({', '.join(config['splits'])}); training markets: run seed {config['seed']}. Profit/OPT, mean ± 95% CI; "
              "differences are paired on the same markets.", ""]
     made = results.get("made_by", {})

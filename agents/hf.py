@@ -214,6 +214,17 @@ def stop_tokens(model, tokenizer) -> set[int]:
     return stops
 
 
+def letter_tokens(tokenizer, letters: str) -> list[int]:
+    """The token id of each of ``letters`` (a menu's); a ``ValueError`` where a letter is not one token."""
+    out = []
+    for letter in letters:
+        ids = tokenizer.encode(letter, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"has no single token for the menu letter {letter!r}")
+        out.append(ids[0])
+    return out
+
+
 def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
     """A chat prompt's token ids, ready for the assistant's reply (what generation and training both see)."""
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -582,12 +593,10 @@ class HFBackend:
         requests; raises :class:`LLMError` when the model cannot load, or a letter is not one token of its vocabulary."""
         o = self.settings
         tokenizer = (await anyio.to_thread.run_sync(self.model.load))[2]
-        allowed = []
-        for letter in options:
-            ids = tokenizer.encode(letter, add_special_tokens=False)
-            if len(ids) != 1:
-                raise LLMError(f"the model at {o.path} has no single token for the menu letter {letter!r}")
-            allowed.append(ids[0])
+        try:
+            allowed = letter_tokens(tokenizer, options)
+        except ValueError as error:
+            raise LLMError(f"the model at {o.path} {error}") from None
         loop = asyncio.get_running_loop()
         job = _Job(messages, o.temperature, o.top_p, 1, seed, loop.create_future(), allowed=tuple(allowed))
         self.model.batcher().submit(job)

@@ -95,13 +95,12 @@ def load_model(name: str, *, lora: bool = True, lora_r: int = 8, lora_alpha: int
 def letter_ids(tokenizer) -> list[int]:
     """The token id of each letter of :data:`~negotiate.agents.menu.LETTERS` (a ``ValueError`` where one is not one
     token)."""
-    out = []
-    for letter in LETTERS:
-        ids = tokenizer.encode(letter, add_special_tokens=False)
-        if len(ids) != 1:
-            raise ValueError(f"the tokenizer has no single token for the menu letter {letter!r}")
-        out.append(ids[0])
-    return out
+    from negotiate.agents.hf import letter_tokens
+
+    try:
+        return letter_tokens(tokenizer, LETTERS)
+    except ValueError as error:
+        raise ValueError(f"the tokenizer {error}") from None
 
 
 def encode(tokenizer, messages: list[dict]) -> list[int]:

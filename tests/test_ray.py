@@ -110,10 +110,10 @@ def _kill_first_shard_once_it_sent_an_episode(out: Path, killed: dict, stop: thr
             return
 
 
-def test_a_shard_whose_task_dies_plays_the_rest_again_and_writes_each_episode_once(cluster, tmp_path):
-    # A model seller the fake server answers in 50 ms: each shard plays its 6 markets one at a time for seconds, so
-    # shard 1 dies with episodes written and episodes left.
-    out, killed, stop = tmp_path / "run", {}, threading.Event()
+def _serve_killing_shard_1(out):
+    """(exit code, what the watcher killed) of a 12-episode Ray serve of two shards whose shard 1 is killed once it
+    has sent an episode; a model seller the fake server answers in 50 ms keeps each shard playing for seconds."""
+    killed, stop = {}, threading.Event()
     with serve_in_thread(latency=0.05) as server:
         watcher = threading.Thread(target=_kill_first_shard_once_it_sent_an_episode, args=(out, killed, stop), daemon=True)
         watcher.start()
@@ -124,6 +124,14 @@ def test_a_shard_whose_task_dies_plays_the_rest_again_and_writes_each_episode_on
         finally:
             stop.set()
             watcher.join(5)
+    return code, killed
+
+
+def test_a_shard_whose_task_dies_plays_the_rest_again_and_writes_each_episode_once(cluster, tmp_path):
+    # A model seller the fake server answers in 50 ms: each shard plays its 6 markets one at a time for seconds, so
+    # shard 1 dies with episodes written and episodes left.
+    out = tmp_path / "run"
+    code, killed = _serve_killing_shard_1(out)
     assert code == 0 and killed, "the watcher killed shard 1"
     (trace,) = out.glob("openai*.jsonl")
     indices = [orjson.loads(line)["index"] for line in trace.read_bytes().splitlines() if line.startswith(b'{"type":"episode_start"')]
@@ -139,17 +147,8 @@ def test_a_shard_that_dies_more_than_its_reruns_stops_the_run_with_exit_4(cluste
     import negotiate.ray_executor as executor
 
     monkeypatch.setattr(executor, "RERUNS", 0)  # the first death is one too many
-    out, killed, stop = tmp_path / "run", {}, threading.Event()
-    with serve_in_thread(latency=0.05) as server:
-        watcher = threading.Thread(target=_kill_first_shard_once_it_sent_an_episode, args=(out, killed, stop), daemon=True)
-        watcher.start()
-        try:
-            code = main(["serve", "--episodes", "12", "--seller", f"openai:fake-model@{server.url}?max_tokens=64",
-                         "--buyers", "concession", "--executor", "ray", "--workers", "2", "--concurrency", "2",
-                         "--out", str(out), "--quiet"])
-        finally:
-            stop.set()
-            watcher.join(5)
+    out = tmp_path / "run"
+    code, killed = _serve_killing_shard_1(out)
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert killed and code == 4, error  # not 2: nothing was wrong with the command
     assert error.startswith("negotiate serve: error: a Ray task failed: shard 1 died 1 times (") and "--resume runs the rest" in error

@@ -323,6 +323,18 @@ def _under(error: BaseException) -> BaseException:
     return ConnectionError(f"{type(last).__name__}: {last}" if str(last) else type(last).__name__)
 
 
+def _status_answer_in(error: BaseException) -> _StatusAnswer | None:
+    """The :class:`_StatusAnswer` among an error's causes: openai 2 wraps what its response hook raises in
+    ``APIConnectionError`` (openai 3 lets it through)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, _StatusAnswer):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def _broken(error) -> BaseException:
     """What an aiohttp error stands for, in our words: its parser's verdict on a broken answer (it says ``400``, as if
     the server had) is a :class:`~negotiate.agents.http1.BrokenAnswer`; any other error is itself."""

@@ -63,7 +63,7 @@ from negotiate.errors import UserError
 from negotiate.protocol import json_schema
 
 from negotiate.agents.clients import (LLM_INSTALL, MAX_INFLIGHT, _ANSWER_CAP, _broken, _openai_httpx, _read_capped, _Shared, _StatusAnswer,
-                                      _under, read_bounded, shared_clients)
+                                      _status_answer_in, _under, read_bounded, shared_clients)
 from negotiate.agents.contract import FORMATS, Completion, LLMError, LLMTimeout, installed, parse_query
 from negotiate.agents.pools import current_pools
 from negotiate.agents.views import PROMPTS  # the seller's prompt views, by name
@@ -603,6 +603,9 @@ class OpenAIBackend:
             except _StatusAnswer as answer:  # read under the cap by the response hook
                 return answer.status, answer.headers, answer.body
             except (openai.APIConnectionError, httpx2.HTTPError, aiohttp.ClientError) as error:
+                answer = _status_answer_in(error)  # openai 2 wraps the hook's answer
+                if answer is not None:
+                    return answer.status, answer.headers, answer.body
                 raise _broken(_under(error)) from None
 
         return send, (OSError, aiohttp.ClientError)

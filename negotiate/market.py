@@ -23,7 +23,7 @@ from scipy.special import ndtr
 
 from negotiate.errors import UserError
 
-__all__ = ["MarketSpec", "Market", "Product", "Buyer", "SPLITS", "generate", "load_spec", "resolve_spec"]
+__all__ = ["MarketSpec", "Market", "Product", "Buyer", "SPLITS", "generate", "load_spec", "resolve_spec", "shipped_spec"]
 
 Range = tuple[StrictInt, StrictInt]
 
@@ -334,9 +334,22 @@ def spec_from_dict(data: dict, source: str) -> MarketSpec:
         raise _describe_validation_error(source, error) from None
 
 
+def shipped_spec(path: str) -> str:
+    """A market spec file as every command reads it: ``path`` where it is a file; else, for ``specs/NAME.toml`` (the
+    README's commands, the loop's defaults, the studies' configs), the package's copy (``negotiate.specs``), so that
+    they run from any folder; else ``path``, which the reader refuses by name."""
+    if Path(path).is_file() or Path(path).parent != Path("specs"):
+        return path
+    from importlib.resources import files
+
+    shipped = files("negotiate.specs") / Path(path).name
+    return str(shipped) if shipped.is_file() else path
+
+
 def load_spec(path: str | Path) -> MarketSpec:
-    """Read a TOML spec file. A ``split = "NAME"`` key starts from a named split."""
-    path = Path(path)
+    """Read a TOML spec file (``specs/NAME.toml`` from any folder: :func:`shipped_spec`). A ``split = "NAME"`` key
+    starts from a named split."""
+    path = Path(shipped_spec(str(path)))
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:

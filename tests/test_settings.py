@@ -6,6 +6,7 @@ every command reaches the value it sets."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -520,7 +521,6 @@ def test_the_loops_default_specs_are_found_from_another_folder(tmp_path):
     env = {**os.environ, "PYTHONPATH": ""}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
-    import json
 
     split, held_out = json.loads(done.stdout)
     root = Path(__file__).resolve().parents[1]
@@ -531,3 +531,22 @@ def test_the_loops_default_specs_are_found_from_another_folder(tmp_path):
     config = LoopConfig(bf16=False)
     config.check()
     assert (config.split, config.eval_splits) == ("specs/compact.toml", LoopConfig().eval_splits)
+
+
+def test_serve_reads_a_shipped_spec_by_its_readme_path_from_another_folder(tmp_path):
+    """The README's ``--split specs/compact.toml`` plays the package's copy from a folder without ``specs/`` (the trace
+    names the compact split and its spec, 2 products); a spec that ships nowhere is still refused by name."""
+    env = {**os.environ, "PYTHONPATH": ""}
+    command = [sys.executable, "-m", "negotiate", "serve", "--seller", "greedy", "--split", "specs/compact.toml",
+               "--episodes", "2", "--out", "traces", "--quiet"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    starts = [json.loads(line) for line in (tmp_path / "traces" / "greedy.jsonl").read_text().splitlines()
+              if '"episode_start"' in line]
+    assert len(starts) == 2
+    assert all(start["split"] == "compact" and start["spec"]["products"] == 2 and len(start["market"]["products"]) == 2
+               for start in starts)
+    missing = subprocess.run([*command[:7], "specs/nowhere.toml", "--out", "other"], cwd=tmp_path, capture_output=True,
+                             text=True, env=env, timeout=120)
+    assert missing.returncode == 2 and "specs/nowhere.toml: no such spec file" in missing.stderr
+    assert not (tmp_path / "other").exists()

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from importlib.resources import files
 from pathlib import Path
 
 from negotiate.errors import UserError
+from negotiate.market import shipped_spec
 from negotiate.settings import items_of, setting, spelling
 from negotiate.trace import trace_files
 from negotiate.training.learning import LearningConfig
@@ -25,16 +25,6 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256)
 """The ranks vLLM's ``--max-lora-rank`` takes."""
 COMPACT = "specs/compact.toml"
 HELD_OUT = f"{COMPACT},specs/compact-correlated.toml,specs/compact-shapes.toml"
-
-
-def shipped_spec(path: str) -> str:
-    """A market spec file as the loop reads it: ``path`` where it is a file; else, for ``specs/NAME.toml`` (the loop's
-    defaults, the studies' configs), the package's copy (``negotiate.specs``), so that the loop runs from any folder;
-    else ``path``, which the checks refuse by name."""
-    if Path(path).is_file() or Path(path).parent != Path("specs"):
-        return path
-    shipped = files("negotiate.specs") / Path(path).name
-    return str(shipped) if shipped.is_file() else path
 
 
 def _flagged(default, help: str, **options):

@@ -715,6 +715,39 @@ def test_a_trl_grpo_step_through_the_rollout_function(tiny, traces, tmp_path, mo
     assert moved > 0  # rewards differed within a group: the step changed the weights
 
 
+@pytest.mark.skipif(not HAVE_TRL, reason="needs trl and datasets: pip install 'negotiate[train]'")
+def test_ctrl_c_in_online_grpo_after_a_step_saves_it_and_says_so(tiny, traces, tmp_path, monkeypatch):
+    """online-grpo keeps what its finished steps learned, as sft does: a stop after step 1 of 3 leaves a checkpoint
+    that loads, weights moved from the start, and train.json saying it was interrupted after 1 step."""
+    from transformers import AutoModelForCausalLM
+
+    from negotiate.training.methods import train
+    from negotiate.training.trainer import MetricsLog
+
+    def characters(events):
+        return float(sum(len(e.get("raw", "")) for e in events if e["type"] == "message" and e["sender"] == SELLER))
+
+    monkeypatch.setitem(REWARDS, "characters", characters)
+    write = MetricsLog.write
+
+    def stop_at_one(self, row):
+        write(self, row)
+        if row.get("step") == 1 and "loss" in row:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(MetricsLog, "write", stop_at_one)
+    out = tmp_path / "online"
+    cfg = config(tiny, out, method="online-grpo", reward="characters", split=str(traces / "small.toml"),
+                 markets=2, group=2, batch_size=4, max_steps=3, lr=1e-2, temperature=1.5)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        train(cfg)
+    assert (stopped.value.steps, stopped.value.total_steps, stopped.value.checkpoint) == (1, 3, str(out))
+    summary = orjson.loads((out / "train.json").read_bytes())
+    assert summary["steps"] == 1 and summary["interrupted"] is True
+    start, trained = AutoModelForCausalLM.from_pretrained(tiny), AutoModelForCausalLM.from_pretrained(out)
+    assert max(float((a - b).detach().abs().max()) for a, b in zip(start.parameters(), trained.parameters())) > 0
+
+
 # -- the command line ---------------------------------------------------------------------------------
 
 

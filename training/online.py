@@ -173,25 +173,40 @@ def train_online(config: TrainConfig, *, progress=None) -> dict:
             evals.append(row)
             metrics.write(row)
 
+    def summarize(done: int, interrupted: bool = False) -> dict:
+        summary = {"config": config.to_json(), "data": {"rollouts": len(record)}, "steps": done,
+                   "seconds": round(time.perf_counter() - began, 1), "evals": evals, "checkpoint": str(out),
+                   "curve": str(out / "curve.png"), "load_as": f"hf:{out}", "processes": ranks.world}
+        if interrupted:
+            summary["interrupted"] = True
+        if ranks.main:
+            from negotiate.training.curves import write_curve
+
+            summary["curve"] = str(write_curve(metrics.rows, out / "curve.png", title=f"online-grpo from {config.model}"))
+            (out / "train.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
     try:
         run_eval(0)
         trainer.train()
         run_eval(steps)
         if ranks.main:
             save_policy(trainer.model, tokenizer, out)
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: keep what the finished steps learned, and say so (as sft does)
+        leave(ranks.many, wait=False)
+        done = trainer.state.global_step
+        stop.steps, stop.total_steps, stop.checkpoint = done, steps, None
+        if done and ranks.main:
+            save_policy(trainer.model, tokenizer, out)
+            summarize(done, interrupted=True)
+            stop.checkpoint = str(out)
+        raise
     except BaseException:
         leave(ranks.many, wait=False)  # another rank may be inside a collective; torchrun ends them
         raise
     finally:
         metrics.close()
-    summary = {"config": config.to_json(), "data": {"rollouts": len(record)}, "steps": steps,
-               "seconds": round(time.perf_counter() - began, 1), "evals": evals, "checkpoint": str(out),
-               "curve": str(out / "curve.png"), "load_as": f"hf:{out}", "processes": ranks.world}
-    if ranks.main:
-        from negotiate.training.curves import write_curve
-
-        summary["curve"] = str(write_curve(metrics.rows, out / "curve.png", title=f"online-grpo from {config.model}"))
-        (out / "train.json").write_text(json.dumps(summary, indent=2))
+    summary = summarize(steps)
     if ranks.many:
         # The DDP reducer holds the gloo group: freed last, with the GIL held, its destructor joins gloo's thread, which
         # may be freeing a finished collective's tensor and waiting for the GIL (a deadlock seen after the run ended).

@@ -228,7 +228,7 @@ def _agents(_args: argparse.Namespace, _settings: None, console: Console) -> int
     from negotiate.agents.registry import describe_agents
 
     for role, flag in (("seller", "--seller"), ("buyer", "--buyers")):
-        table = Table(title=f"scripted {role}s ({flag} NAME or NAME?KEY=VALUE&...)", title_justify="left", show_lines=False)
+        table = Table(title=f"named {role}s ({flag} NAME or NAME?KEY=VALUE&...; models by spec, below)", title_justify="left", show_lines=False)
         table.add_column(role, no_wrap=True)
         table.add_column("what it does")
         table.add_column("parameters")

@@ -106,6 +106,13 @@ class Spill:
         self.count += len(events)
         self.size += len(data)
 
+    def append(self, data: bytes) -> None:
+        """Append lines already encoded (a worker's part of a long episode, on its way to the trace)."""
+        self.file.seek(self.size)
+        self.file.write(data)
+        self.file.flush()
+        self.size += len(data)
+
     def chunks(self, size: int = 1 << 20) -> Iterator[bytes]:
         """The bytes written, ``size`` at a time."""
         offset = 0
@@ -245,11 +252,12 @@ class TraceWriter:
         else:
             self._write_parts((encode(events),))
 
-    def write_encoded(self, data: bytes) -> None:
-        """Append one episode already encoded by :func:`encode` (a worker process encoded it); a
-        :class:`TraceWriteError` where the file takes no more (a full disk, a file size limit), and for every write
-        after that one (an episode appended after a half-written one would corrupt the file's middle)."""
-        self._write_parts((data,))
+    def write_encoded(self, data: bytes, stored: Spill | None = None) -> None:
+        """Append one episode already encoded by :func:`encode` (a worker process encoded it), after the lines of
+        ``stored`` where a long episode's first lines came ahead of it; a :class:`TraceWriteError` where the file takes
+        no more (a full disk, a file size limit), and for every write after that one (an episode appended after a
+        half-written one would corrupt the file's middle)."""
+        self._write_parts((data,) if stored is None else chain(stored.chunks(), (data,)))
 
     def _write_parts(self, parts: Iterable[bytes]) -> None:
         if self._failed:

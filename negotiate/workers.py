@@ -10,7 +10,9 @@ configs and the indices their traces already hold), not a list of them, and take
 it plays: a run of 10**8 episodes costs no more memory than one of 1,000 (benchmarks/scale.py).
 Children do not write traces: each finished episode comes back to the parent as its encoded
 JSON lines, and the parent appends them to the run's usual trace files. The traces,
-``--resume`` and ``report`` are therefore the same as with one process.
+``--resume`` and ``report`` are therefore the same as with one process. A long episode, whose older events a child
+keeps in a spill file, comes back a megabyte at a time (``("part", ...)`` messages, which the parent keeps in a spill
+file of its own until the episode's last lines arrive), so neither process holds it whole.
 
 A child that fails stops the run with its error; completed episodes are kept. A child that dies (killed, out
 of memory) stops it with :class:`WorkerLost` (exit code 4: nothing was wrong with the command, and ``--resume``
@@ -33,7 +35,7 @@ import structlog
 
 from negotiate.errors import UserError
 from negotiate.logs import configure, console_level
-from negotiate.trace import TraceWriteError, TraceWriter
+from negotiate.trace import Spill, TraceWriteError, TraceWriter
 
 __all__ = ["run_workers", "check_workers", "models_play", "play_share", "EXECUTORS", "WorkerLost"]
 
@@ -140,7 +142,8 @@ def models_play(runs: list) -> bool:
 def play_share(task: dict, send: Callable[[tuple], None],
                numbered: Callable[[int, Iterable], Iterable] = lambda _k, jobs: jobs) -> None:
     """What a worker does, in a process of ``--workers`` or a Ray task: play its share of the jobs of ``task`` (see
-    :func:`shard_task`) and ``send`` each finished episode as ``("episode", run, seller, encoded lines, row)``, then
+    :func:`shard_task`) and ``send`` each finished episode as ``("episode", run, seller, encoded lines, row)`` (with
+    ``task["parts"]``, a long episode's stored lines go first, a megabyte a ``("part", run, seller, lines)``), then
     ``("done",)``, or ``("error", message, traceback)`` once anything fails. ``numbered(run, jobs)`` sees each run's
     jobs as they are taken (the Ray executor numbers them, and leaves out those a dead task already sent)."""
     pools = None
@@ -149,7 +152,7 @@ def play_share(task: dict, send: Callable[[tuple], None],
         from negotiate.agents.registry import parse_agent
         from negotiate.market import resolve_spec
         from negotiate.runner import Jobs, Prepared, RunConfig, run_async, run_batch
-        from negotiate.trace import encode
+        from negotiate.trace import StoredEvents, encode
 
         # The parent's console level: at the default a worker's info lines (a server's kind, each failed episode) go
         # to the log file only, as one process's do.
@@ -165,10 +168,17 @@ def play_share(task: dict, send: Callable[[tuple], None],
             jobs = numbered(k, share(Jobs(tuple(sellers), config.indices(), finished), task["worker"] - 1, task["workers"], start))
             runs.append((Prepared(config, resolve_spec(config.split), sellers, parse_agent(config.buyers, "buyer"), jobs), Path(out)))
 
+        def sink(k: int, seller: str, events, row: dict) -> None:
+            if task.get("parts") and type(events) is StoredEvents:  # no await in here: the parts and their episode go together
+                for chunk in events.stored.chunks():
+                    send(("part", k, seller, chunk))
+                events = events.tail
+            send(("episode", k, seller, encode(events), row))
+
         async def main() -> None:
             for k, (prepared, out) in enumerate(runs):
                 await run_batch(prepared, out, concurrency=task["concurrency"], pools=pools,
-                                sink=lambda seller, events, row, k=k: send(("episode", k, seller, encode(events), row)))
+                                sink=lambda seller, events, row, k=k: sink(k, seller, events, row))
 
         run_async(main)
         send(("done",))
@@ -236,6 +246,7 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
     base = shard_task(runs, workers, log_file=log_file)
 
     finished: set[Connection] = set()
+    held: dict[Connection, Spill] = {}  # a long episode's lines, from its worker's "part" messages, until its "episode"
 
     def receive(conn: Connection) -> bool:
         """Handle one message; False once the worker is finished (done, failed, or gone)."""
@@ -250,9 +261,17 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
                 how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
                 failure, lost = f"worker {conns[conn]} died ({how}) before finishing its episodes", True
             return False
+        if message[0] == "part":
+            if conn not in held:
+                held[conn] = Spill()
+            held[conn].append(message[3])
+            return True
         if message[0] == "episode":
             _, k, seller, data, row = message
-            writers[(k, seller)].write_encoded(data)
+            stored = held.pop(conn, None)
+            writers[(k, seller)].write_encoded(data, stored)
+            if stored is not None:
+                stored.close()
             written += 1
             if on_episode is not None:
                 on_episode(row)
@@ -266,7 +285,7 @@ def run_workers(runs: list, workers: int, *, concurrency: int, max_inflight: int
     try:
         for w in range(workers):
             parent_end, child_end = context.Pipe(duplex=False)
-            task = worker_task(base, w + 1, concurrency=concurrency, max_inflight=max_inflight)
+            task = {**worker_task(base, w + 1, concurrency=concurrency, max_inflight=max_inflight), "parts": True}
             process = context.Process(target=_child, args=(task, child_end), name=f"negotiate-worker-{w + 1}",
                                       daemon=True)
             process.start()

@@ -677,3 +677,25 @@ def test_the_openai_clients_errors_are_unwrapped_to_what_happened():
     assert str(_broken(_under(wrapped(payload)))) == "Response payload is not completed"
     neither = _under(wrapped(anyio_.EndOfStream()))
     assert type(neither) is ConnectionError and str(neither) == "EndOfStream"
+
+
+def test_an_error_answer_read_by_the_hook_is_found_under_openai_2s_wrapping():
+    # openai 2 wraps whatever its response hook raises in APIConnectionError (openai 3 lets it through): the error
+    # answer the hook read is found among the causes, so it is worded as the server's status, never as unreachable.
+    _needs_openai_client()
+    import openai
+
+    from negotiate.agents.clients import _openai_httpx, _status_answer_in, _StatusAnswer
+
+    request = _openai_httpx().Request("POST", "http://127.0.0.1:9/v1/chat/completions")
+    answer = _StatusAnswer(503, {"retry-after": "1"}, b"overloaded")
+    try:
+        try:
+            raise answer
+        except _StatusAnswer as error:
+            raise openai.APIConnectionError(request=request) from error
+    except openai.APIConnectionError as outer:
+        assert _status_answer_in(outer) is answer
+        assert _status_answer_in(answer) is answer
+        assert _status_answer_in(ConnectionResetError(104, "reset")) is None
+        assert (answer.status, answer.body) == (503, b"overloaded")

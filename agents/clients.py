@@ -25,6 +25,7 @@ import functools
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from negotiate.agents.contract import LLMError
@@ -313,26 +314,26 @@ def _under(error: BaseException) -> BaseException:
     those in turn), else the innermost cause as a ``ConnectionError`` naming it."""
     import aiohttp
 
-    seen: set[int] = set()
     last = error
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, (aiohttp.ClientError, OSError)):
-            return error
-        last, error = error, error.__cause__ or error.__context__
+    for last in _causes(error):
+        if isinstance(last, (aiohttp.ClientError, OSError)):
+            return last
     return ConnectionError(f"{type(last).__name__}: {last}" if str(last) else type(last).__name__)
 
 
 def _status_answer_in(error: BaseException) -> _StatusAnswer | None:
     """The :class:`_StatusAnswer` among an error's causes: openai 2 wraps what its response hook raises in
     ``APIConnectionError`` (openai 3 lets it through)."""
+    return next((cause for cause in _causes(error) if isinstance(cause, _StatusAnswer)), None)
+
+
+def _causes(error: BaseException | None) -> Iterator[BaseException]:
+    """An error, then what it was raised from or during, outermost first (each once: a chain may loop)."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, _StatusAnswer):
-            return error
         seen.add(id(error))
+        yield error
         error = error.__cause__ or error.__context__
-    return None
 
 
 def _broken(error) -> BaseException:

@@ -600,10 +600,8 @@ class OpenAIBackend:
                         raise
                     finally:
                         await response.aclose()
-            except _StatusAnswer as answer:  # read under the cap by the response hook
-                return answer.status, answer.headers, answer.body
-            except (openai.APIConnectionError, httpx2.HTTPError, aiohttp.ClientError) as error:
-                answer = _status_answer_in(error)  # openai 2 wraps the hook's answer
+            except (_StatusAnswer, openai.APIConnectionError, httpx2.HTTPError, aiohttp.ClientError) as error:
+                answer = _status_answer_in(error)  # read under the cap by the response hook: raised through, or wrapped (openai 2)
                 if answer is not None:
                     return answer.status, answer.headers, answer.body
                 raise _broken(_under(error)) from None

@@ -94,7 +94,12 @@ class Spill:
         raised, so that the caller may keep the events instead."""
         if self.count == 0 and events and type(events[0]) is EpisodeStart:
             self.start = events[0]
-        data = encode(events)
+        self.append(encode(events))
+        self.count += len(events)
+
+    def append(self, data: bytes) -> None:
+        """Append lines already encoded (:meth:`write`'s, or a worker's part of a long episode on its way to the
+        trace); on an error the file is cut back to what it held, and the error raised."""
         try:
             self.file.seek(self.size)
             self.file.write(data)
@@ -103,14 +108,6 @@ class Spill:
             self.file.seek(self.size)
             self.file.truncate()
             raise
-        self.count += len(events)
-        self.size += len(data)
-
-    def append(self, data: bytes) -> None:
-        """Append lines already encoded (a worker's part of a long episode, on its way to the trace)."""
-        self.file.seek(self.size)
-        self.file.write(data)
-        self.file.flush()
         self.size += len(data)
 
     def chunks(self, size: int = 1 << 20) -> Iterator[bytes]:

@@ -61,8 +61,8 @@ class LearningConfig:
     kl_beta: float = setting("offline-grpo: weight of the KL to the starting model (0: none)", default=0.0, kind="number",
                              key_only=True)
     threads: int | None = setting("torch threads in training, 1 or more (beside other jobs on a 2-core machine, 1 is faster: "
-                                  "SmolLM2's SFT step at batch 4 took 22 s on one thread and 44 s on two)", default=None, kind="int", shown="torch's choice",
-                                  **flag_in("train"))
+                                  "SmolLM2's SFT step at batch 4 took 22 s on one thread and 44 s on two)",
+                                  default=None, kind="int", shown="torch's choice", **flag_in("train"))
     fresh: bool = setting("ask the policy (the loop: every seller it plays) for a message only once every scripted buyer has "
                           "answered its last one, so it decides on the state its message lands in (serve's fresh)",
                           default=False, kind="switch", key_only=True)

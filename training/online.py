@@ -23,7 +23,6 @@ group; the logged reward is over every process's episodes. Rank 0 alone writes.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import time
@@ -38,7 +37,7 @@ from negotiate.trace import EpisodeRecord
 from negotiate.training.ranks import ONE, Ranks, from_env, gather, leave
 from negotiate.training.rewards import reward_fn
 from negotiate.training.trainer import MetricsLog, TrainConfig, eval_splits_of, evaluate_splits, load_policy, lora_config, play_episodes
-from negotiate.training.trainer import save_policy, summarize_episodes
+from negotiate.training.trainer import save_policy, summarize_episodes, write_summary
 
 __all__ = ["train_online", "make_rollout", "episode_reward", "market_prompts"]
 
@@ -173,19 +172,6 @@ def train_online(config: TrainConfig, *, progress=None) -> dict:
             evals.append(row)
             metrics.write(row)
 
-    def summarize(done: int, interrupted: bool = False) -> dict:
-        summary = {"config": config.to_json(), "data": {"rollouts": len(record)}, "steps": done,
-                   "seconds": round(time.perf_counter() - began, 1), "evals": evals, "checkpoint": str(out),
-                   "curve": str(out / "curve.png"), "load_as": f"hf:{out}", "processes": ranks.world}
-        if interrupted:
-            summary["interrupted"] = True
-        if ranks.main:
-            from negotiate.training.curves import write_curve
-
-            summary["curve"] = str(write_curve(metrics.rows, out / "curve.png", title=f"online-grpo from {config.model}"))
-            (out / "train.json").write_text(json.dumps(summary, indent=2))
-        return summary
-
     try:
         run_eval(0)
         trainer.train()
@@ -198,7 +184,7 @@ def train_online(config: TrainConfig, *, progress=None) -> dict:
         stop.steps, stop.total_steps, stop.checkpoint = done, steps, None
         if done and ranks.main:
             save_policy(trainer.model, tokenizer, out)
-            summarize(done, interrupted=True)
+            write_summary(config, {"rollouts": len(record)}, done, began, evals, out, metrics.rows, ranks, interrupted=True)
             stop.checkpoint = str(out)
         raise
     except BaseException:
@@ -206,7 +192,7 @@ def train_online(config: TrainConfig, *, progress=None) -> dict:
         raise
     finally:
         metrics.close()
-    summary = summarize(steps)
+    summary = write_summary(config, {"rollouts": len(record)}, steps, began, evals, out, metrics.rows, ranks)
     if ranks.many:
         # The DDP reducer holds the gloo group: freed last, with the GIL held, its destructor joins gloo's thread, which
         # may be freeing a finished collective's tensor and waiting for the GIL (a deadlock seen after the run ended).

@@ -677,15 +677,15 @@ def _train_steps(config: TrainConfig, episodes: list[Episode], ranks: Ranks, *, 
         stop.steps, stop.total_steps, stop.checkpoint = done, total_steps, None
         if done and ranks.main:
             save_policy(model, tokenizer, out)
-            _write_summary(config, counts, done, began, evals, out, metrics.rows, ranks, interrupted=True)
+            write_summary(config, counts, done, began, evals, out, metrics.rows, ranks, interrupted=True)
             stop.checkpoint = str(out)
         raise
     finally:
         metrics.close()
-    return _write_summary(config, counts, total_steps, began, evals, out, metrics.rows, ranks)
+    return write_summary(config, counts, total_steps, began, evals, out, metrics.rows, ranks)
 
 
-def _write_summary(config: TrainConfig, counts: dict, steps: int, began: float, evals: list, out: Path, rows: list, ranks: Ranks, *,
+def write_summary(config: TrainConfig, counts: dict, steps: int, began: float, evals: list, out: Path, rows: list, ranks: Ranks, *,
                    interrupted: bool = False) -> dict:
     """The run's summary, written (rank 0) to ``OUT/train.json`` with the curve: ``interrupted`` when a stop cut the run
     short after ``steps`` steps (the checkpoint holds what they learned)."""
